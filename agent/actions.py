@@ -1,0 +1,188 @@
+"""The action space, declared once.
+
+Each action names its parameters, the platforms it exists on and whether it is risky. The
+prompt text, the parser, validation, the formatter, the executors and the editing UI all read
+this registry; nothing else lists actions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent.schema import Action
+
+SCROLL_DIRECTIONS = ("up", "down", "left", "right")
+
+# Keys UI-TARS emits in hotkey(key='ctrl c'); anything else single-character is allowed too.
+NAMED_KEYS = frozenset(
+    """ctrl control alt shift win super meta cmd command option enter return tab space backspace
+    delete del esc escape home end pageup pagedown up down left right insert capslock printscreen
+    f1 f2 f3 f4 f5 f6 f7 f8 f9 f10 f11 f12 plus minus""".split()
+)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str  # point | text | key | direction | app
+    required: bool = True
+    aliases: tuple[str, ...] = ()  # other names models use for it
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    name: str
+    params: tuple[Param, ...]
+    platforms: tuple[str, ...]
+    doc: str
+    risky: bool = False  # the "risky" gate asks a human before these
+    terminal: bool = False  # ends the episode
+
+    def param(self, name: str) -> Param | None:
+        for p in self.params:
+            if p.name == name or name in p.aliases:
+                return p
+        return None
+
+    def signature(self) -> str:
+        """The prompt line for this action, in UI-TARS's own notation."""
+        parts = []
+        for p in self.params:
+            if p.kind == "point":
+                n = "x1,y1" if p.name == "start_box" else "x3,y3"
+                parts.append(f"{p.name}='<|box_start|>({n})<|box_end|>'")
+            elif p.kind == "direction":
+                parts.append(f"{p.name}='{' or '.join(SCROLL_DIRECTIONS)}'")
+            else:
+                parts.append(f"{p.name}=''")
+        line = f"{self.name}({', '.join(parts)})"
+        return f"{line} # {self.doc}" if self.doc else line
+
+
+_POINT = ("point", "start_point")
+_END = ("end_point",)
+
+DESKTOP = ("desktop", "sandbox")
+MOBILE = ("android",)
+ALL_GUI = DESKTOP + MOBILE
+TOOLS = ("terminal",)
+
+_SPECS = [
+    ActionSpec("click", (Param("start_box", "point", aliases=_POINT),), ALL_GUI, ""),
+    ActionSpec("left_double", (Param("start_box", "point", aliases=_POINT),), DESKTOP, ""),
+    ActionSpec("right_single", (Param("start_box", "point", aliases=_POINT),), DESKTOP, ""),
+    ActionSpec(
+        "drag",
+        (Param("start_box", "point", aliases=_POINT), Param("end_box", "point", aliases=_END)),
+        ALL_GUI,
+        "",
+    ),
+    ActionSpec("hotkey", (Param("key", "key", aliases=("hotkey", "keys")),), DESKTOP, ""),
+    ActionSpec(
+        "type",
+        (Param("content", "text", aliases=("text",)),),
+        ALL_GUI,
+        'If you want to submit your input, use "\\n" at the end of `content`.',
+    ),
+    ActionSpec(
+        "scroll",
+        (Param("start_box", "point", required=False, aliases=_POINT), Param("direction", "direction")),
+        ALL_GUI,
+        "",
+    ),
+    ActionSpec("wait", (), ALL_GUI, "Sleep for 5s and take a screenshot to check for any changes."),
+    ActionSpec(
+        "finished",
+        (Param("content", "text", required=False),),
+        ALL_GUI + ("terminal",),
+        "Use escape characters \\', \\\", and \\n in content part to ensure we can parse the content in normal python string format.",
+        terminal=True,
+    ),
+    ActionSpec(
+        "call_user",
+        (),
+        ALL_GUI + ("terminal",),
+        "Submit the task and call the user when the task is unsolvable, or when you need the user's help.",
+        terminal=True,
+    ),
+    # mobile
+    ActionSpec("long_press", (Param("start_box", "point", aliases=_POINT),), MOBILE, ""),
+    ActionSpec("open_app", (Param("app_name", "app"),), MOBILE, ""),
+    ActionSpec("press_home", (), MOBILE, ""),
+    ActionSpec("press_back", (), MOBILE, ""),
+    # tools: the terminal and files (the report's GUI-SDK). Always gated.
+    ActionSpec(
+        "run_command",
+        (Param("command", "text", aliases=("cmd",)), Param("cwd", "text", required=False)),
+        TOOLS,
+        "Run a shell command and read its output.",
+        risky=True,
+    ),
+    ActionSpec("read_file", (Param("path", "text"),), TOOLS, "Read a text file.", risky=True),
+    ActionSpec(
+        "write_file",
+        (Param("path", "text"), Param("content", "text")),
+        TOOLS,
+        "Write a text file.",
+        risky=True,
+    ),
+]
+
+REGISTRY: dict[str, ActionSpec] = {s.name: s for s in _SPECS}
+
+# Hotkeys that can lose work; the risky gate asks before them.
+DESTRUCTIVE_HOTKEYS = frozenset({"alt f4", "ctrl w", "ctrl q", "ctrl shift delete", "shift delete", "ctrl alt delete", "cmd q", "cmd w"})
+
+
+def actions_for(platform: str) -> list[ActionSpec]:
+    return [s for s in _SPECS if platform in s.platforms]
+
+
+def validate(action: Action, *, normalized: bool = True) -> str | None:
+    """None when the action is well formed, otherwise the reason it is not.
+
+    With normalized=True, points must lie in the screenshot (0..1).
+    """
+    spec = REGISTRY.get(action.name)
+    if spec is None:
+        return f"unknown action {action.name!r}"
+    for k in action.args:
+        if spec.param(k) is None or spec.param(k).name != k:
+            return f"{action.name}: unknown argument {k!r}"
+    for p in spec.params:
+        if p.name not in action.args:
+            if p.required:
+                return f"{action.name}: missing argument {p.name!r}"
+            continue
+        v = action.args[p.name]
+        if p.kind == "point":
+            if not (isinstance(v, tuple) and len(v) == 2 and all(isinstance(c, (int, float)) for c in v)):
+                return f"{action.name}: {p.name} must be a point (x, y), got {v!r}"
+            if normalized and not all(0.0 <= c <= 1.0 for c in v):
+                return f"{action.name}: {p.name} {v} lies outside the screenshot"
+        elif p.kind == "direction":
+            if v not in SCROLL_DIRECTIONS:
+                return f"{action.name}: direction must be one of {', '.join(SCROLL_DIRECTIONS)}, got {v!r}"
+        elif p.kind == "key":
+            if not isinstance(v, str) or not v.strip():
+                return f"{action.name}: {p.name} must name at least one key"
+            for key in v.lower().split():
+                if len(key) > 1 and key not in NAMED_KEYS:
+                    return f"{action.name}: unknown key {key!r} in {v!r}"
+        else:
+            if not isinstance(v, str):
+                return f"{action.name}: {p.name} must be text, got {type(v).__name__}"
+            if p.kind == "app" and not v.strip():
+                return f"{action.name}: {p.name} is empty"
+    return None
+
+
+def is_risky(action: Action) -> bool:
+    spec = REGISTRY.get(action.name)
+    if spec is None:
+        return True
+    if spec.risky:
+        return True
+    if action.name == "hotkey":
+        return " ".join(str(action.args.get("key", "")).lower().split()) in DESTRUCTIVE_HOTKEYS
+    return False

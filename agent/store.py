@@ -1,0 +1,437 @@
+"""The local store: metadata in SQLite (WAL) through sqlite-utils, blobs as content-addressed files.
+
+Layout of a data directory:
+    tandem.db            episodes, steps, raw input events, blob references, settings
+    blobs/ab/abcdef...   screenshots and audio, named by the SHA-256 of their bytes
+
+Blobs are written (atomically: temp file, fsync, rename) before the transaction that refers to
+them commits, so a process killed at any point leaves either the old state or the new one and
+at worst an unreferenced blob, which `check()` reports and `gc()` removes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import tempfile
+import threading
+from pathlib import Path
+
+import sqlite_utils
+
+from agent.schema import Episode, SchemaError, Step
+
+DB_NAME = "tandem.db"
+ENV_DATA = "TANDEM_DATA"
+
+
+class StoreError(Exception):
+    pass
+
+
+class NotFound(StoreError, KeyError):
+    def __str__(self):  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+def default_data_dir() -> Path:
+    """$TANDEM_DATA, else the platform's per-user data directory."""
+    env = os.environ.get(ENV_DATA)
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("Tandem", "Tandem"))
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class Store:
+    """One data directory. Thread-safe: one connection guarded by a lock."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root) if root is not None else default_data_dir()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.blob_dir = self.root / "blobs"
+        self.blob_dir.mkdir(exist_ok=True)
+        self._lock = threading.RLock()
+        try:
+            conn = sqlite3.connect(self.root / DB_NAME, timeout=30, check_same_thread=False, isolation_level=None)
+            self.db = sqlite_utils.Database(conn)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"cannot open the store at {self.root / DB_NAME}: {e}") from None
+
+    # ------------------------------------------------------------ schema
+    def _migrate(self) -> None:
+        db = self.db
+        with self._lock:
+            if "episodes" not in db.table_names():
+                db["episodes"].create(
+                    {
+                        "id": str, "kind": str, "instruction": str, "platform": str, "producer": str,
+                        "policy_version": str, "success": int, "reward": float, "outcome_source": str,
+                        "route": str, "created_at": float, "updated_at": float, "revision": int,
+                        "schema_version": int, "n_steps": int, "meta": str,
+                    },
+                    pk="id",
+                )
+                db["episodes"].create_index(["kind"])
+                db["episodes"].create_index(["created_at"])
+            if "steps" not in db.table_names():
+                db["steps"].create(
+                    {
+                        "episode_id": str, "idx": int, "thought": str, "action_name": str, "action": str,
+                        "observation": str, "provenance": str, "screenshot": str, "post_screenshot": str,
+                        "reward": float, "terminated": int, "truncated": int, "t_start": float,
+                        "t_end": float, "raw_response": str, "info": str,
+                    },
+                    pk=("episode_id", "idx"),
+                    foreign_keys=[("episode_id", "episodes", "id")],
+                )
+            if "raw_events" not in db.table_names():
+                db["raw_events"].create(
+                    {"episode_id": str, "seq": int, "t": float, "kind": str, "data": str},
+                    pk=("episode_id", "seq"),
+                )
+            if "blob_refs" not in db.table_names():
+                db["blob_refs"].create({"episode_id": str, "hash": str}, pk=("episode_id", "hash"))
+                db["blob_refs"].create_index(["hash"])
+            if "settings" not in db.table_names():
+                db["settings"].create({"key": str, "value": str}, pk="key")
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def transaction(self):
+        """`with store.transaction():` — one atomic unit (nests as savepoints are not needed here)."""
+        return _Tx(self)
+
+    # ------------------------------------------------------------ blobs
+    def blob_path(self, digest: str) -> Path:
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise StoreError(f"not a blob hash: {digest!r}")
+        return self.blob_dir / digest[:2] / digest
+
+    def put_blob(self, data: bytes) -> str:
+        digest = sha256(data)
+        path = self.blob_path(digest)
+        if not path.exists():
+            _atomic_write(path, data)
+        return digest
+
+    def has_blob(self, digest: str) -> bool:
+        return self.blob_path(digest).exists()
+
+    def get_blob(self, digest: str) -> bytes:
+        path = self.blob_path(digest)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise NotFound(f"blob {digest} is missing from {self.blob_dir}") from None
+
+    # ------------------------------------------------------------ episodes
+    def save_episode(self, ep: Episode, *, bump_revision: bool = False) -> Episode:
+        """Insert or replace an episode with all its steps, atomically."""
+        missing = [h for h in ep.blob_hashes() if not self.has_blob(h)]
+        if missing:
+            raise StoreError(f"episode {ep.id}: blobs not in the store: {', '.join(missing[:3])}")
+        import time as _time
+
+        if bump_revision:
+            ep.revision += 1
+            ep.updated_at = _time.time()
+        with self.transaction():
+            self.db["episodes"].upsert(self._episode_row(ep), pk="id")
+            self.db.execute("DELETE FROM steps WHERE episode_id = ?", [ep.id])
+            if ep.steps:
+                self.db["steps"].insert_all((self._step_row(ep.id, s) for s in ep.steps), pk=("episode_id", "idx"))
+            self.db.execute("DELETE FROM blob_refs WHERE episode_id = ?", [ep.id])
+            refs = [{"episode_id": ep.id, "hash": h} for h in sorted(ep.blob_hashes())]
+            if refs:
+                self.db["blob_refs"].insert_all(refs, pk=("episode_id", "hash"))
+        return ep
+
+    def _episode_row(self, ep: Episode) -> dict:
+        return {
+            "id": ep.id, "kind": ep.kind, "instruction": ep.instruction, "platform": ep.platform,
+            "producer": ep.producer, "policy_version": ep.policy_version,
+            "success": None if ep.outcome.success is None else int(ep.outcome.success),
+            "reward": ep.outcome.reward, "outcome_source": ep.outcome.source, "route": ep.route,
+            "created_at": ep.created_at, "updated_at": ep.updated_at, "revision": ep.revision,
+            "schema_version": ep.schema_version, "n_steps": len(ep.steps), "meta": json.dumps(ep.meta),
+        }
+
+    @staticmethod
+    def _step_row(episode_id: str, s: Step) -> dict:
+        d = s.to_dict()
+        return {
+            "episode_id": episode_id, "idx": s.index, "thought": s.thought, "action_name": s.action.name,
+            "action": json.dumps(d["action"]), "observation": json.dumps(d["observation"]),
+            "provenance": json.dumps(d["provenance"]), "screenshot": s.observation.screenshot,
+            "post_screenshot": s.observation.post_screenshot, "reward": s.reward,
+            "terminated": int(s.terminated), "truncated": int(s.truncated), "t_start": s.t_start,
+            "t_end": s.t_end, "raw_response": s.raw_response, "info": json.dumps(s.info),
+        }
+
+    @staticmethod
+    def _step_from_row(r: dict) -> Step:
+        return Step.from_dict(
+            {
+                "index": r["idx"], "observation": json.loads(r["observation"]), "thought": r["thought"] or "",
+                "action": json.loads(r["action"]), "provenance": json.loads(r["provenance"] or "{}"),
+                "t_start": r["t_start"] or 0.0, "t_end": r["t_end"] or 0.0, "reward": r["reward"] or 0.0,
+                "terminated": bool(r["terminated"]), "truncated": bool(r["truncated"]),
+                "raw_response": r["raw_response"], "info": json.loads(r["info"] or "{}"),
+            }
+        )
+
+    @staticmethod
+    def _episode_from_row(r: dict, steps: list[Step] | None) -> Episode:
+        return Episode(**_episode_fields(r), steps=steps or [])
+
+    def has_episode(self, episode_id: str) -> bool:
+        with self._lock:
+            return bool(list(self.db.query("SELECT 1 FROM episodes WHERE id = ?", [episode_id])))
+
+    def load_episode(self, episode_id: str) -> Episode:
+        with self._lock:
+            rows = list(self.db.query("SELECT * FROM episodes WHERE id = ?", [episode_id]))
+            if not rows:
+                raise NotFound(f"no episode with id {episode_id!r} in {self.root}")
+            steps = [
+                self._step_from_row(r)
+                for r in self.db.query("SELECT * FROM steps WHERE episode_id = ? ORDER BY idx", [episode_id])
+            ]
+        return self._episode_from_row(rows[0], steps)
+
+    def list_episodes(self, *, kind: str | None = None, route: str | None = None, limit: int | None = None) -> list[Episode]:
+        """Episodes without their steps (n_steps in meta['n_steps']), newest first."""
+        sql, params = "SELECT * FROM episodes", []
+        where = []
+        if kind:
+            where.append("kind = ?")
+            params.append(kind)
+        if route:
+            where.append("route = ?")
+            params.append(route)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        with self._lock:
+            rows = list(self.db.query(sql, params))
+        out = []
+        for r in rows:
+            ep = self._episode_from_row(r, None)
+            ep.meta = {**ep.meta, "n_steps": r["n_steps"]}
+            out.append(ep)
+        return out
+
+    def episode_ids(self) -> list[str]:
+        with self._lock:
+            return [r["id"] for r in self.db.query("SELECT id FROM episodes ORDER BY created_at")]
+
+    def update_episode_fields(self, episode_id: str, **fields) -> None:
+        """Change episode-level fields (outcome, route, instruction) and bump the revision."""
+        ep = self.load_episode(episode_id)
+        for k, v in fields.items():
+            if not hasattr(ep, k):
+                raise StoreError(f"episode has no field {k!r}")
+            setattr(ep, k, v)
+        ep.__post_init__()
+        self.save_episode(ep, bump_revision=True)
+
+    def update_step(self, episode_id: str, step: Step) -> None:
+        ep = self.load_episode(episode_id)
+        for i, s in enumerate(ep.steps):
+            if s.index == step.index:
+                ep.steps[i] = step
+                break
+        else:
+            raise NotFound(f"episode {episode_id} has no step {step.index}")
+        self.save_episode(ep, bump_revision=True)
+
+    def delete_step(self, episode_id: str, index: int) -> None:
+        """Remove a step and renumber the ones after it; blobs it alone used are removed."""
+        ep = self.load_episode(episode_id)
+        before = ep.blob_hashes()
+        kept = [s for s in ep.steps if s.index != index]
+        if len(kept) == len(ep.steps):
+            raise NotFound(f"episode {episode_id} has no step {index}")
+        for i, s in enumerate(kept):
+            s.index = i
+        ep.steps = kept
+        self.save_episode(ep, bump_revision=True)
+        self._remove_unreferenced(before - ep.blob_hashes())
+
+    def delete_episode(self, episode_id: str) -> int:
+        """Delete an episode; returns how many blobs were removed (those no other episode uses)."""
+        with self._lock:
+            if not self.has_episode(episode_id):
+                raise NotFound(f"no episode with id {episode_id!r}")
+            hashes = [r["hash"] for r in self.db.query("SELECT hash FROM blob_refs WHERE episode_id = ?", [episode_id])]
+            with self.transaction():
+                for table in ("steps", "raw_events", "blob_refs"):
+                    self.db.execute(f"DELETE FROM {table} WHERE episode_id = ?", [episode_id])
+                self.db.execute("DELETE FROM episodes WHERE id = ?", [episode_id])
+            return self._remove_unreferenced(set(hashes))
+
+    def _remove_unreferenced(self, hashes: set[str]) -> int:
+        removed = 0
+        with self._lock:
+            for h in hashes:
+                if list(self.db.query("SELECT 1 FROM blob_refs WHERE hash = ? LIMIT 1", [h])):
+                    continue
+                try:
+                    self.blob_path(h).unlink()
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+        return removed
+
+    # ------------------------------------------------------------ raw input events
+    def append_raw_events(self, episode_id: str, events: list[dict]) -> None:
+        """Append raw events ({'t', 'kind', ...}) in one transaction; seq continues per episode."""
+        if not events:
+            return
+        with self._lock:
+            row = list(self.db.query("SELECT MAX(seq) AS m FROM raw_events WHERE episode_id = ?", [episode_id]))
+            seq = (row[0]["m"] if row and row[0]["m"] is not None else -1) + 1
+            rows = []
+            for e in events:
+                data = {k: v for k, v in e.items() if k not in ("t", "kind")}
+                rows.append({"episode_id": episode_id, "seq": seq, "t": float(e["t"]), "kind": str(e["kind"]), "data": json.dumps(data)})
+                seq += 1
+            with self.transaction():
+                self.db["raw_events"].insert_all(rows, pk=("episode_id", "seq"))
+
+    def raw_events(self, episode_id: str) -> list[dict]:
+        with self._lock:
+            rows = list(self.db.query("SELECT * FROM raw_events WHERE episode_id = ? ORDER BY seq", [episode_id]))
+        return [{"t": r["t"], "kind": r["kind"], **json.loads(r["data"])} for r in rows]
+
+    # ------------------------------------------------------------ settings
+    def get_setting(self, key: str, default=None):
+        with self._lock:
+            rows = list(self.db.query("SELECT value FROM settings WHERE key = ?", [key]))
+        return json.loads(rows[0]["value"]) if rows else default
+
+    def set_setting(self, key: str, value) -> None:
+        with self._lock, self.transaction():
+            self.db["settings"].upsert({"key": key, "value": json.dumps(value)}, pk="key")
+
+    # ------------------------------------------------------------ health
+    def counts(self) -> dict:
+        with self._lock:
+            c = {"episodes": self.db["episodes"].count, "steps": self.db["steps"].count}
+            c["by_kind"] = {r["kind"]: r["n"] for r in self.db.query("SELECT kind, COUNT(*) AS n FROM episodes GROUP BY kind")}
+            c["by_route"] = {r["route"]: r["n"] for r in self.db.query("SELECT route, COUNT(*) AS n FROM episodes GROUP BY route")}
+        files = [p for p in self.blob_dir.glob("*/*") if not p.name.startswith(".tmp-")]
+        c["blobs"] = len(files)
+        c["blob_bytes"] = sum(p.stat().st_size for p in files)
+        return c
+
+    def check(self, *, verify_hashes: bool = True) -> list[str]:
+        """Problems found, each a sentence; an empty list means the store is sound."""
+        problems = []
+        with self._lock:
+            res = [r[0] for r in self.db.execute("PRAGMA integrity_check").fetchall()]
+            if res != ["ok"]:
+                problems.append(f"sqlite integrity_check: {'; '.join(res[:5])}")
+            referenced = {r["hash"] for r in self.db.query("SELECT DISTINCT hash FROM blob_refs")}
+            for eid in self.episode_ids():
+                try:
+                    self.load_episode(eid)
+                except (SchemaError, ValueError) as e:
+                    problems.append(f"episode {eid} does not load: {e}")
+        for h in sorted(referenced):
+            path = self.blob_path(h)
+            if not path.exists():
+                problems.append(f"blob {h} is referenced but missing")
+            elif verify_hashes and sha256(path.read_bytes()) != h:
+                problems.append(f"blob {h} is corrupt: its content hash differs")
+        for p in self.blob_dir.glob("*/*"):
+            if p.name.startswith(".tmp-"):
+                problems.append(f"leftover temporary file {p.relative_to(self.root)}")
+            elif p.name not in referenced:
+                problems.append(f"blob {p.name} is not used by any episode")
+        return problems
+
+    def gc(self) -> int:
+        """Remove unreferenced blobs and leftover temp files; returns how many files went."""
+        with self._lock:
+            referenced = {r["hash"] for r in self.db.query("SELECT DISTINCT hash FROM blob_refs")}
+        n = 0
+        for p in self.blob_dir.glob("*/*"):
+            if p.name.startswith(".tmp-") or p.name not in referenced:
+                p.unlink(missing_ok=True)
+                n += 1
+        return n
+
+
+def _episode_fields(r: dict) -> dict:
+    from agent.schema import Outcome
+
+    return {
+        "id": r["id"], "kind": r["kind"], "instruction": r["instruction"], "platform": r["platform"],
+        "producer": r["producer"], "policy_version": r["policy_version"],
+        "outcome": Outcome(None if r["success"] is None else bool(r["success"]), r["reward"], r["outcome_source"]),
+        "route": r["route"], "created_at": r["created_at"], "updated_at": r["updated_at"],
+        "revision": r["revision"], "schema_version": r["schema_version"], "meta": json.loads(r["meta"] or "{}"),
+    }
+
+
+class _Tx:
+    """BEGIN IMMEDIATE ... COMMIT under the store's lock; nested use joins the outer one."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.outer = False
+
+    def __enter__(self):
+        self.store._lock.acquire()
+        conn = self.store.db.conn
+        self.outer = not conn.in_transaction
+        if self.outer:
+            conn.execute("BEGIN IMMEDIATE")
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if self.outer:
+                self.store.db.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self.store._lock.release()
+        return False

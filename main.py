@@ -1,0 +1,54 @@
+"""Tandem: `python main.py` opens the app; subcommands run everything headless.
+
+Each command module below has `register(subparsers, common)`, which adds its subcommands with
+`set_defaults(func=...)`; a func takes the parsed args and returns an exit status. Modules
+import their heavy dependencies inside the functions, so `--help` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = [
+    "agent.cli",  # parse, import, export, info, check
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--data", metavar="DIR", help="data directory (default: $TANDEM_DATA or the per-user data folder)"
+    )
+    parser = argparse.ArgumentParser(
+        prog="python main.py",
+        description="Tandem: collect data for, supervise and train computer-use agents. "
+        "With no command, opens the desktop app.",
+        parents=[common],
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    app = sub.add_parser("app", parents=[common], help="open the desktop app (the default)")
+    app.add_argument("--server", help="sync server URL (default: an embedded backend on loopback)")
+    app.set_defaults(func=_run_app)
+    for name in COMMANDS:
+        importlib.import_module(name).register(sub, common)
+    return parser
+
+
+def _run_app(args) -> int:
+    from app.main import run_app
+
+    return run_app(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args.server = None
+        return _run_app(args)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

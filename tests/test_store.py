@@ -1,0 +1,184 @@
+"""The local store on real files: round trips, edits, blob lifetime, integrity, and a writer
+killed with SIGKILL mid-write."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from factories import make_episode, screenshot_png
+
+from agent.schema import Action, Episode, Observation, Outcome, Provenance, SchemaError, ScreenGeometry, Step
+from agent.store import NotFound, Store, StoreError
+
+
+def test_episode_round_trip_through_sqlite(store):
+    ep = make_episode(store, 5, scale=2.0)
+    ep.steps[1].provenance = Provenance(
+        "corrected", proposal_thought="wrong", proposal_action=Action("click", {"start_box": (0.9, 0.9)}), decision="edit"
+    )
+    ep.steps[4].terminated = True
+    ep.outcome = Outcome(True, 1.0, "annotator")
+    store.save_episode(ep)
+    back = store.load_episode(ep.id)
+    assert back.to_dict() == ep.to_dict()
+    assert back.steps[0].observation.geometry.scale_factor == 2.0
+    assert back.steps[1].provenance.proposal_action == Action("click", {"start_box": (0.9, 0.9)})
+    assert back.steps[4].terminated and not back.steps[4].truncated
+
+
+def test_schema_dict_round_trip_and_errors():
+    g = ScreenGeometry.simple(100, 50)
+    s = Step(0, Observation("a" * 64, 100, 50, g), "t", Action("wait"))
+    ep = Episode("x", steps=[s])
+    assert Episode.from_dict(json.loads(json.dumps(ep.to_dict()))).to_dict() == ep.to_dict()
+    bad = ep.to_dict()
+    bad["steps"][0]["action"] = {"name": "teleport", "args": {}}
+    with pytest.raises(SchemaError, match="unknown action 'teleport'"):
+        Episode.from_dict(bad)
+    bad = ep.to_dict()
+    bad["schema_version"] = 99
+    with pytest.raises(SchemaError, match="newer"):
+        Episode.from_dict(bad)
+    bad = ep.to_dict()
+    del bad["steps"][0]["observation"]["geometry"]
+    with pytest.raises(SchemaError, match="missing field 'geometry'"):
+        Episode.from_dict(bad)
+    with pytest.raises(SchemaError, match="kind must be one of"):
+        Episode("x", kind="dream")
+
+
+def test_identical_screenshots_are_stored_once(store):
+    a = store.put_blob(screenshot_png(label="same"))
+    b = store.put_blob(screenshot_png(label="same"))
+    assert a == b and store.counts()["blobs"] == 1
+
+
+def test_edit_step_bumps_revision(store):
+    ep = make_episode(store, 3)
+    s = store.load_episode(ep.id).steps[0]
+    s.thought = "edited"
+    store.update_step(ep.id, s)
+    back = store.load_episode(ep.id)
+    assert back.steps[0].thought == "edited" and back.revision == 1
+
+
+def test_delete_step_renumbers_and_removes_its_blob(store):
+    ep = make_episode(store, 3)
+    gone = ep.steps[1].observation.screenshot
+    store.delete_step(ep.id, 1)
+    back = store.load_episode(ep.id)
+    assert [s.index for s in back.steps] == [0, 1]
+    assert back.steps[1].thought == ep.steps[2].thought
+    assert not store.has_blob(gone)
+    assert store.check() == []
+
+
+def test_delete_episode_keeps_blobs_shared_with_others(store):
+    a = make_episode(store, 2)
+    b = make_episode(store, 2)  # the factory draws the same images: blobs are shared
+    shared = a.steps[0].observation.screenshot
+    assert shared == b.steps[0].observation.screenshot
+    assert store.delete_episode(a.id) == 0
+    assert store.has_blob(shared)
+    assert store.delete_episode(b.id) == 2
+    assert not store.has_blob(shared)
+    assert store.counts()["blobs"] == 0
+    with pytest.raises(NotFound):
+        store.load_episode(a.id)
+
+
+def test_save_refuses_missing_blobs(store):
+    g = ScreenGeometry.simple(10, 10)
+    ep = Episode("x", steps=[Step(0, Observation("b" * 64, 10, 10, g), "", Action("wait"))])
+    with pytest.raises(StoreError, match="blobs not in the store"):
+        store.save_episode(ep)
+    assert store.counts()["episodes"] == 0
+
+
+def test_check_finds_corrupt_missing_and_orphan_blobs(store):
+    ep = make_episode(store, 3)
+    assert store.check() == []
+    h0, h1 = ep.steps[0].observation.screenshot, ep.steps[1].observation.screenshot
+    store.blob_path(h0).write_bytes(b"tampered")
+    store.blob_path(h1).unlink()
+    orphan = store.put_blob(b"nobody uses me")
+    problems = "\n".join(store.check())
+    assert f"blob {h0} is corrupt" in problems
+    assert f"blob {h1} is referenced but missing" in problems
+    assert f"blob {orphan} is not used" in problems
+    assert store.gc() == 1 and not store.has_blob(orphan)
+
+
+def test_corrupt_database_file_gives_clear_error(tmp_path):
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / "tandem.db").write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="cannot open the store"):
+        Store(d)
+
+
+def test_raw_events_append_and_settings(store):
+    ep = make_episode(store, 1)
+    store.append_raw_events(ep.id, [{"t": 1.0, "kind": "move", "x": 1, "y": 2}])
+    store.append_raw_events(ep.id, [{"t": 1.5, "kind": "press", "key": "a"}])
+    assert store.raw_events(ep.id) == [{"t": 1.0, "kind": "move", "x": 1, "y": 2}, {"t": 1.5, "kind": "press", "key": "a"}]
+    store.set_setting("server", {"url": "ws://x"})
+    assert store.get_setting("server") == {"url": "ws://x"} and store.get_setting("nope", 3) == 3
+
+
+def test_default_data_dir_env_override(monkeypatch, tmp_path):
+    from agent.store import default_data_dir
+
+    monkeypatch.setenv("TANDEM_DATA", str(tmp_path / "x"))
+    assert default_data_dir() == tmp_path / "x"
+    monkeypatch.delenv("TANDEM_DATA")
+    assert "Tandem" in str(default_data_dir())
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    sys.path[:0] = [{root!r}, {tests!r}]
+    from agent.store import Store
+    from factories import make_episode
+    store = Store(sys.argv[1])
+    i = 0
+    while True:
+        ep = make_episode(store, 3, instruction=f"episode {{i}}")
+        print(ep.id, flush=True)  # printed only after the commit returned
+        i += 1
+    """
+)
+
+
+def test_writer_killed_with_sigkill_loses_nothing_committed(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    data = tmp_path / "data"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER.format(root=root, tests=os.path.join(root, "tests")))
+    proc = subprocess.Popen([sys.executable, str(script), str(data)], stdout=subprocess.PIPE, text=True)
+    committed = []
+    deadline = time.time() + 60
+    while len(committed) < 25 and time.time() < deadline:
+        line = proc.stdout.readline()
+        if line:
+            committed.append(line.strip())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert len(committed) >= 25
+    store = Store(data)
+    ids = set(store.episode_ids())
+    assert set(committed) <= ids  # every commit that returned survived
+    for eid in ids:  # and nothing half-written: each episode is whole
+        ep = store.load_episode(eid)
+        assert len(ep.steps) == 3
+    problems = [p for p in store.check() if "is not used by any episode" not in p and "leftover temporary" not in p]
+    assert problems == []  # at worst an unreferenced blob or temp file from the killed write
+    store.gc()
+    assert store.check() == []

@@ -12,20 +12,22 @@ import sys
 
 COMMANDS = [
     "agent.cli",  # parse, import, export, info, check
+    "agent.cli_agent",  # agent: run the agent with a policy, a gate and the store
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    data_help = "data directory (default: $TANDEM_DATA or the per-user data folder)"
+    # Subcommands take --data too; SUPPRESS keeps their default from overwriting a --data
+    # given before the subcommand.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--data", metavar="DIR", help="data directory (default: $TANDEM_DATA or the per-user data folder)"
-    )
+    common.add_argument("--data", metavar="DIR", default=argparse.SUPPRESS, help=data_help)
     parser = argparse.ArgumentParser(
         prog="python main.py",
         description="Tandem: collect data for, supervise and train computer-use agents. "
         "With no command, opens the desktop app.",
-        parents=[common],
     )
+    parser.add_argument("--data", metavar="DIR", default=None, help=data_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     app = sub.add_parser("app", parents=[common], help="open the desktop app (the default)")
     app.add_argument("--server", help="sync server URL (default: an embedded backend on loopback)")

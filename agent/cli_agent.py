@@ -1,0 +1,140 @@
+"""`python main.py agent`: run the agent on this desktop (or an Android phone) from a terminal.
+
+Examples:
+    python main.py agent --instruction "Open the settings" --policy replay --responses demo.jsonl
+    python main.py agent --instruction "..." --policy endpoint --base-url http://127.0.0.1:8000/v1 --model ui-tars-1.5-7b --gate risky
+    python main.py agent --instruction "..." --policy local --model-dir ./ui-tars-1.5-7b --gate all
+
+Gate questions are answered in this terminal. The kill switch (Ctrl+Alt+Shift+K by default)
+stops the agent at once; so does Ctrl+C. The episode lands in the store either way.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from agent import coords
+from agent.gate import GATE_MODES
+from agent.killswitch import DEFAULT_HOTKEY
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser("agent", parents=[common], help="run the agent on this desktop or a phone",
+                       description="Runs observe -> propose -> gate -> execute -> record; the episode is saved in the store as it goes. "
+                       "Questions from the gate are answered in the terminal.")
+    p.add_argument("--instruction", required=True, help="what the agent should do")
+    p.add_argument("--policy", choices=("endpoint", "local", "replay"), required=True)
+    p.add_argument("--responses", metavar="FILE.jsonl", help="replay: one JSON string (a raw model response) per line")
+    p.add_argument("--model-dir", metavar="DIR", help="local: a transformers Qwen2.5-VL-class model directory")
+    p.add_argument("--base-url", help="endpoint: OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", help="endpoint: the served model name")
+    p.add_argument("--api-key", help="endpoint: API key (default: $TANDEM_API_KEY or $OPENAI_API_KEY)")
+    p.add_argument("--max-images", type=int, default=5, help="endpoint: screenshots per request (default 5)")
+    p.add_argument("--gate", choices=GATE_MODES, default="risky", help="when to ask you (default: risky)")
+    p.add_argument("--max-steps", type=int, default=30)
+    p.add_argument("--max-seconds", type=float, help="stop after this long")
+    p.add_argument("--coords", choices=coords.SPACES, default=coords.SMART_RESIZE, help="the model's coordinate space")
+    p.add_argument("--platform", choices=("desktop", "android"), default="desktop")
+    p.add_argument("--serial", help="android: the device serial (default: $ANDROID_SERIAL or the only device)")
+    p.add_argument("--monitor", type=int, default=1, help="desktop: mss monitor index (1 = primary, 0 = all)")
+    p.add_argument("--tools-root", metavar="DIR", help="also give the agent the terminal and files, confined to DIR")
+    p.add_argument("--image-format", choices=("png", "jpeg"), default="jpeg", help="screenshots in the store (default jpeg q90; png is lossless and about 10x slower)")
+    p.add_argument("--hotkey", default=DEFAULT_HOTKEY, help=f"kill-switch hotkey in pynput notation (default {DEFAULT_HOTKEY})")
+    p.add_argument("--no-kill-switch", action="store_true", help="do not listen for the kill-switch hotkey")
+    p.set_defaults(func=cmd_agent)
+
+
+def _fail(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def make_policy(args):
+    from agent.policies import EndpointPolicy, ReplayPolicy
+
+    kw = {"space": args.coords, "platform": args.platform, "tools": bool(args.tools_root)}
+    if args.policy == "replay":
+        if not args.responses:
+            raise ValueError("--policy replay needs --responses FILE.jsonl")
+        return ReplayPolicy(args.responses, **kw)
+    if args.policy == "endpoint":
+        if not (args.base_url and args.model):
+            raise ValueError("--policy endpoint needs --base-url and --model")
+        key = args.api_key or os.environ.get("TANDEM_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        return EndpointPolicy(args.base_url, args.model, key, max_images=args.max_images, **kw)
+    if not args.model_dir:
+        raise ValueError("--policy local needs --model-dir DIR")
+    from agent.policies.local import LocalVLMPolicy
+
+    return LocalVLMPolicy(args.model_dir, **kw)
+
+
+def make_executor(args):
+    if args.platform == "android":
+        from agent.executors.android import AndroidExecutor
+
+        return AndroidExecutor(serial=args.serial)
+    from agent.executors.desktop import DesktopExecutor
+
+    return DesktopExecutor(monitor=args.monitor)
+
+
+def _print_step(step) -> None:
+    from agent.grammar import format_action
+
+    a = step.action
+    where = step.info.get("screen_point") or step.info.get("screen_points") or ""
+    who = step.provenance.source
+    err = f"  ERROR {step.info['error']}" if step.info.get("error") else ""
+    print(f"[{step.index}] {who:9} {format_action(a)} {where}{err}", flush=True)
+
+
+def cmd_agent(args) -> int:
+    from agent.executors.base import ExecutionError
+    from agent.gate import Gate
+    from agent.killswitch import KillSwitch, KillSwitchError
+    from agent.loop import AgentLoop, LoopConfig
+    from agent.policies import PolicyError
+    from agent.store import Store
+    from agent.terminal_supervisor import TerminalSupervisor
+
+    try:
+        policy = make_policy(args)
+    except (ValueError, PolicyError) as e:
+        return _fail(str(e))
+    executor = make_executor(args)
+    tools = None
+    if args.tools_root:
+        from agent.executors.terminal import TerminalExecutor
+
+        try:
+            tools = TerminalExecutor(args.tools_root)
+        except ExecutionError as e:
+            return _fail(str(e))
+    supervisor = TerminalSupervisor() if args.gate != "auto" else None
+    store = Store(args.data) if args.data else Store()
+    loop = AgentLoop(policy, executor, store=store, gate=Gate(args.gate, supervisor), tools=tools,
+                     config=LoopConfig(max_steps=args.max_steps, max_seconds=args.max_seconds, image_format=args.image_format),
+                     on_step=_print_step, on_control=lambda on: print("[agent has control]" if on else "[agent idle]", flush=True))
+    switch = KillSwitch(loop, hotkey=args.hotkey)
+    if not args.no_kill_switch and args.platform == "desktop":
+        try:
+            switch.start()
+            print(f"kill switch: {args.hotkey}", flush=True)
+        except KillSwitchError as e:
+            print(f"warning: {e}; use Ctrl+C to stop", file=sys.stderr)
+    old = signal.signal(signal.SIGINT, lambda *a: loop.stop("interrupted (Ctrl+C)"))
+    try:
+        res = loop.run(args.instruction)
+    except ExecutionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, old)
+        switch.stop()
+        executor.close()
+        policy.close()
+        store.close()
+    print(f"episode {res.episode.id}: {res.steps} steps, ended: {res.reason}", flush=True)
+    return 0 if res.reason in ("finished", "call_user") else 1

@@ -1,0 +1,134 @@
+"""The gate between a proposal and its execution: where a human comes in.
+
+Modes: "auto" (never asks), "risky" (asks before risky actions: terminal and files, destructive
+hotkeys, typing into a password field when the observation says one is focused, and anything
+after the agent called the user), "all" (asks before every step).
+
+The human side is the `Supervisor` interface, so a terminal prompt, the desktop app and a remote
+supervisor over the sync connection all answer the same way:
+
+    decide(request: GateRequest) -> Decision      approve | edit | reject | takeover | stop
+    take_over(request: GateRequest) -> Takeover   the human's own steps, and whether to resume
+
+A Decision's actions are in the schema's normalized space (0..1 of the screenshot).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from agent.actions import is_risky, validate
+from agent.schema import Action
+
+GATE_MODES = ("auto", "risky", "all")
+DECISIONS = ("approve", "edit", "reject", "takeover", "stop")
+
+
+class GateError(ValueError):
+    pass
+
+
+@dataclass
+class GateRequest:
+    """What a supervisor sees: the proposal, the screen it was made for, and why it is asked."""
+
+    instruction: str
+    step_index: int
+    proposal: object  # agent.policies.Proposal
+    observation: object  # agent.executors.Frame
+    why: str  # "every step is reviewed", "risky: run_command", "the agent asked for help"
+    episode_id: str | None = None
+    platform: str = "desktop"
+
+
+@dataclass
+class Decision:
+    kind: str
+    thought: str | None = None  # edit: the corrected thought (None keeps the proposal's)
+    actions: list[Action] | None = None  # edit: the corrected actions (None keeps the proposal's)
+    reason: str | None = None  # reject: why (the policy is told); stop: why
+    decided_by: str | None = None
+    seconds: float | None = None  # how long the human took
+
+    def __post_init__(self):
+        if self.kind not in DECISIONS:
+            raise GateError(f"decision must be one of {', '.join(DECISIONS)}, got {self.kind!r}")
+        if self.kind == "edit":
+            if self.thought is None and self.actions is None:
+                raise GateError("an edit must change the thought or the actions")
+            for a in self.actions or []:
+                problem = validate(a, normalized=True)
+                if problem:
+                    raise GateError(f"edited action is not valid: {problem}")
+        if self.kind == "reject" and not (self.reason or "").strip():
+            raise GateError("a rejection needs a reason: the policy is asked again and told why")
+
+    @classmethod
+    def approve(cls, by: str | None = None, **kw) -> "Decision":
+        return cls("approve", decided_by=by, **kw)
+
+    @classmethod
+    def edit(cls, actions: list[Action] | None = None, thought: str | None = None, by: str | None = None, **kw) -> "Decision":
+        return cls("edit", thought=thought, actions=actions, decided_by=by, **kw)
+
+    @classmethod
+    def reject(cls, reason: str, by: str | None = None, **kw) -> "Decision":
+        return cls("reject", reason=reason, decided_by=by, **kw)
+
+
+@dataclass
+class HumanStep:
+    """One step the human did during a takeover. `executed`: the human already acted (the app's
+    recorder saw it); otherwise the loop executes `action` for them (a terminal supervisor types
+    it). `frame`: the screen the human acted on, when known."""
+
+    thought: str
+    action: Action
+    executed: bool = False
+    frame: object = None
+
+
+@dataclass
+class Takeover:
+    steps: list[HumanStep] = field(default_factory=list)
+    resume: bool = True  # hand control back to the agent afterwards
+    by: str | None = None
+
+
+class Supervisor(Protocol):
+    def decide(self, request: GateRequest) -> Decision: ...
+
+    def take_over(self, request: GateRequest) -> Takeover: ...
+
+
+class Gate:
+    def __init__(self, mode: str = "auto", supervisor: Supervisor | None = None):
+        if mode not in GATE_MODES:
+            raise GateError(f"gate mode must be one of {', '.join(GATE_MODES)}, got {mode!r}")
+        if mode != "auto" and supervisor is None:
+            raise GateError(f"gate mode {mode!r} asks a human, but no supervisor was given")
+        self.mode = mode
+        self.supervisor = supervisor
+
+    def why_ask(self, proposal, observation, *, after_call_user: bool = False) -> str | None:
+        """The reason to ask a human about this proposal, or None to let it run."""
+        if self.mode == "auto":
+            return None
+        if self.mode == "all":
+            return "every step is reviewed"
+        if after_call_user:
+            return "the agent called the user earlier in this run"
+        for a in proposal.actions:
+            if is_risky(a):
+                return f"risky action: {a.name}" + (f" {a.args.get('key')!r}" if a.name == "hotkey" else "")
+            if a.name == "type" and observation is not None and getattr(observation, "extra", {}).get("password_focused"):
+                return "typing into a password field"
+        return None
+
+    def review(self, request: GateRequest) -> Decision:
+        if self.supervisor is None:
+            raise GateError(f"step {request.step_index} needs a human ({request.why}) but the gate has no supervisor")
+        decision = self.supervisor.decide(request)
+        if not isinstance(decision, Decision):
+            raise GateError(f"the supervisor answered {decision!r}, not a Decision")
+        return decision

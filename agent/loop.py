@@ -1,0 +1,347 @@
+"""The agent loop: observe -> propose -> gate -> execute -> record.
+
+Every executed step is written to the store as soon as it is done (screenshot blob first, then
+the episode), so a crash or a kill switch loses at most the step in flight. Output that does not
+parse is re-asked (the policy is told why) up to `max_reasks` times and never executed; a
+rejection re-asks with the supervisor's reason. Everything the human does is kept: an edit
+stores the corrected step with provenance "corrected" and the proposal beside it; rejected and
+unparseable proposals go into the next step's info (and the episode's meta if the run ends
+first); a takeover records the human's steps with provenance "human".
+
+`run()` blocks; call it in a worker thread from a UI. `stop()` is safe from any thread (the kill
+switch calls it): it sets the stop flag and makes the executor let go of held keys and buttons.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from agent.actions import validate
+from agent.executors.base import ExecutionError
+from agent.gate import Decision, Gate, GateRequest, Takeover
+from agent.grammar import format_normalized
+from agent.memory import Memory, MemoryStep
+from agent.policies.base import PolicyError, Proposal
+from agent.schema import Action, Episode, Observation, Provenance, Step, monotonic
+
+TOOL_ACTIONS = ("run_command", "read_file", "write_file")
+
+
+@dataclass
+class LoopConfig:
+    max_steps: int = 30
+    max_seconds: float | None = None
+    max_reasks: int = 2  # re-asks after an unparseable output, per step
+    max_rejections: int = 5  # rejections in a row before the run ends
+    # screenshots in the store: jpeg q90 (6 ms at 1920x1080) by default; png is lossless but costs
+    # about 60 ms a frame at 1920x1080 with OpenCV here, more than the whole step budget of 50 ms
+    image_format: str = "jpeg"
+    kind: str | None = None  # autonomous | supervised; default from the gate
+
+
+@dataclass
+class RunResult:
+    episode: Episode
+    reason: str  # finished | call_user | step limit | time limit | stopped | unparseable | policy error: ...
+    steps: int = 0
+    stats: dict = field(default_factory=dict)
+
+
+def reask_feedback(reason: str) -> str:
+    return (f"Your previous output could not be used: {reason}. Answer again in the required format:\n"
+            "Thought: ...\nAction: ...")
+
+
+def reject_feedback(proposal: Proposal, reason: str, space: str) -> str:
+    w, h = proposal.image_size or (1000, 1000)
+    text = format_normalized(proposal.thought, proposal.actions, space, w, h) if proposal.actions else proposal.raw_text
+    return f"The supervisor rejected your proposal:\n{text}\nReason: {reason}\nPropose a different next action."
+
+
+def _jsonable(d: dict) -> dict:
+    out = {}
+    for k, v in d.items():
+        try:
+            json.dumps(v)
+            out[k] = v
+        except (TypeError, ValueError):
+            out[k] = repr(v)
+    return out
+
+
+class _End(Exception):
+    def __init__(self, reason: str, truncated: bool = False):
+        super().__init__(reason)
+        self.reason, self.truncated = reason, truncated
+
+
+class AgentLoop:
+    def __init__(self, policy, executor, *, store=None, gate: Gate | None = None, memory: Memory | None = None,
+                 tools=None, config: LoopConfig | None = None, on_step: Callable | None = None,
+                 on_control: Callable[[bool], None] | None = None, on_event: Callable[[str, dict], None] | None = None):
+        self.policy = policy
+        self.executor = executor
+        self.store = store
+        self.gate = gate or Gate("auto")
+        self.memory = memory if memory is not None else Memory()
+        self.tools = tools
+        self.config = config or LoopConfig()
+        self.on_step = on_step
+        self.on_control = on_control
+        self.on_event = on_event
+        self.stop_event = getattr(executor, "stop_event", None) or threading.Event()
+        if hasattr(executor, "stop_event"):
+            executor.stop_event = self.stop_event
+        self._stop_reason = "stopped"
+        self._has_control = False
+        self.episode: Episode | None = None
+        self.stats: dict[str, list[float]] = {"propose": [], "execute": [], "record": []}
+
+    # ---------------------------------------------------------------- control
+    def stop(self, reason: str = "stopped") -> None:
+        """Stop the run (any thread): no further action is executed; held keys are released."""
+        self._stop_reason = reason
+        self.stop_event.set()
+        for ex in (self.executor, self.tools):
+            if ex is not None:
+                try:
+                    ex.release()
+                except Exception:  # noqa: BLE001 - releasing is best effort; the stop flag is already set
+                    pass
+
+    def _control(self, on: bool) -> None:
+        if on != self._has_control:
+            self._has_control = on
+            if self.on_control:
+                self.on_control(on)
+
+    def _emit(self, kind: str, **payload) -> None:
+        if self.on_event:
+            self.on_event(kind, payload)
+
+    def _check(self, index: int, t0: float) -> None:
+        if self.stop_event.is_set():
+            raise _End(self._stop_reason, truncated=True)
+        if index >= self.config.max_steps:
+            raise _End("step limit", truncated=True)
+        if self.config.max_seconds is not None and monotonic() - t0 > self.config.max_seconds:
+            raise _End("time limit", truncated=True)
+
+    # ---------------------------------------------------------------- run
+    def run(self, instruction: str) -> RunResult:
+        cfg = self.config
+        kind = cfg.kind or ("autonomous" if self.gate.mode == "auto" and self.gate.supervisor is None else "supervised")
+        ep = Episode(instruction=instruction, kind=kind, platform=self.executor.platform, producer=self.policy.version,
+                     policy_version=self.policy.version,
+                     meta={"gate": self.gate.mode, "coords": self.policy.space, "end_reason": None})
+        self.episode = ep
+        self.stop_event.clear()
+        self._save()
+        t0 = monotonic()
+        self._control(True)
+        frame, _ = self.executor.reset()
+        after_call_user = False
+        pending: dict = {"parse_failures": [], "rejections": []}
+        feedback = None
+        reason, truncate = "finished", False
+        try:
+            while True:
+                self._check(len(ep.steps), t0)
+                proposal, decision, gate_why = self._propose(instruction, frame, feedback, pending, after_call_user, t0)
+                feedback = None
+                if decision.kind == "takeover":
+                    frame, resume = self._take_over(instruction, frame, proposal, gate_why)
+                    if not resume:
+                        raise _End("the human ended the run after taking over")
+                    continue
+                actions = decision.actions if decision.kind == "edit" and decision.actions is not None else proposal.actions
+                thought = decision.thought if decision.kind == "edit" and decision.thought is not None else proposal.thought
+                for k, action in enumerate(actions):
+                    self._check(len(ep.steps), t0)
+                    prov = self._provenance(proposal, decision, k, thought)
+                    frame, terminated, error = self._execute_and_record(
+                        frame, thought if k == 0 else "", action, prov, proposal.raw_text if k == 0 else None,
+                        {**pending, "gate": gate_why} if k == 0 else {}, source=prov.source,
+                    )
+                    pending = {"parse_failures": [], "rejections": []}
+                    if error:
+                        feedback = f"The last action could not be executed: {error}"
+                        break
+                    if terminated:
+                        if action.name == "call_user" and self.gate.supervisor is not None:
+                            req = self._request(instruction, frame, proposal, "the agent asked for help")
+                            frame, resume = self._take_over(instruction, frame, proposal, req.why, request=req)
+                            if not resume:
+                                raise _End("call_user")
+                            after_call_user = True
+                            break
+                        raise _End(action.name)
+        except _End as e:
+            reason, truncate = e.reason, e.truncated
+        except PolicyError as e:
+            reason, truncate = f"policy error: {e}", True
+        except BaseException as e:  # a bug or a failing supervisor: close the record, then let it surface
+            self._control(False)
+            self._finish(f"crashed: {type(e).__name__}: {e}", True, pending)
+            raise
+        finally:
+            self._control(False)
+        return self._finish(reason, truncate, pending)
+
+    # ---------------------------------------------------------------- pieces
+    def _request(self, instruction, frame, proposal, why) -> GateRequest:
+        return GateRequest(instruction=instruction, step_index=len(self.episode.steps), proposal=proposal,
+                           observation=frame, why=why, episode_id=self.episode.id, platform=self.executor.platform)
+
+    def _propose(self, instruction, frame, feedback, pending, after_call_user, t0):
+        """Ask until a proposal parses and the gate lets it through (or a limit ends the run)."""
+        failures = rejections = 0
+        while True:
+            self._check(len(self.episode.steps), t0)
+            t = time.perf_counter()
+            proposal = self.policy.propose(instruction, self.memory, frame, feedback)
+            self.stats["propose"].append(time.perf_counter() - t)
+            self._emit("proposal", proposal=proposal)
+            if self.stop_event.is_set():
+                raise _End(self._stop_reason, truncated=True)
+            if not proposal.ok:
+                failures += 1
+                pending["parse_failures"].append({"raw": proposal.raw_text, "reason": proposal.parse_error})
+                if failures > self.config.max_reasks:
+                    raise _End(f"unparseable output {failures} times in a row: {proposal.parse_error}", truncated=True)
+                feedback = reask_feedback(proposal.parse_error)
+                continue
+            why = self.gate.why_ask(proposal, frame, after_call_user=after_call_user)
+            if why is None:
+                return proposal, Decision.approve(), None
+            self._control(False)
+            asked = monotonic()
+            decision = self.gate.review(self._request(instruction, frame, proposal, why))
+            if decision.seconds is None:
+                decision.seconds = round(monotonic() - asked, 3)
+            self._emit("decision", decision=decision)
+            if self.stop_event.is_set():
+                raise _End(self._stop_reason, truncated=True)
+            if decision.kind == "stop":
+                raise _End(f"stopped by the supervisor{': ' + decision.reason if decision.reason else ''}", truncated=True)
+            if decision.kind == "reject":
+                rejections += 1
+                pending["rejections"].append({"thought": proposal.thought, "actions": [a.to_dict() for a in proposal.actions],
+                                              "raw": proposal.raw_text, "reason": decision.reason, "by": decision.decided_by})
+                if rejections > self.config.max_rejections:
+                    raise _End(f"{rejections} proposals rejected in a row", truncated=True)
+                feedback = reject_feedback(proposal, decision.reason, self.policy.space)
+                continue
+            self._control(True)
+            return proposal, decision, why
+
+    def _provenance(self, proposal: Proposal, decision: Decision, k: int, thought: str) -> Provenance:
+        human = decision.decided_by is not None or decision.seconds is not None
+        if decision.kind == "edit":
+            return Provenance("corrected", proposal_thought=proposal.thought,
+                              proposal_action=proposal.actions[k] if k < len(proposal.actions) else None,
+                              policy_version=proposal.policy_version, decision="edit", decided_by=decision.decided_by,
+                              decision_seconds=decision.seconds)
+        return Provenance("agent", policy_version=proposal.policy_version, decision="approve" if human else None,
+                          decided_by=decision.decided_by, decision_seconds=decision.seconds)
+
+    def _observation(self, frame) -> Observation:
+        extra = _jsonable(dict(frame.extra))
+        if frame.has_image:
+            data, mime = frame.encode(self.config.image_format)
+            h = self.store.put_blob(data) if self.store is not None else None
+            w, hgt = frame.size
+            extra["mime"] = mime
+        else:
+            h, (w, hgt) = None, (frame.geometry.physical_width, frame.geometry.physical_height)
+            if frame.text is not None:
+                extra["text"] = frame.text
+        return Observation(screenshot=h, width=w, height=hgt, geometry=frame.geometry, time=frame.time, extra=extra)
+
+    def _execute_and_record(self, frame, thought, action: Action, prov: Provenance, raw, info: dict, *, source: str):
+        """Execute one action, record the step; returns (next frame, terminated, error or None)."""
+        t_rec = time.perf_counter()
+        obs = self._observation(frame)
+        record_s = time.perf_counter() - t_rec
+        info = {k: v for k, v in info.items() if v}
+        problem = validate(action, normalized=True)
+        t_start = monotonic()
+        error = None
+        terminated = False
+        note = None
+        try:
+            if problem:
+                raise ExecutionError(problem)
+            if action.name in TOOL_ACTIONS:
+                if self.tools is None:
+                    raise ExecutionError(f"{action.name} needs the terminal tools, which this run does not have")
+                tframe, _, _, _, tinfo = self.tools.step(action)
+                info.update(_jsonable(tinfo))
+                note = tframe.text
+                next_frame = self.executor.observe()
+            else:
+                next_frame, _, terminated, _, einfo = self.executor.step(action)
+                info.update(_jsonable(einfo))
+        except ExecutionError as e:
+            error = str(e)
+            info["error"] = error
+            next_frame = self.executor.observe() if not self.stop_event.is_set() else frame
+        t_end = monotonic()
+        self.stats["execute"].append(t_end - t_start)
+        step = Step(index=len(self.episode.steps), observation=obs, thought=thought, action=action, provenance=prov,
+                    t_start=t_start, t_end=t_end, terminated=terminated, raw_response=raw, info=info)
+        t_rec = time.perf_counter()
+        self.episode.steps.append(step)
+        self._save()
+        self.stats["record"].append(record_s + time.perf_counter() - t_rec)
+        self.memory.add(MemoryStep(thought, [action], frame, note=note or (f"Error: {error}" if error else None), source=source))
+        self._emit("step", step=step)
+        if self.on_step:
+            self.on_step(step)
+        return next_frame, terminated, error
+
+    def _take_over(self, instruction, frame, proposal, why, request: GateRequest | None = None):
+        """The human acts; their steps are recorded. Returns (frame, resume)."""
+        self._control(False)
+        req = request or self._request(instruction, frame, proposal, why or "the supervisor took over")
+        result = self.gate.supervisor.take_over(req)
+        if not isinstance(result, Takeover):
+            raise _End(f"the supervisor's take_over answered {result!r}, not a Takeover")
+        for hs in result.steps:
+            if self.stop_event.is_set():
+                raise _End(self._stop_reason, truncated=True)
+            prov = Provenance("human", decision="takeover", decided_by=result.by)
+            if hs.executed:  # the human already acted; record what they did on the screen they saw
+                acted_on = hs.frame or frame
+                self.episode.steps.append(Step(index=len(self.episode.steps), observation=self._observation(acted_on),
+                                               thought=hs.thought, action=hs.action, provenance=prov,
+                                               t_start=monotonic(), t_end=monotonic()))
+                self._save()
+                self.memory.add(MemoryStep(hs.thought, [hs.action], acted_on, source="human"))
+                frame = self.executor.observe()
+            else:
+                frame, _, _ = self._execute_and_record(frame, hs.thought, hs.action, prov, None, {}, source="human")
+        frame = self.executor.observe()
+        if result.resume:
+            self._control(True)
+        return frame, result.resume
+
+    def _save(self) -> None:
+        if self.store is not None:
+            self.store.save_episode(self.episode)
+
+    def _finish(self, reason: str, truncate: bool, pending: dict) -> RunResult:
+        ep = self.episode
+        if ep.steps and truncate and not ep.steps[-1].terminated:
+            ep.steps[-1].truncated = True
+        leftovers = {k: v for k, v in pending.items() if v}
+        if leftovers:
+            ep.meta["unexecuted"] = leftovers
+        ep.meta["end_reason"] = reason
+        ep.updated_at = time.time()
+        self._save()
+        self._emit("end", reason=reason)
+        return RunResult(ep, reason, len(ep.steps), {k: list(v) for k, v in self.stats.items()})

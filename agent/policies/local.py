@@ -1,0 +1,91 @@
+"""A local transformers vision-language model (the Qwen2.5-VL class of UI-TARS-1.5) from a
+directory, through agent.vlm (load_vlm, generate). The model loads on first use, not when the
+policy is built; device and dtype default to cuda + bf16 with a GPU, else cpu + float32.
+
+UI-TARS-1.5 writes coordinates in the image its processor actually made (smart_resize with the
+processor's own min/max pixels). For UI-TARS-1.5-7B that equals agent.coords' defaults; for a
+model with other limits (the tiny test model), points are normalized with the processor's size.
+"""
+from __future__ import annotations
+
+from agent import coords
+from agent.grammar import parse_response
+from agent.policies.base import Policy, PolicyError, Proposal
+
+
+class LocalVLMPolicy(Policy):
+    name = "local"
+
+    def __init__(self, model_dir, *, device=None, dtype=None, max_new_tokens: int = 256, temperature: float = 0.0,
+                 seed: int | None = None, **kw):
+        from pathlib import Path
+
+        super().__init__(version=kw.pop("version", None) or f"local:{Path(model_dir).name}", **kw)
+        self.model_dir = model_dir
+        self.device, self.dtype = device, dtype
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.seed = seed
+        self.model = None
+        self.processor = None
+        self.last_generation = None
+        self.calls = 0
+
+    def load(self) -> "LocalVLMPolicy":
+        if self.model is None:
+            from agent.vlm import VLMError, load_vlm
+
+            try:
+                self.model, self.processor = load_vlm(self.model_dir, self.device, self.dtype)
+            except VLMError as e:
+                raise PolicyError(str(e)) from None
+        return self
+
+    def generate(self, messages) -> str:
+        from agent import vlm
+
+        self.load()
+        # a fixed seed would give a re-ask the very same sample: step it per call, reproducibly
+        seed = None if self.seed is None else self.seed + self.calls
+        self.calls += 1
+        try:
+            g = vlm.generate(self.model, self.processor, messages, max_new_tokens=self.max_new_tokens,
+                             temperature=self.temperature, seed=seed, details=True)
+        except vlm.VLMError as e:
+            raise PolicyError(f"the local model could not take this input: {e}") from None
+        self.last_generation = g
+        return g.text
+
+    def parse(self, raw, observation, *, seconds: float = 0.0) -> Proposal:
+        if self.space != coords.SMART_RESIZE or self.processor is None or observation is None or not observation.has_image:
+            return super().parse(raw, observation, seconds=seconds)
+        from agent.vlm import resized_image_size
+
+        w, h = observation.size
+        rw, rh = resized_image_size(self.processor, w, h)
+        if (rh, rw) == coords.smart_resize(h, w):
+            return super().parse(raw, observation, seconds=seconds)
+        common = {"space": self.space, "image_size": (w, h), "seconds": seconds, "policy_version": self.version}
+        parsed = parse_response(raw)
+        text = raw if isinstance(raw, str) else repr(raw)
+        if not parsed:
+            return Proposal("", [], text, parse_error=parsed.reason, **common)
+
+        def norm(p):
+            if not (0 <= p[0] <= rw and 0 <= p[1] <= rh):
+                raise coords.CoordinateError(f"point ({p[0]:g}, {p[1]:g}) lies outside the model's image {rw}x{rh}")
+            return (p[0] / rw, p[1] / rh)
+
+        try:
+            actions = [a.map_points(norm) for a in parsed.actions]
+        except coords.CoordinateError as e:
+            return Proposal(parsed.thought, [], text, parse_error=str(e), **common)
+        from agent.actions import REGISTRY
+
+        for a in actions:
+            if not set(REGISTRY[a.name].platforms) & set(self.platforms):
+                return Proposal(parsed.thought, [], text, parse_error=f"action {a.name!r} is not available on {'/'.join(self.platforms)}", **common)
+        return Proposal(parsed.thought, actions, text, None, **common)
+
+    def close(self) -> None:
+        self.model = self.processor = None

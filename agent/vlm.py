@@ -1,0 +1,258 @@
+"""Local Qwen2.5-VL-class models (UI-TARS-1.5-7B, or the tiny one trainer.tiny_model builds).
+
+Loading, generation, and per-token log-probs for SFT/PPO; chat -> inputs lives in
+agent.vlm_inputs and is re-exported here, so `from agent import vlm` is the whole API. torch and
+transformers are imported inside the functions: importing this module stays cheap, and the
+agent runs without them when it uses an endpoint.
+
+Log-probs are of token t given the tokens before it, aligned with input_ids (position 0 has
+none), at `temperature` (log_softmax(logits / T)): pass the temperature you sampled with.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.vlm_inputs import (  # noqa: F401  (re-exported: the public API)
+    END_OF_TEXT, IM_END, IM_START, MODEL_INPUT_KEYS, VLMError, assistant_token_mask, build_inputs, collate_inputs,
+    extend_inputs, image_token_count, resized_image_size, to_model, to_template_messages,
+)
+
+SUPPORTED_MODEL_TYPES = {
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",  # UI-TARS-1.5, Qwen2.5-VL
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",  # UI-TARS-1.0, Qwen2-VL
+}
+_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16",
+           "float32": "float32", "fp32": "float32", "float": "float32"}
+
+
+_CLASSES: dict = {}
+
+
+def processor_class():
+    """The image-only Qwen2.5-VL processor class. The stock processor insists on a video
+    processor, which needs torchvision, which does not load beside this torch build."""
+    if "processor" not in _CLASSES:
+        from transformers import Qwen2_5_VLProcessor
+
+        class ImageOnlyQwenVLProcessor(Qwen2_5_VLProcessor):
+            """Qwen2.5-VL's processor without the video half (no torchvision needed)."""
+
+            def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+                super().__init__(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
+                                 chat_template=chat_template, **kwargs)
+
+        _CLASSES["processor"] = ImageOnlyQwenVLProcessor
+    return _CLASSES["processor"]
+
+
+def __getattr__(name):  # `from agent.vlm import ImageOnlyQwenVLProcessor` imports transformers only then
+    if name == "ImageOnlyQwenVLProcessor":
+        return processor_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------- loading
+
+def check_model_dir(model_dir) -> dict:
+    """The directory's config.json as a dict; raises VLMError listing everything missing."""
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise VLMError(f"model directory {d} does not exist or is not a directory")
+    missing = []
+    config = None
+    if not (d / "config.json").is_file():
+        missing.append("config.json")
+    else:
+        try:
+            config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+        except (ValueError, OSError) as e:
+            raise VLMError(f"model directory {d}: config.json is not readable JSON ({e})") from e
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+    if not any((d / w).is_file() for w in weights):
+        missing.append("weights (model.safetensors or model.safetensors.index.json)")
+    if not ((d / "tokenizer.json").is_file() or ((d / "vocab.json").is_file() and (d / "merges.txt").is_file())):
+        missing.append("tokenizer (tokenizer.json, or vocab.json + merges.txt)")
+    if not ((d / "preprocessor_config.json").is_file() or _has_key(d / "processor_config.json", "image_processor")):
+        missing.append("image processor config (preprocessor_config.json)")
+    if not ((d / "chat_template.jinja").is_file() or (d / "chat_template.json").is_file()
+            or _has_key(d / "tokenizer_config.json", "chat_template")):
+        missing.append("chat template (chat_template.jinja or chat_template.json)")
+    if missing:
+        raise VLMError(f"{d} is not a usable Qwen2.5-VL model directory: missing {'; '.join(missing)}")
+    mtype = config.get("model_type") if isinstance(config, dict) else None
+    if mtype not in SUPPORTED_MODEL_TYPES:
+        raise VLMError(f"{d}: model_type {mtype!r} is not supported here; expected one of {', '.join(SUPPORTED_MODEL_TYPES)}")
+    return config
+
+
+def _has_key(path: Path, key: str) -> bool:
+    try:
+        return key in json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+
+
+def load_processor(model_dir):
+    """The image-only processor of a model directory (tokenizer, image processor, chat template)."""
+    check_model_dir(model_dir)
+    try:
+        proc = processor_class().from_pretrained(str(model_dir))
+    except Exception as e:  # a damaged tokenizer.json / preprocessor config, whatever type it raises
+        raise VLMError(f"{model_dir}: the tokenizer or image processor did not load: {e}") from e
+    if not proc.chat_template:
+        raise VLMError(f"{model_dir}: the processor loaded without a chat template")
+    return proc
+
+
+def resolve_device_dtype(device=None, dtype=None):
+    """(torch.device, torch.dtype): cuda + bf16 when there is a GPU, else cpu + float32."""
+    import torch
+
+    try:
+        dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    except (RuntimeError, TypeError) as e:
+        raise VLMError(f"unknown device {device!r} ({e})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise VLMError(f"device {device!r} was asked for, but torch sees no CUDA GPU")
+    if dtype is None:
+        if dev.type == "cuda":
+            dt = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        else:
+            dt = torch.float32  # bf16 matmuls on CPU are slow and lossy for training
+    elif isinstance(dtype, str):
+        name = _DTYPES.get(dtype.lower())
+        if name is None:
+            raise VLMError(f"unknown dtype {dtype!r}; expected one of {', '.join(sorted(_DTYPES))}")
+        dt = getattr(torch, name)
+    else:
+        dt = dtype
+    return dev, dt
+
+
+def load_vlm(model_dir, device=None, dtype=None):
+    """(model, processor) for a Qwen2.5-VL / Qwen2-VL checkpoint directory, in eval mode.
+    Raises VLMError naming the directory and what is missing when it is not one."""
+    config = check_model_dir(model_dir)
+    import transformers
+
+    dev, dt = resolve_device_dtype(device, dtype)
+    cls = getattr(transformers, SUPPORTED_MODEL_TYPES[config["model_type"]])
+    processor = load_processor(model_dir)
+    # device_map would need accelerate (not a dependency): load on the CPU, then move.
+    try:
+        model = cls.from_pretrained(str(model_dir), dtype=dt)
+    except Exception as e:  # damaged or mismatched weights raise many types (SafetensorError, OSError, ...)
+        raise VLMError(f"{model_dir}: the weights did not load: {e}") from e
+    model.to(dev).eval()
+    return model, processor
+
+
+# ---------------------------------------------------------------- generation
+
+@dataclass
+class Generation:
+    text: str  # decoded, special tokens dropped
+    token_ids: list[int] = field(default_factory=list)  # generated tokens, <|im_end|> included when emitted
+    logprobs: list[float] = field(default_factory=list)  # log p of each token at the sampling temperature
+    prompt_tokens: int = 0
+    seconds: float = 0.0
+    inputs: dict | None = field(default=None, repr=False)  # the prompt inputs (for extend_inputs)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+
+
+def stop_token_ids(processor) -> list[int]:
+    tok = processor.tokenizer
+    unk = getattr(tok, "unk_token_id", None)
+    ids = [tok.convert_tokens_to_ids(t) for t in (IM_END, END_OF_TEXT)]
+    return [i for i in ids if i is not None and i != unk]
+
+
+def generate(model, processor, messages, images=None, max_new_tokens: int = 256, temperature: float = 0.0,
+             seed: int | None = None, *, top_p: float = 1.0, details: bool = False):
+    """The assistant's reply to a chat: the text, or a Generation with token ids and per-token
+    log-probs when details is set. temperature 0 is greedy; with a seed, sampling is
+    reproducible and the global RNG state is left as it was."""
+    import torch
+
+    if max_new_tokens < 1:
+        raise VLMError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise VLMError(f"temperature must be >= 0, got {temperature}")
+    inputs = build_inputs(processor, messages, images, add_generation_prompt=True)
+    stops = stop_token_ids(processor)
+    if not stops:
+        raise VLMError("the tokenizer has neither <|im_end|> nor <|endoftext|>: generation would never stop")
+    sample = temperature > 0
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sample, eos_token_id=stops, pad_token_id=stops[-1],
+                  return_dict_in_generate=True, output_logits=True)
+    if sample:  # top_k off, so the sampled distribution is exactly softmax(logits / T) (what PPO scores)
+        kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+    model_inputs = to_model(inputs, model)
+    devices = [model.device] if model.device.type == "cuda" else []
+    t0 = time.perf_counter()
+    with torch.random.fork_rng(devices=devices, enabled=seed is not None), torch.no_grad():
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = model.generate(**model_inputs, **kwargs)
+    seconds = time.perf_counter() - t0
+    n_prompt = inputs["input_ids"].shape[1]
+    gen = out.sequences[0, n_prompt:]
+    if len(out.logits) and gen.numel():
+        logits = torch.stack([lg[0] for lg in out.logits[: gen.numel()]]).float()
+        lp = torch.log_softmax(logits / (temperature if sample else 1.0), dim=-1)
+        logprobs = lp.gather(1, gen.unsqueeze(1)).squeeze(1).tolist()
+    else:
+        logprobs = []
+    ids = gen.tolist()  # a batch of one is never padded: every id here was sampled
+    text = processor.tokenizer.decode(ids, skip_special_tokens=True)
+    if not details:
+        return text
+    return Generation(text, ids, logprobs, n_prompt, seconds, inputs)
+
+
+# ---------------------------------------------------------------- log-probs and losses
+
+def action_logprobs(model, inputs: dict, target_mask, *, temperature: float = 1.0, return_entropy: bool = False):
+    """Per-token log-probs (with gradients) of the masked tokens, as a float32 tensor like
+    input_ids, 0 off the mask. Logits are computed only where needed (the vocab is 152k for
+    UI-TARS). With return_entropy, also the policy entropy at those tokens."""
+    import torch
+
+    ids = inputs["input_ids"]
+    mask = target_mask.to(ids.device).bool()
+    if mask.shape != ids.shape:
+        raise VLMError(f"target_mask shape {tuple(mask.shape)} does not match input_ids {tuple(ids.shape)}")
+    if mask[:, 0].any():
+        raise VLMError("target_mask marks position 0, which has no preceding token to predict it from")
+    if not mask.any():
+        raise VLMError("target_mask marks no tokens")
+    if temperature <= 0:
+        raise VLMError(f"temperature must be > 0 to score tokens, got {temperature}")
+    model_inputs = to_model(inputs, model)
+    dev = model.device
+    mask = mask.to(dev)
+    predict_from = torch.zeros_like(mask)
+    predict_from[:, :-1] = mask[:, 1:]  # logits at t-1 predict token t
+    out = model(**model_inputs, logits_to_keep=predict_from, use_cache=False)
+    logits = out.logits.reshape(-1, out.logits.shape[-1]).float() / temperature
+    lp_all = torch.log_softmax(logits, dim=-1)
+    targets = model_inputs["input_ids"][mask]  # row-major, same order as the kept positions
+    chosen = lp_all.gather(1, targets.unsqueeze(1)).squeeze(1)
+    result = torch.zeros(mask.shape, dtype=torch.float32, device=dev)
+    result = result.masked_scatter(mask, chosen)
+    if not return_entropy:
+        return result
+    ent = -(lp_all.exp() * lp_all).sum(-1)
+    return result, torch.zeros(mask.shape, dtype=torch.float32, device=dev).masked_scatter(mask, ent)
+
+
+def sft_loss(model, inputs: dict, target_mask):
+    """Mean cross-entropy over the masked (assistant) tokens."""
+    lp = action_logprobs(model, inputs, target_mask)
+    return -lp.sum() / target_mask.sum().clamp(min=1).to(lp.device)

@@ -1,0 +1,357 @@
+"""The Library page: every local episode in a sortable, filterable table, and the step viewer of
+the selected one below it. Actions on the selected episodes: mark the outcome, delete, export
+(training JSONL or a .zip bundle) and import a bundle; export and import run in the background.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QItemSelectionModel, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtGui import QColor, QStandardItem, QStandardItemModel
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QMenu,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTableView,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from agent.bundle import import_file, write_bundle
+from agent.export import export_jsonl
+from agent.schema import Outcome
+from agent.store import StoreError
+from app.step_view import OUTCOMES, StepViewer, outcome_name
+from app.workers import run_in_background
+
+COLUMNS = ("Instruction", "Kind", "Steps", "Date", "Outcome", "Route")
+ID_ROLE = Qt.UserRole + 1
+SORT_ROLE = Qt.UserRole
+OUTCOME_COLORS = {True: "#2b9348", False: "#c92a2a"}
+
+
+def export_episodes(store, path, episode_ids, progress=None) -> dict:
+    """Export to `path`: a .zip is a lossless bundle, anything else training JSONL."""
+    path = Path(path)
+    if path.suffix.lower() == ".zip":
+        return write_bundle(store, path, list(episode_ids))
+    return export_jsonl(store, path, list(episode_ids), progress=progress)
+
+
+class LibraryPage(QWidget):
+    taskFinished = Signal(str, object)  # "export" | "import", the result dict or the exception
+
+    def __init__(self, store, window=None, parent=None):
+        super().__init__(parent)
+        self.store, self.window_ = store, window
+        self._busy = False
+
+        # toolbar
+        self.filter = QLineEdit()
+        self.filter.setPlaceholderText("Filter by instruction, kind, outcome, route…")
+        self.filter.setClearButtonEnabled(True)
+        self.filter.textChanged.connect(self._filter_changed)
+        self.count = QLabel()
+        self.count.setObjectName("muted")
+        self.outcome_btn = QToolButton()
+        self.outcome_btn.setText("Mark outcome")
+        self.outcome_btn.setPopupMode(QToolButton.InstantPopup)
+        menu = QMenu(self.outcome_btn)
+        for name, value in OUTCOMES:
+            menu.addAction(name.capitalize(), lambda v=value: self.mark_outcome(v))
+        self.outcome_btn.setMenu(menu)
+        self.delete_btn = QPushButton("Delete…")
+        self.delete_btn.setObjectName("danger")
+        self.delete_btn.clicked.connect(lambda: self.delete_selected())
+        self.export_btn = QToolButton()
+        self.export_btn.setText("Export")
+        self.export_btn.setPopupMode(QToolButton.InstantPopup)
+        menu = QMenu(self.export_btn)
+        menu.addAction("Training samples (JSONL)…", lambda: self._ask_export("jsonl"))
+        menu.addAction("Bundle (.zip)…", lambda: self._ask_export("zip"))
+        self.export_btn.setMenu(menu)
+        self.import_btn = QPushButton("Import…")
+        self.import_btn.clicked.connect(self._ask_import)
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(180)
+        self.progress.setTextVisible(False)
+        self.progress.hide()
+        bar = QHBoxLayout()
+        bar.addWidget(self.filter, 1)
+        bar.addWidget(self.count)
+        bar.addSpacing(12)
+        bar.addWidget(self.progress)
+        for w in (self.outcome_btn, self.export_btn, self.import_btn, self.delete_btn):
+            bar.addWidget(w)
+
+        # table
+        self.model = QStandardItemModel(0, len(COLUMNS))
+        self.model.setHorizontalHeaderLabels(COLUMNS)
+        self.proxy = QSortFilterProxyModel()
+        self.proxy.setSourceModel(self.model)
+        self.proxy.setSortRole(SORT_ROLE)
+        self.proxy.setFilterCaseSensitivity(Qt.CaseInsensitive)
+        self.proxy.setFilterKeyColumn(-1)
+        self.table = QTableView()
+        self.table.setModel(self.proxy)
+        self.table.setSortingEnabled(True)
+        self.table.sortByColumn(3, Qt.DescendingOrder)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.ExtendedSelection)
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.setAlternatingRowColors(True)
+        self.table.setWordWrap(False)
+        self.table.verticalHeader().hide()
+        self.table.verticalHeader().setDefaultSectionSize(26)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.Stretch)
+        for col in range(1, len(COLUMNS)):
+            header.setSectionResizeMode(col, QHeaderView.ResizeToContents)
+        self.table.selectionModel().currentRowChanged.connect(self._current_row_changed)
+        self.table.selectionModel().selectionChanged.connect(lambda *_: self._update_buttons())
+
+        self.viewer = StepViewer(store, window)
+        self.viewer.episodeChanged.connect(self._episode_changed)
+
+        top = QWidget()
+        tl = QVBoxLayout(top)
+        tl.setContentsMargins(0, 0, 0, 0)
+        tl.addLayout(bar)
+        tl.addWidget(self.table, 1)
+        self.splitter = QSplitter(Qt.Vertical)
+        self.splitter.addWidget(top)
+        self.splitter.addWidget(self.viewer)
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 3)
+        self.splitter.setSizes([190, 800])
+        self.splitter.setCollapsible(1, False)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 8, 8, 8)
+        lay.addWidget(self.splitter)
+        self.refresh()
+
+    # ------------------------------------------------------------ table
+    def refresh(self) -> None:
+        """Reload the table from the store, keeping the current episode selected."""
+        current = self.current_episode_id()
+        episodes = self.store.list_episodes()
+        sm = self.table.selectionModel()
+        sm.blockSignals(True)  # rebuilding rows is not the user choosing another episode
+        self.table.setSortingEnabled(False)
+        self.model.removeRows(0, self.model.rowCount())
+        for ep in episodes:
+            success = ep.outcome.success
+            cells = [
+                (ep.instruction or "(no instruction)", (ep.instruction or "").lower()),
+                (ep.kind, ep.kind),
+                (str(ep.meta.get("n_steps", len(ep.steps))), int(ep.meta.get("n_steps", len(ep.steps)))),
+                (time.strftime("%Y-%m-%d %H:%M", time.localtime(ep.created_at)), ep.created_at),
+                (outcome_name(success), {True: 2, None: 1, False: 0}[success]),
+                (ep.route, ep.route),
+            ]
+            row = []
+            for text, key in cells:
+                item = QStandardItem(text)
+                item.setData(key, SORT_ROLE)
+                row.append(item)
+            row[0].setData(ep.id, ID_ROLE)
+            row[0].setToolTip(f"{ep.instruction}\n{ep.id}")
+            row[2].setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+            if success in OUTCOME_COLORS:
+                row[4].setForeground(QColor(OUTCOME_COLORS[success]))
+            self.model.appendRow(row)
+        self.table.setSortingEnabled(True)
+        sm.blockSignals(False)
+        self._update_count()
+        if current and not self.select_episode(current, load=False):
+            self.viewer.load_episode(None)
+        self.table.viewport().update()
+        self._update_buttons()
+
+    def _row_of(self, episode_id: str) -> int:
+        for r in range(self.proxy.rowCount()):
+            if self.proxy.index(r, 0).data(ID_ROLE) == episode_id:
+                return r
+        return -1
+
+    def select_episode(self, episode_id: str, load: bool = True) -> bool:
+        r = self._row_of(episode_id)
+        if r < 0:
+            return False
+        sm = self.table.selectionModel()
+        if not load:
+            sm.blockSignals(True)
+        sm.setCurrentIndex(self.proxy.index(r, 0), QItemSelectionModel.ClearAndSelect | QItemSelectionModel.Rows)
+        sm.blockSignals(False)
+        self.table.scrollTo(self.proxy.index(r, 0))
+        return True
+
+    def current_episode_id(self) -> str | None:
+        idx = self.table.selectionModel().currentIndex()
+        return self.proxy.index(idx.row(), 0).data(ID_ROLE) if idx.isValid() else None
+
+    def selected_episode_ids(self) -> list[str]:
+        rows = sorted({i.row() for i in self.table.selectionModel().selectedRows()})
+        return [self.proxy.index(r, 0).data(ID_ROLE) for r in rows]
+
+    def _current_row_changed(self, current, previous) -> None:
+        eid = self.proxy.index(current.row(), 0).data(ID_ROLE) if current.isValid() else None
+        if self.viewer.episode is not None and eid == self.viewer.episode.id:
+            return
+        if not self.viewer.confirm_leave():
+            sm = self.table.selectionModel()
+            sm.blockSignals(True)
+            sm.setCurrentIndex(previous, QItemSelectionModel.ClearAndSelect | QItemSelectionModel.Rows)
+            sm.blockSignals(False)
+            return
+        self.viewer.load_episode(eid)
+
+    def _filter_changed(self, text: str) -> None:
+        self.proxy.setFilterFixedString(text)
+        self._update_count()
+
+    def _update_count(self) -> None:
+        shown, total = self.proxy.rowCount(), self.model.rowCount()
+        self.count.setText(f"{total} episodes" if shown == total else f"{shown} of {total} episodes")
+
+    def _update_buttons(self) -> None:
+        has = bool(self.selected_episode_ids())
+        self.outcome_btn.setEnabled(has)
+        self.delete_btn.setEnabled(has and not self._busy)
+        self.export_btn.setEnabled(self.proxy.rowCount() > 0 and not self._busy)
+        self.import_btn.setEnabled(not self._busy)
+
+    def _episode_changed(self, episode_id: str) -> None:
+        self.refresh()
+
+    # ------------------------------------------------------------ actions
+    def mark_outcome(self, success: bool | None, episode_ids=None) -> None:
+        ids = list(episode_ids or self.selected_episode_ids())
+        outcome = Outcome(success=success, source="annotator" if success is not None else None)
+        try:
+            for eid in ids:
+                self.store.update_episode_fields(eid, outcome=outcome)
+        except (StoreError, ValueError) as e:
+            self._error("Outcome not saved", str(e))
+        if self.viewer.episode is not None and self.viewer.episode.id in ids:
+            self.viewer.episode.outcome = outcome
+            self.viewer.outcome.setCurrentIndex([v for _, v in OUTCOMES].index(success))
+        self.refresh()
+        self._notify(f"Marked {len(ids)} episode(s) {outcome_name(success)}")
+
+    def delete_selected(self, confirm: bool = True) -> int:
+        ids = self.selected_episode_ids()
+        if not ids:
+            return 0
+        what = "this episode" if len(ids) == 1 else f"these {len(ids)} episodes"
+        if confirm and QMessageBox.question(
+            self, "Delete episodes", f"Delete {what} and their screenshots? This cannot be undone.",
+            QMessageBox.Yes | QMessageBox.No, QMessageBox.No,
+        ) != QMessageBox.Yes:
+            return 0
+        if self.viewer.episode is not None and self.viewer.episode.id in ids:
+            self.viewer.load_episode(None)  # its unsaved edits go with it
+        for eid in ids:
+            try:
+                self.store.delete_episode(eid)
+            except (StoreError, ValueError) as e:
+                self._error("Delete failed", str(e))
+                break
+        self.table.selectionModel().clear()
+        self.refresh()
+        self._notify(f"Deleted {len(ids)} episode(s)")
+        return len(ids)
+
+    def _ask_export(self, fmt: str) -> None:
+        ids = self.selected_episode_ids() or self.visible_episode_ids()
+        if fmt == "zip":
+            path, _ = QFileDialog.getSaveFileName(self, "Export bundle", "tandem-episodes.zip", "Tandem bundle (*.zip)")
+        else:
+            path, _ = QFileDialog.getSaveFileName(self, "Export training samples", "samples.jsonl", "JSON Lines (*.jsonl)")
+        if path:
+            if fmt == "zip" and not path.lower().endswith(".zip"):
+                path += ".zip"
+            self.export_to(path, ids)
+
+    def visible_episode_ids(self) -> list[str]:
+        return [self.proxy.index(r, 0).data(ID_ROLE) for r in range(self.proxy.rowCount())]
+
+    def export_to(self, path, episode_ids=None) -> None:
+        """Export in the background: a .zip path writes a bundle, any other JSONL samples
+        (with their images in images/ beside it). Emits taskFinished("export", ...)."""
+        ids = list(episode_ids) if episode_ids else self.visible_episode_ids()
+        self._start(f"Exporting {len(ids)} episode(s)…", len(ids))
+        run_in_background(
+            export_episodes, self.store, path, ids,
+            on_progress=self._progress,
+            on_result=lambda r: self._done("export", r, f"Exported {r.get('samples', r.get('episodes'))} "
+                                           f"{'samples' if 'samples' in r else 'episodes'} to {r['path']}"),
+            on_error=lambda e: self._failed("export", e, "Export failed"),
+        )
+
+    def _ask_import(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Import episodes", "", "Tandem bundles (*.zip);;Episode JSON (*.json *.jsonl);;All files (*)"
+        )
+        if path:
+            self.import_from(path)
+
+    def import_from(self, path) -> None:
+        """Import a bundle (or episode JSON) in the background; emits taskFinished("import", ...)."""
+        self._start(f"Importing {Path(path).name}…", 0)
+        run_in_background(
+            import_file, self.store, path,
+            on_result=lambda r: self._done("import", r, f"Imported {r['episodes']} episode(s) ({r['replaced']} replaced)"),
+            on_error=lambda e: self._failed("import", e, "Import failed"),
+        )
+
+    # ------------------------------------------------------------ background task plumbing
+    def _start(self, label: str, total: int) -> None:
+        self._busy = True
+        self.progress.setRange(0, total)  # 0..0: busy without a known end
+        self.progress.setValue(0)
+        self.progress.setToolTip(label)
+        self.progress.show()
+        self._update_buttons()
+        self._notify(label)
+
+    def _progress(self, done: int, total: int) -> None:
+        self.progress.setRange(0, total)
+        self.progress.setValue(done)
+
+    def _end(self) -> None:
+        self._busy = False
+        self.progress.hide()
+        self._update_buttons()
+
+    def _done(self, task: str, result, message: str) -> None:
+        self._end()
+        if task == "import":
+            self.refresh()
+        self._notify(message)
+        self.taskFinished.emit(task, result)
+
+    def _failed(self, task: str, exc: BaseException, title: str) -> None:
+        self._end()
+        self._error(title, str(exc) or type(exc).__name__)
+        self.taskFinished.emit(task, exc)
+
+    def _error(self, title: str, text: str) -> None:
+        self._notify(f"{title}: {text}")
+        box = QMessageBox(QMessageBox.Warning, title, text, QMessageBox.Ok, self)
+        box.setAttribute(Qt.WA_DeleteOnClose)
+        box.open()  # not exec(): the app keeps running while it is shown
+
+    def _notify(self, text: str) -> None:
+        if self.window_ is not None and hasattr(self.window_, "notify"):
+            self.window_.notify(text)

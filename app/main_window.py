@@ -1,0 +1,142 @@
+"""The main window: a sidebar of pages and a status bar with the data location.
+
+Pages are listed once, in PAGES, as (sidebar name, "module:factory"); a factory is called as
+factory(store, window) and returns a QWidget. Adding a page is one line here. A page's module
+is imported when the page is first shown, so a heavy page costs nothing until it is opened.
+"""
+from __future__ import annotations
+
+import importlib
+import traceback
+
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QMainWindow,
+    QPlainTextEdit,
+    QStackedWidget,
+    QWidget,
+)
+
+from app.workers import wait_for_workers
+
+PAGES: list[tuple[str, str]] = [
+    ("Library", "app.library_view:LibraryPage"),
+]
+
+STYLE = """
+QListWidget#sidebar { border: none; background: palette(alternate-base); font-size: 11pt; padding-top: 6px; }
+QListWidget#sidebar::item { padding: 9px 14px; border-radius: 4px; margin: 1px 6px; }
+QListWidget#sidebar::item:selected { background: palette(highlight); color: palette(highlighted-text); }
+QLabel#muted { color: palette(placeholder-text); }
+QLabel#title { font-size: 12pt; font-weight: 600; }
+QLabel#error { color: #c92a2a; font-weight: 600; }
+QPushButton#danger { color: #c92a2a; }
+QGroupBox { font-weight: 600; }
+"""
+
+
+def load_factory(spec: str):
+    """'package.module:attribute' -> the attribute."""
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ValueError(f"page factory must look like 'module:attribute', got {spec!r}")
+    return getattr(importlib.import_module(module), attr)
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, store, server: str | None = None, settings: QSettings | None = None, pages=None):
+        super().__init__()
+        self.store, self.server, self.settings = store, server, settings
+        self.pages_spec = list(PAGES if pages is None else pages)
+        self.pages: dict[str, QWidget] = {}
+        self.setWindowTitle("Tandem")
+        self.setStyleSheet(STYLE)
+
+        self.sidebar = QListWidget()
+        self.sidebar.setObjectName("sidebar")
+        self.sidebar.setFixedWidth(132)
+        self.sidebar.addItems([name for name, _ in self.pages_spec])
+        self.stack = QStackedWidget()
+        for _ in self.pages_spec:
+            self.stack.addWidget(QWidget())  # replaced by the real page when first shown
+        self.sidebar.currentRowChanged.connect(self.show_page_at)
+        central = QWidget()
+        lay = QHBoxLayout(central)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(0)
+        lay.addWidget(self.sidebar)
+        lay.addWidget(self.stack, 1)
+        self.setCentralWidget(central)
+
+        location = QLabel(f"Data: {store.root}")
+        location.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        location.setToolTip("The data directory (set with --data or $TANDEM_DATA)")
+        self.statusBar().addPermanentWidget(location)
+        if server:
+            self.statusBar().addPermanentWidget(QLabel(f"Server: {server}"))
+
+        self._restore_geometry()
+        if self.pages_spec:
+            self.sidebar.setCurrentRow(0)
+
+    # ------------------------------------------------------------ pages
+    def show_page_at(self, row: int) -> None:
+        if not 0 <= row < len(self.pages_spec):
+            return
+        name, spec = self.pages_spec[row]
+        if name not in self.pages:
+            try:
+                page = load_factory(spec)(self.store, self)
+            except Exception:  # a broken page must not take the app down; say why instead
+                page = QPlainTextEdit(f"The {name} page failed to load:\n\n{traceback.format_exc()}")
+                page.setReadOnly(True)
+            old = self.stack.widget(row)
+            self.stack.insertWidget(row, page)
+            self.stack.removeWidget(old)
+            old.deleteLater()
+            self.pages[name] = page
+        self.stack.setCurrentIndex(row)
+        if self.sidebar.currentRow() != row:
+            self.sidebar.setCurrentRow(row)
+
+    def page(self, name: str) -> QWidget:
+        """The page called `name`, built if it was not shown yet."""
+        names = [n for n, _ in self.pages_spec]
+        if name not in names:
+            raise KeyError(f"no page {name!r}; pages: {', '.join(names)}")
+        if name not in self.pages:
+            current = self.sidebar.currentRow()
+            self.show_page_at(names.index(name))
+            self.show_page_at(current)
+        return self.pages[name]
+
+    def notify(self, text: str, ms: int = 6000) -> None:
+        self.statusBar().showMessage(text, ms)
+
+    # ------------------------------------------------------------ window state
+    def _restore_geometry(self) -> None:
+        geo = self.settings.value("main_window/geometry") if self.settings is not None else None
+        if geo is not None and self.restoreGeometry(geo):
+            return
+        screen = QGuiApplication.primaryScreen()
+        if screen is None:
+            self.resize(1440, 900)
+            return
+        avail = screen.availableGeometry()
+        self.resize(min(1600, int(avail.width() * 0.9)), min(1000, int(avail.height() * 0.9)))
+
+    def closeEvent(self, event) -> None:
+        for page in self.pages.values():
+            viewer = getattr(page, "viewer", None)
+            if viewer is not None and not viewer.confirm_leave():
+                event.ignore()
+                return
+        if self.settings is not None:
+            self.settings.setValue("main_window/geometry", self.saveGeometry())
+        self.notify("Waiting for background tasks to finish…")
+        wait_for_workers()  # an export cut off mid-write would leave a half file
+        super().closeEvent(event)

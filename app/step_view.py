@@ -1,0 +1,499 @@
+"""The step viewer: an episode's steps, the screenshot with the action drawn on it, and an editor
+for the thought and the action. Save writes the step to the store (validated first); Revert
+discards the edits. Up/Down move between steps, Ctrl+S saves.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import replace
+
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QColor, QIcon, QKeySequence, QPainter, QPixmap, QShortcut
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QGroupBox,
+    QHeaderView,
+    QHBoxLayout,
+    QLabel,
+    QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSplitter,
+    QStackedWidget,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from agent import coords
+from agent.actions import validate
+from agent.schema import Action, Episode, Outcome, Provenance, Step
+from agent.store import NotFound, StoreError
+from app.action_editor import ActionEditor
+from app.screenshot_canvas import ScreenshotCanvas, visible_text
+
+BADGE_COLORS = {"human": "#2b9348", "agent": "#1f7ae0", "corrected": "#e07a1f"}
+OUTCOMES = (("unknown", None), ("success", True), ("failure", False))
+
+
+# ---------------------------------------------------------------- pure helpers
+def action_summary(action: Action, image_w: int, image_h: int) -> str:
+    """One line for the step list: the action and its points in screenshot pixels."""
+    parts = []
+    for k, v in action.args.items():
+        if isinstance(v, tuple):
+            x, y = coords.normalized_to_image(v, image_w, image_h)
+            parts.append(f"{x:.0f},{y:.0f}")
+        elif k == "direction":
+            parts.append(str(v))
+        else:
+            parts.append(f"“{visible_text(str(v), 28)}”")
+    if action.name == "drag" and len(parts) == 2:
+        return f"drag {parts[0]} → {parts[1]}"
+    return " ".join([action.name, *parts])
+
+
+def provenance_after_edit(prov: Provenance, old_thought: str, old_action: Action, thought: str, action: Action) -> Provenance:
+    """A human edit of an agent's step makes it a correction that keeps the agent's proposal;
+    human steps stay human; a correction keeps its original proposal."""
+    if (thought, action) == (old_thought, old_action) or prov.source != "agent":
+        return prov
+    return replace(prov, source="corrected", proposal_thought=old_thought, proposal_action=old_action, decision="edit")
+
+
+def outcome_name(success: bool | None) -> str:
+    return {None: "unknown", True: "success", False: "failure"}[success]
+
+
+def badge_icon(source: str) -> QIcon:
+    pm = QPixmap(18, 18)
+    pm.fill(Qt.transparent)
+    p = QPainter(pm)
+    p.setRenderHint(QPainter.Antialiasing)
+    p.setPen(Qt.NoPen)
+    p.setBrush(QColor(BADGE_COLORS.get(source, "#777")))
+    p.drawRoundedRect(1, 1, 16, 16, 4, 4)
+    p.setPen(QColor("white"))
+    f = p.font()
+    f.setBold(True)
+    f.setPixelSize(11)
+    p.setFont(f)
+    p.drawText(pm.rect(), Qt.AlignCenter, source[:1].upper())
+    p.end()
+    return QIcon(pm)
+
+
+# ---------------------------------------------------------------- widget
+class StepViewer(QWidget):
+    episodeChanged = Signal(str)  # the episode's id, after anything was written to the store
+
+    PIXMAP_CACHE = 48
+
+    def __init__(self, store, window=None, parent=None):
+        super().__init__(parent)
+        self.store, self.window_ = store, window
+        self.episode: Episode | None = None
+        self._row = -1
+        self._pixmaps: OrderedDict[str, QPixmap] = OrderedDict()
+        self._loading = False
+
+        self.stack = QStackedWidget()
+        empty = QLabel("Select an episode to review its steps.")
+        empty.setAlignment(Qt.AlignCenter)
+        empty.setObjectName("muted")
+        self.stack.addWidget(empty)
+        self.stack.addWidget(self._build_content())
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.stack)
+
+        QShortcut(QKeySequence.Save, self, self.save, context=Qt.WidgetWithChildrenShortcut)
+        # Up/Down anywhere but in text fields and spin boxes (they need the keys themselves)
+        for key, delta in ((Qt.Key_PageUp, -1), (Qt.Key_PageDown, 1)):
+            QShortcut(QKeySequence(key), self, lambda d=delta: self.move(d), context=Qt.WidgetWithChildrenShortcut)
+
+    def _build_content(self) -> QWidget:
+        # header: the episode and its outcome
+        self.title = QLabel()
+        self.title.setObjectName("title")
+        self.title.setWordWrap(True)
+        self.meta = QLabel()
+        self.meta.setObjectName("muted")
+        self.outcome = QComboBox()
+        self.outcome.addItems([n for n, _ in OUTCOMES])
+        self.outcome.setToolTip("Did the episode achieve its instruction?")
+        self.outcome.activated.connect(lambda i: self.mark_outcome(OUTCOMES[i][1]))
+        top = QHBoxLayout()
+        titles = QVBoxLayout()
+        titles.setSpacing(0)
+        titles.addWidget(self.title)
+        titles.addWidget(self.meta)
+        top.addLayout(titles, 1)
+        top.addWidget(QLabel("Outcome"))
+        top.addWidget(self.outcome)
+
+        # left: the steps
+        self.steps = QTreeWidget()
+        self.steps.setHeaderLabels(["#", "Action", "By"])
+        self.steps.setRootIsDecorated(False)
+        self.steps.setUniformRowHeights(True)
+        self.steps.setAlternatingRowColors(True)
+        self.steps.setIconSize(QSize(16, 16))
+        self.steps.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.steps.setMinimumWidth(230)
+        head = self.steps.header()
+        head.setStretchLastSection(False)
+        head.setSectionResizeMode(0, QHeaderView.ResizeToContents)
+        head.setSectionResizeMode(1, QHeaderView.Stretch)
+        head.setSectionResizeMode(2, QHeaderView.ResizeToContents)
+        self.steps.currentItemChanged.connect(self._current_changed)
+
+        # centre: the screenshot
+        self.canvas = ScreenshotCanvas()
+        self.canvas.pointsEdited.connect(self._points_from_canvas)
+        self.canvas.navigate.connect(self.move)
+        self.hint = QLabel()
+        self.hint.setObjectName("muted")
+        centre = QWidget()
+        cl = QVBoxLayout(centre)
+        cl.setContentsMargins(0, 0, 0, 0)
+        cl.addWidget(self.canvas, 1)
+        cl.addWidget(self.hint)
+
+        # right: the editor
+        self.thought = QPlainTextEdit()
+        self.thought.setPlaceholderText("What the actor was thinking before this action")
+        self.thought.setTabChangesFocus(True)
+        self.thought.textChanged.connect(self._edited)
+        self.action_editor = ActionEditor()
+        self.action_editor.changed.connect(self._action_edited)
+        self.provenance = QLabel()
+        self.provenance.setWordWrap(True)
+        self.provenance.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.error = QLabel()
+        self.error.setObjectName("error")
+        self.error.setWordWrap(True)
+        self.error.hide()
+        self.save_btn = QPushButton("Save")
+        self.save_btn.setToolTip("Write this step to the store (Ctrl+S)")
+        self.save_btn.clicked.connect(self.save)
+        self.revert_btn = QPushButton("Revert")
+        self.revert_btn.setToolTip("Discard the edits of this step")
+        self.revert_btn.clicked.connect(self.revert)
+        self.delete_btn = QPushButton("Delete step…")
+        self.delete_btn.setObjectName("danger")
+        self.delete_btn.clicked.connect(lambda: self.delete_step())
+
+        thought_box = QGroupBox("Thought")
+        QVBoxLayout(thought_box).addWidget(self.thought)
+        action_box = QGroupBox("Action")
+        QVBoxLayout(action_box).addWidget(self.action_editor)
+        prov_box = QGroupBox("Provenance")
+        QVBoxLayout(prov_box).addWidget(self.provenance)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.delete_btn)
+        buttons.addStretch(1)
+        buttons.addWidget(self.revert_btn)
+        buttons.addWidget(self.save_btn)
+        panel = QWidget()
+        pl = QVBoxLayout(panel)
+        pl.setContentsMargins(4, 0, 4, 0)
+        pl.addWidget(thought_box, 2)
+        pl.addWidget(action_box)
+        pl.addWidget(prov_box)
+        pl.addWidget(self.error)
+        pl.addStretch(0)
+        pl.addLayout(buttons)
+        scroll = QScrollArea()
+        scroll.setWidget(panel)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        scroll.setMinimumWidth(280)
+
+        self.splitter = QSplitter(Qt.Horizontal)
+        self.splitter.addWidget(self.steps)
+        self.splitter.addWidget(centre)
+        self.splitter.addWidget(scroll)
+        self.splitter.setStretchFactor(0, 0)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setStretchFactor(2, 0)
+        self.splitter.setSizes([280, 900, 360])
+        self.splitter.setCollapsible(0, False)
+        self.splitter.setCollapsible(1, False)
+
+        content = QWidget()
+        lay = QVBoxLayout(content)
+        lay.setContentsMargins(0, 4, 0, 0)
+        lay.addLayout(top)
+        lay.addWidget(self.splitter, 1)
+        return content
+
+    # ------------------------------------------------------------ loading
+    def load_episode(self, episode_id: str | None, row: int = 0) -> None:
+        """Show an episode (None: nothing). Unsaved edits must have been dealt with."""
+        self.episode = None
+        self._row = -1
+        if episode_id is None:
+            self.stack.setCurrentIndex(0)
+            return
+        try:
+            self.episode = self.store.load_episode(episode_id)
+        except (StoreError, ValueError) as e:
+            self.stack.setCurrentIndex(0)
+            self._notify(f"Cannot open episode {episode_id}: {e}")
+            return
+        ep = self.episode
+        self.stack.setCurrentIndex(1)
+        self.title.setText(ep.instruction or "(no instruction)")
+        who = f" · by {ep.producer}" if ep.producer else ""
+        self.meta.setText(f"{ep.kind} · {ep.platform} · {len(ep.steps)} steps · route {ep.route}{who} · {ep.id}")
+        self.outcome.setCurrentIndex([v for _, v in OUTCOMES].index(ep.outcome.success))
+        self.steps.blockSignals(True)  # the row is set below, not through the signal
+        self.steps.clear()
+        self.steps.addTopLevelItems([QTreeWidgetItem() for _ in ep.steps])
+        self._update_items()
+        if ep.steps:
+            self._row = min(max(0, row), len(ep.steps) - 1)
+            self.steps.setCurrentItem(self.steps.topLevelItem(self._row))
+        self.steps.blockSignals(False)
+        self._show_step(self.current_step())
+
+    def _update_items(self) -> None:
+        for s, i in zip(self.episode.steps, range(self.steps.topLevelItemCount())):
+            item = self.steps.topLevelItem(i)
+            item.setText(0, str(s.index))
+            item.setText(1, action_summary(s.action, s.observation.width, s.observation.height))
+            item.setText(2, s.provenance.source)
+            item.setIcon(2, badge_icon(s.provenance.source))
+            item.setToolTip(1, s.thought)
+            f = item.font(1)
+            f.setItalic(False)
+            item.setFont(1, f)
+
+    def select_step(self, row: int) -> None:
+        item = self.steps.topLevelItem(row)
+        if item is not None:
+            self.steps.setCurrentItem(item)
+
+    def move(self, delta: int) -> None:
+        if self.episode and self.episode.steps:
+            self.select_step(min(max(0, self._row + delta), len(self.episode.steps) - 1))
+
+    def current_step(self) -> Step | None:
+        if self.episode is None or not (0 <= self._row < len(self.episode.steps)):
+            return None
+        return self.episode.steps[self._row]
+
+    def _current_changed(self, item, previous):
+        row = self.steps.indexOfTopLevelItem(item) if item is not None else -1
+        if row == self._row:
+            return
+        if self._row >= 0 and not self.confirm_leave():
+            self.steps.blockSignals(True)
+            self.steps.setCurrentItem(previous)
+            self.steps.blockSignals(False)
+            return
+        self._row = row
+        self._show_step(self.current_step())
+
+    def _pixmap(self, digest: str | None) -> tuple[QPixmap | None, str]:
+        if not digest:
+            return None, "this step has no screenshot"
+        if digest in self._pixmaps:
+            self._pixmaps.move_to_end(digest)
+            return self._pixmaps[digest], ""
+        try:
+            data = self.store.get_blob(digest)
+        except (NotFound, StoreError) as e:
+            return None, str(e)
+        pm = QPixmap()
+        if not pm.loadFromData(data):
+            return None, f"screenshot {digest[:12]}… is not an image Qt can read"
+        self._pixmaps[digest] = pm
+        while len(self._pixmaps) > self.PIXMAP_CACHE:
+            self._pixmaps.popitem(last=False)
+        return pm, ""
+
+    def _show_step(self, step: Step | None) -> None:
+        self._loading = True
+        self.error.hide()
+        for w in (self.thought, self.action_editor, self.save_btn, self.revert_btn, self.delete_btn):
+            w.setEnabled(step is not None)
+        if step is None:
+            self.thought.setPlainText("")
+            self.canvas.set_observation(None, 16, 10, "this episode has no steps")
+            self.canvas.set_action(None)
+            self.canvas.set_proposal(None)
+            self.provenance.setText("")
+            self._loading = False
+            return
+        obs = step.observation
+        pm, missing = self._pixmap(obs.screenshot)
+        self.canvas.set_observation(pm, obs.width, obs.height, missing)
+        self.canvas.set_action(step.action)
+        self.canvas.set_proposal(step.provenance.proposal_action if step.provenance.source == "corrected" else None)
+        self.thought.setPlainText(step.thought)
+        self.action_editor.set_action(step.action, self.episode.platform, obs.width, obs.height)
+        self.provenance.setText(self._describe(step.provenance, obs.width, obs.height))
+        self._loading = False
+        self._update_dirty()
+        self._update_hint(step.action)
+
+    @staticmethod
+    def _describe(prov: Provenance, w: int, h: int) -> str:
+        lines = [f"<b style='color:{BADGE_COLORS.get(prov.source, '#777')}'>{prov.source}</b>"]
+        if prov.policy_version:
+            lines[0] += f" · policy {prov.policy_version}"
+        if prov.decision:
+            lines.append(f"decision: {prov.decision}" + (f" by {prov.decided_by}" if prov.decided_by else ""))
+        if prov.reason:
+            lines.append(f"reason: {prov.reason}")
+        if prov.source == "corrected":
+            lines.append("<b>Original proposal</b>")
+            if prov.proposal_thought:
+                lines.append(f"<i>{_html(prov.proposal_thought)}</i>")
+            if prov.proposal_action:
+                lines.append(_html(action_summary(prov.proposal_action, w, h)))
+        return "<br>".join(lines)
+
+    # ------------------------------------------------------------ editing
+    def draft(self) -> tuple[str, Action]:
+        return self.thought.toPlainText(), self.action_editor.action()
+
+    def is_dirty(self) -> bool:
+        step = self.current_step()
+        return step is not None and self.draft() != (step.thought, step.action)
+
+    def _edited(self):
+        if not self._loading:
+            self._update_dirty()
+
+    def _action_edited(self):
+        if self._loading:
+            return
+        action = self.action_editor.action()
+        self.canvas.set_action(action)
+        self._update_hint(action)
+        self._update_dirty()
+
+    def _points_from_canvas(self, points: dict):
+        self.action_editor.set_points(points)
+
+    def _update_dirty(self):
+        dirty = self.is_dirty()
+        self.save_btn.setEnabled(dirty)
+        self.revert_btn.setEnabled(dirty)
+        item = self.steps.topLevelItem(self._row)
+        if item is not None:
+            f = item.font(1)
+            f.setItalic(dirty)
+            item.setFont(1, f)
+        if not dirty:
+            self.error.hide()
+
+    def _update_hint(self, action: Action):
+        if action.name == "drag":
+            text = "Drag on the screenshot from start to end, or click the start and then the end."
+        elif any(isinstance(v, tuple) for v in action.args.values()) or action.name == "scroll":
+            text = "Click the screenshot to move the point."
+        else:
+            text = ""
+        self.hint.setText(text + ("  " if text else "") + "PgUp/PgDn: previous/next step · Ctrl+S: save")
+
+    def save(self) -> bool:
+        """Validate and write the current step; False (with the reason shown) when invalid."""
+        step = self.current_step()
+        if step is None or not self.is_dirty():
+            return step is not None
+        thought, action = self.draft()
+        reason = validate(action)
+        if reason:
+            self._show_error(f"Not saved: {reason}")
+            return False
+        prov = provenance_after_edit(step.provenance, step.thought, step.action, thought, action)
+        new = replace(step, thought=thought, action=action, provenance=prov)
+        try:
+            self.store.update_step(self.episode.id, new)
+        except (StoreError, ValueError) as e:
+            self._show_error(f"Not saved: {e}")
+            return False
+        # refresh in place: save may run inside the list's own currentItemChanged handler
+        self.episode = self.store.load_episode(self.episode.id)
+        self._update_items()
+        self._show_step(self.current_step())
+        self._notify(f"Saved step {new.index}")
+        self.episodeChanged.emit(self.episode.id)
+        return True
+
+    def revert(self) -> None:
+        self._show_step(self.current_step())
+
+    def confirm_leave(self) -> bool:
+        """Before showing something else: True when there are no unsaved edits or the user
+        saved or discarded them."""
+        if not self.is_dirty():
+            return True
+        answer = QMessageBox.question(
+            self, "Unsaved changes", f"Step {self.current_step().index} has unsaved changes.",
+            QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel, QMessageBox.Save,
+        )
+        if answer == QMessageBox.Save:
+            return self.save()
+        if answer == QMessageBox.Discard:
+            self.revert()
+            return True
+        return False
+
+    def delete_step(self, confirm: bool = True) -> bool:
+        step = self.current_step()
+        if step is None:
+            return False
+        if confirm and QMessageBox.question(
+            self, "Delete step", f"Delete step {step.index} ({step.action.name}) from this episode? This cannot be undone.",
+            QMessageBox.Yes | QMessageBox.No, QMessageBox.No,
+        ) != QMessageBox.Yes:
+            return False
+        try:
+            self.store.delete_step(self.episode.id, step.index)
+        except (StoreError, ValueError) as e:
+            self._show_error(f"Not deleted: {e}")
+            return False
+        self._reload(self._row)
+        self._notify(f"Deleted step {step.index}")
+        return True
+
+    def mark_outcome(self, success: bool | None) -> None:
+        if self.episode is None:
+            return
+        outcome = Outcome(success=success, source="annotator" if success is not None else None)
+        try:
+            self.store.update_episode_fields(self.episode.id, outcome=outcome)
+        except (StoreError, ValueError) as e:
+            self._notify(f"Outcome not saved: {e}")
+            return
+        self.episode.outcome = outcome
+        self.outcome.setCurrentIndex([v for _, v in OUTCOMES].index(success))
+        self._notify(f"Marked {outcome_name(success)}")
+        self.episodeChanged.emit(self.episode.id)
+
+    def _reload(self, row: int) -> None:
+        eid = self.episode.id
+        self._row = -1  # the shown step is already saved or gone: nothing to confirm
+        self.load_episode(eid, row)
+        self.episodeChanged.emit(eid)
+
+    def _show_error(self, text: str) -> None:
+        self.error.setText(text)
+        self.error.show()
+
+    def _notify(self, text: str) -> None:
+        if self.window_ is not None and hasattr(self.window_, "notify"):
+            self.window_.notify(text)
+
+
+def _html(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "<br>")

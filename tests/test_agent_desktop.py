@@ -1,0 +1,205 @@
+"""End to end on a real X display: a real Qt window (a subprocess on xcb), the desktop executor
+(mss + pyautogui/xdotool), the loop, the gate and the store. Only the model is scripted: UI-TARS-1.5
+responses whose smart-resize coordinates are computed for the screenshot size. The window's own
+state file proves what was clicked and typed. Two screen sizes: the session's 1920x1080 display
+in this process, and a 1280x800 display of our own driven through the CLI in a subprocess
+(pyautogui binds to one display per process)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import coords
+from agent.gate import Decision, Gate
+from agent.loop import AgentLoop, LoopConfig
+from agent.policies import ReplayPolicy
+from agent.schema import Action
+from tests.conftest import ROOT, _free_display
+
+pytestmark = pytest.mark.desktop
+TARGET = Path(__file__).with_name("desktop_target.py")
+
+
+def start_target(display: str, state: Path, timeout=15):
+    env = {**os.environ, "QT_QPA_PLATFORM": "xcb", "DISPLAY": display}
+    proc = subprocess.Popen([sys.executable, str(TARGET), str(state)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the target window exited: {proc.stderr.read().decode()[-2000:]}")
+        if state.exists() and json.loads(state.read_text()).get("ready"):
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the target window did not come up")
+
+
+def read_state(state: Path, settle=0.3) -> dict:
+    time.sleep(settle)  # let Qt process the last events and write
+    return json.loads(state.read_text())
+
+
+def model_point(state: dict, name: str, width: int, height: int) -> tuple[int, int]:
+    """The widget's centre in UI-TARS-1.5 space (pixels of the smart-resized screenshot)."""
+    x, y, w, h = state["widgets"][name]
+    rh, rw = coords.smart_resize(height, width)
+    return round((x + w / 2) / width * rw), round((y + h / 2) / height * rh)
+
+
+def responses_for(state: dict, width: int, height: int) -> list[str]:
+    f = model_point(state, "field", width, height)
+    a = model_point(state, "alpha", width, height)
+    b = model_point(state, "beta", width, height)
+    return [
+        f"Thought: I need the text field first.\nAction: click(start_box='<|box_start|>({f[0]},{f[1]})<|box_end|>')",
+        "Thought: Type the greeting and submit it.\nAction: type(content='héllo wörld\\n')",
+        f"Thought: Now press Alpha.\nAction: click(start_box='({a[0]},{a[1]})')",
+        f"Thought: And Beta.\nAction: click(start_box='({b[0]},{b[1]})')",
+        "Thought: All done.\nAction: finished(content='done')",
+    ]
+
+
+@pytest.fixture
+def target(xdisplay, tmp_path):
+    state = tmp_path / "state.json"
+    proc = start_target(xdisplay, state)
+    yield state
+    proc.terminate()
+    proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def desktop(xdisplay):
+    from agent.executors.desktop import DesktopExecutor
+
+    ex = DesktopExecutor(settle=0.1, wait_seconds=0.05)
+    yield ex
+    ex.close()
+
+
+def test_replay_clicks_and_types_at_1920x1080(target, desktop, store):
+    st = json.loads(target.read_text())
+    assert st["screen"] == [1920, 1080]
+    policy = ReplayPolicy(responses_for(st, 1920, 1080))
+    res = AgentLoop(policy, desktop, store=store, config=LoopConfig(max_steps=10)).run("Greet, then press Alpha and Beta")
+    assert res.reason == "finished"
+    after = read_state(target)
+    assert after["text"] == "héllo wörld" and after["submitted"] == ["héllo wörld"]
+    assert after["clicks"] == {"alpha": 1, "beta": 1}
+    ep = store.load_episode(res.episode.id)
+    assert [s.action.name for s in ep.steps] == ["click", "type", "click", "click", "finished"]
+    x, y, w, h = st["widgets"]["alpha"]
+    sx, sy = ep.steps[2].info["screen_point"]
+    assert abs(sx - (x + w / 2)) <= 2 and abs(sy - (y + h / 2)) <= 2  # the right pixels, not just the right widget
+    assert ep.steps[0].observation.width == 1920 and ep.steps[0].observation.geometry.logical_height == 1080
+    assert store.get_blob(ep.steps[0].observation.screenshot)[:3] == b"\xff\xd8\xff"
+
+
+class EditFirstClick:
+    """A supervisor that moves the first proposed click onto Beta and approves the rest."""
+
+    def __init__(self, beta_norm):
+        self.beta_norm = beta_norm
+        self.asked = 0
+
+    def decide(self, request):
+        self.asked += 1
+        if self.asked == 1:
+            return Decision.edit([Action("click", {"start_box": self.beta_norm})], thought="Beta is the right one.", by="tester")
+        return Decision.approve(by="tester")
+
+    def take_over(self, request):
+        raise AssertionError("not used")
+
+
+def test_gate_edit_moves_the_click(target, desktop, store):
+    st = json.loads(target.read_text())
+    a = model_point(st, "alpha", 1920, 1080)
+    x, y, w, h = st["widgets"]["beta"]
+    sup = EditFirstClick(((x + w / 2) / 1920, (y + h / 2) / 1080))
+    policy = ReplayPolicy([f"Thought: Press Alpha.\nAction: click(start_box='({a[0]},{a[1]})')", "Action: finished()"])
+    res = AgentLoop(policy, desktop, store=store, gate=Gate("all", sup)).run("Press the right button")
+    after = read_state(target)
+    assert after["clicks"] == {"alpha": 0, "beta": 1}
+    ep = store.load_episode(res.episode.id)
+    s0 = ep.steps[0]
+    assert ep.kind == "supervised" and s0.provenance.source == "corrected"
+    assert s0.thought == "Beta is the right one." and s0.provenance.proposal_thought == "Press Alpha."
+    ax, ay, aw, ah = st["widgets"]["alpha"]
+    px, py = coords.normalized_to_screen(s0.provenance.proposal_action.args["start_box"], s0.observation.geometry)
+    assert abs(px - (ax + aw / 2)) <= 2 and abs(py - (ay + ah / 2)) <= 2  # the proposal is kept where it pointed
+    assert ep.steps[1].provenance.decision == "approve"
+
+
+def test_cli_replay_on_a_1280x800_screen(tmp_path):
+    n = _free_display()
+    display = f":{n}"
+    xvfb = subprocess.Popen(["Xvfb", display, "-screen", "0", "1280x800x24", "-nolisten", "tcp", "-ac"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 10
+        while not Path(f"/tmp/.X11-unix/X{n}").exists():
+            assert xvfb.poll() is None and time.time() < deadline, "second Xvfb did not start"
+            time.sleep(0.05)
+        state = tmp_path / "state.json"
+        target = start_target(display, state)
+        try:
+            st = json.loads(state.read_text())
+            assert st["screen"] == [1280, 800]
+            responses = tmp_path / "r.jsonl"
+            responses.write_text("\n".join(json.dumps(r) for r in responses_for(st, 1280, 800)) + "\n")
+            data = tmp_path / "data"
+            env = {**os.environ, "DISPLAY": display, "XDG_SESSION_TYPE": "x11"}
+            out = subprocess.run(
+                [sys.executable, "main.py", "agent", "--data", str(data), "--instruction", "Greet, then Alpha and Beta",
+                 "--policy", "replay", "--responses", str(responses), "--gate", "auto", "--max-steps", "10"],
+                cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+            )
+            assert out.returncode == 0, out.stdout + out.stderr
+            after = read_state(state)
+            assert after["text"] == "héllo wörld" and after["clicks"] == {"alpha": 1, "beta": 1}
+            assert "kill switch: <ctrl>+<alt>+<shift>+k" in out.stdout and "ended: finished" in out.stdout
+        finally:
+            target.terminate()
+            target.wait(5)
+        from agent.store import Store
+
+        with Store(data) as s:
+            (ep,) = s.list_episodes()
+            ep = s.load_episode(ep.id)
+        assert ep.kind == "autonomous" and len(ep.steps) == 5
+        assert ep.steps[0].observation.width == 1280 and ep.steps[0].observation.height == 800
+    finally:
+        xvfb.terminate()
+        xvfb.wait(5)
+
+
+def test_executor_types_many_non_ascii_characters_and_hotkeys(target, desktop):
+    st = json.loads(target.read_text())
+    x, y, w, h = st["widgets"]["field"]
+    frame = desktop.observe()
+    centre = ((x + w / 2) / 1920, (y + h / 2) / 1080)
+    desktop.step(Action("click", {"start_box": centre}))
+    text = "Grüße " + "".join(chr(0x4E00 + i) for i in range(45)) + " ok"  # more distinct characters than spare keycodes
+    desktop.step(Action("type", {"content": text}))
+    assert read_state(target)["text"] == text
+    desktop.step(Action("hotkey", {"key": "ctrl a"}))
+    desktop.step(Action("hotkey", {"key": "backspace"}))
+    desktop.step(Action("type", {"content": "line one\n"}))
+    after = read_state(target)
+    assert after["text"] == "line one" and after["submitted"] == ["line one"]
+    assert frame.geometry.physical_width == 1920 and frame.geometry.scale_factor == 1.0
+
+
+def test_hotkey_names_map_to_pyautogui():
+    from agent.executors.desktop import hotkey_keys
+
+    assert hotkey_keys("ctrl shift t") == ["ctrl", "shift", "t"]
+    assert hotkey_keys("Control+Return") == ["ctrl", "enter"]
+    assert hotkey_keys("escape") == ["esc"] and hotkey_keys("super") == ["win"]

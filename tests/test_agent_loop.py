@@ -1,0 +1,239 @@
+"""The agent loop with its gate, against the fake phone (real uiautomator2 wire protocol) and a
+real store in tmp_path. Only the model is scripted (replay)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from agent import coords
+from agent.executors.android import AndroidExecutor
+from agent.executors.terminal import TerminalExecutor
+from agent.gate import Decision, Gate, GateError, HumanStep, Takeover
+from agent.killswitch import ControlIndicator, KillSwitch
+from agent.loop import AgentLoop, LoopConfig
+from agent.policies import ReplayPolicy
+from agent.schema import Action
+from tests.fake_android import HEIGHT, WIDGETS, WIDTH, FakePhoneServer, connect_fake
+
+SW, SH = coords.smart_resize(HEIGHT, WIDTH)[1], coords.smart_resize(HEIGHT, WIDTH)[0]
+
+
+def model_point(name):
+    (l, t, r, b), _, _ = WIDGETS[name]
+    return round((l + r) / 2 / WIDTH * SW), round((t + b) / 2 / HEIGHT * SH)
+
+
+def click(name, thought=None):
+    x, y = model_point(name)
+    return f"Thought: {thought or 'Tap the ' + name + '.'}\nAction: click(start_box='<|box_start|>({x},{y})<|box_end|>')"
+
+
+class Scripted:
+    """A supervisor that answers from a list and remembers what it was asked."""
+
+    def __init__(self, decisions, takeovers=()):
+        self.decisions = list(decisions)
+        self.takeovers = list(takeovers)
+        self.asked = []
+
+    def decide(self, request):
+        self.asked.append(request)
+        d = self.decisions.pop(0)
+        return d(request) if callable(d) else d
+
+    def take_over(self, request):
+        self.asked.append(request)
+        return self.takeovers.pop(0)
+
+
+@pytest.fixture
+def phone():
+    with FakePhoneServer() as server:
+        ex = AndroidExecutor(connect_fake(server), settle=0, wait_seconds=0.01)
+        yield ex, server.phone
+        ex.close()
+
+
+def run(ex, responses, store, gate=None, **cfg):
+    policy = ReplayPolicy(responses, platform="android")
+    loop = AgentLoop(policy, ex, store=store, gate=gate, config=LoopConfig(**cfg))
+    return loop, loop.run("Fill in the form")
+
+
+def test_autonomous_run_records_every_step(phone, store):
+    ex, ph = phone
+    responses = [click("field"), "Thought: Type it.\nAction: type(content='hello\\n')", click("button"),
+                 "Thought: Done.\nAction: finished(content='ok')"]
+    loop, res = run(ex, responses, store)
+    assert res.reason == "finished" and res.steps == 4
+    assert ph.text["field"] == "hello" and ph.button_presses == 1
+    ep = store.load_episode(res.episode.id)
+    assert ep.kind == "autonomous" and ep.platform == "android" and ep.meta["end_reason"] == "finished"
+    assert [s.action.name for s in ep.steps] == ["click", "type", "click", "finished"]
+    assert ep.steps[-1].terminated and not ep.steps[-1].truncated
+    assert all(s.provenance.source == "agent" and store.has_blob(s.observation.screenshot) for s in ep.steps)
+    assert ep.steps[0].raw_response == responses[0] and ep.steps[0].info["screen_point"] == [270, 240]
+    assert ep.steps[0].observation.width == WIDTH and "hierarchy" in ep.steps[0].observation.extra
+    assert store.check() == []
+
+
+def test_unparseable_output_is_reasked_and_never_executed(phone, store):
+    ex, ph = phone
+    responses = ["I would tap the button", "Action: click(start_box='(99999,5)')", click("button"),
+                 "garbage", "more garbage", "still garbage"]
+    loop, res = run(ex, responses, store, max_reasks=2)
+    assert ph.button_presses == 1  # only the one that parsed
+    ep = store.load_episode(res.episode.id)
+    assert len(ep.steps) == 1
+    fails = ep.steps[0].info["parse_failures"]
+    assert [f["raw"] for f in fails] == responses[:2] and "outside" in fails[1]["reason"]
+    # the re-ask told the policy why
+    assert res.reason.startswith("unparseable output 3 times") and ep.steps[-1].truncated
+    assert [f["raw"] for f in ep.meta["unexecuted"]["parse_failures"]] == responses[3:]
+    calls_after = [c for c in ph.calls if c[0] not in ("takeScreenshot", "dumpWindowHierarchy")]
+    assert calls_after == [("click", [270, 550])]
+
+
+def test_reask_feedback_reaches_the_policy(phone, store):
+    ex, ph = phone
+    policy = ReplayPolicy(["nonsense", click("button"), "Action: finished()"], platform="android")
+    seen = []
+    orig = policy.generate
+    policy.generate = lambda msgs: (seen.append(msgs), orig(msgs))[1]
+    loop = AgentLoop(policy, ex, store=store)
+    loop.run("press")
+    from agent.memory import message_text
+
+    assert "could not be used: no 'Action:' section" in message_text(seen[1])
+    assert "could not be used" not in message_text(seen[2])  # feedback is for the next answer only
+    assert loop.episode.steps[0].info["parse_failures"][0]["reason"] == "no 'Action:' section in the response"
+
+
+def test_edit_keeps_proposal_and_correction(phone, store):
+    ex, ph = phone
+    sup = Scripted([Decision.edit([Action("click", {"start_box": (270 / WIDTH, 550 / HEIGHT)})], thought="The button, not the field.", by="ann"),
+                    Decision.approve(by="ann")])
+    loop, res = run(ex, [click("field"), "Action: finished()"], store, gate=Gate("all", sup))
+    assert ph.button_presses == 1 and ph.focused is None  # the corrected click ran, the proposal did not
+    ep = store.load_episode(res.episode.id)
+    assert ep.kind == "supervised"
+    s0 = ep.steps[0]
+    assert s0.provenance.source == "corrected" and s0.provenance.decision == "edit" and s0.provenance.decided_by == "ann"
+    assert s0.thought == "The button, not the field." and s0.provenance.proposal_thought == "Tap the field."
+    px, py = s0.provenance.proposal_action.args["start_box"]
+    assert abs(px * WIDTH - 270) < 2 and abs(py * HEIGHT - 240) < 2
+    assert s0.raw_response == click("field")
+    assert ep.steps[1].provenance.source == "agent" and ep.steps[1].provenance.decision == "approve"
+    assert sup.asked[0].why == "every step is reviewed"
+
+
+def test_reject_asks_again_with_the_reason(phone, store):
+    ex, ph = phone
+    sup = Scripted([Decision.reject("Wrong widget: use the button.", by="sv"), Decision.approve(), Decision.approve()])
+    policy = ReplayPolicy([click("field"), click("button"), "Action: finished()"], platform="android")
+    seen = []
+    orig = policy.generate
+    policy.generate = lambda msgs: (seen.append(msgs), orig(msgs))[1]
+    loop = AgentLoop(policy, ex, store=store, gate=Gate("all", sup))
+    res = loop.run("press the button")
+    assert ph.button_presses == 1 and ph.focused is None
+    from agent.memory import message_text
+
+    assert "Reason: Wrong widget: use the button." in message_text(seen[1])
+    rej = store.load_episode(res.episode.id).steps[0].info["rejections"][0]
+    assert rej["reason"] == "Wrong widget: use the button." and rej["actions"][0]["name"] == "click"
+
+
+def test_risky_gate_asks_for_password_typing_only(phone, store):
+    ex, ph = phone
+    sup = Scripted([Decision.reject("never type passwords", by="me"), Decision.approve()])
+    responses = [click("password"), "Action: type(content='hunter2')", "Action: press_back()", "Action: finished()"]
+    loop, res = run(ex, responses, store, gate=Gate("risky", sup))
+    assert len(sup.asked) == 1 and sup.asked[0].why == "typing into a password field"
+    assert ph.text["password"] == "" and ph.keys == ["back"]
+
+
+def test_takeover_records_human_steps_then_resumes(phone, store):
+    ex, ph = phone
+    human = Takeover([HumanStep("I'll tap the button myself.", Action("click", {"start_box": (270 / WIDTH, 550 / HEIGHT)}))], resume=True, by="h")
+    sup = Scripted([Decision("takeover", decided_by="h"), Decision.approve()], takeovers=[human])
+    loop, res = run(ex, [click("field"), "Action: finished()"], store, gate=Gate("all", sup))
+    ep = store.load_episode(res.episode.id)
+    assert [s.provenance.source for s in ep.steps] == ["human", "agent"]
+    assert ep.steps[0].provenance.decision == "takeover" and ep.steps[0].provenance.decided_by == "h"
+    assert ph.button_presses == 1 and ph.focused is None and res.reason == "finished"
+
+
+def test_call_user_hands_over_and_gates_everything_after(phone, store):
+    ex, ph = phone
+    human = Takeover([HumanStep("done by me", Action("press_back", {}), executed=True)], resume=True, by="h")
+    sup = Scripted([Decision.approve(), Decision.approve()], takeovers=[human])
+    loop, res = run(ex, ["Action: call_user()", click("button"), "Action: finished()"], store, gate=Gate("risky", sup))
+    ep = store.load_episode(res.episode.id)
+    assert [s.action.name for s in ep.steps] == ["call_user", "press_back", "click", "finished"]
+    assert ep.steps[1].provenance.source == "human" and ph.keys == []  # executed=True: the human did it, the loop only recorded
+    assert sup.asked[0].why == "the agent asked for help"
+    assert sup.asked[1].why == "the agent called the user earlier in this run" and len(sup.asked) == 3
+
+
+def test_a_failing_supervisor_closes_the_record(phone, store):
+    ex, ph = phone
+    sup = Scripted([Decision.approve()])  # runs out on the second question
+    with pytest.raises(IndexError):
+        run(ex, [click("button"), click("button")], store, gate=Gate("all", sup))
+    (ep,) = store.list_episodes()
+    ep = store.load_episode(ep.id)
+    assert len(ep.steps) == 1 and ep.steps[0].truncated
+    assert ep.meta["end_reason"].startswith("crashed: IndexError")
+
+
+def test_limits_and_stop(phone, store):
+    ex, ph = phone
+    loop, res = run(ex, [click("button")] * 10, store, max_steps=3)
+    assert res.reason == "step limit" and res.steps == 3 and res.episode.steps[-1].truncated
+    assert not res.episode.steps[-1].terminated
+
+    ex.wait_seconds = 30
+    indicator = ControlIndicator()
+    policy = ReplayPolicy(["Action: wait()"] * 5, platform="android")
+    loop = AgentLoop(policy, ex, store=store, on_control=indicator.set)
+    switch = KillSwitch(loop)
+    out = {}
+    th = threading.Thread(target=lambda: out.update(r=loop.run("wait forever")))
+    th.start()
+    time.sleep(0.5)
+    assert indicator.active
+    t0 = time.monotonic()
+    switch.trigger()
+    th.join(5)
+    assert time.monotonic() - t0 < 0.2  # within 200 ms, mid-wait
+    assert out["r"].reason == "kill switch" and out["r"].episode.steps[-1].truncated
+    assert not indicator.active and [a for _, a in indicator.history] == [True, False]
+
+
+def test_gate_configuration_errors():
+    with pytest.raises(GateError, match="no supervisor"):
+        Gate("all")
+    with pytest.raises(GateError, match="gate mode must be one of"):
+        Gate("sometimes")
+    with pytest.raises(GateError, match="needs a reason"):
+        Decision.reject("  ")
+    with pytest.raises(GateError, match="outside the screenshot"):
+        Decision.edit([Action("click", {"start_box": (1.5, 0.2)})])
+
+
+def test_tools_run_through_the_loop(phone, store, tmp_path):
+    ex, ph = phone
+    root = tmp_path / "root"
+    root.mkdir()
+    sup = Scripted([Decision.approve(by="me"), Decision.reject("no writing outside", by="me")])
+    policy = ReplayPolicy(["Action: run_command(command='echo hi > a.txt; cat a.txt')",
+                           "Action: write_file(path='../x', content='no')", "Action: finished()"], platform="android", tools=True)
+    loop = AgentLoop(policy, ex, store=store, gate=Gate("risky", sup), tools=TerminalExecutor(root))
+    res = loop.run("write a file")
+    s0 = res.episode.steps[0]
+    assert s0.action.name == "run_command" and s0.info["tool_result"]["output"] == "hi\n"
+    assert (root / "a.txt").read_text() == "hi\n" and not (tmp_path / "x").exists()
+    assert "Output:" in str(loop.policy.last_messages)  # the tool's output is in the next prompt

@@ -1,0 +1,88 @@
+"""The terminal and files executor: real subprocesses and files in tmp_path."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from agent.executors.base import ExecutionError
+from agent.executors.terminal import PathOutsideRoot, TerminalExecutor
+from agent.schema import Action
+
+
+@pytest.fixture
+def term(tmp_path):
+    root = tmp_path / "work"
+    root.mkdir()
+    t = TerminalExecutor(root, timeout=2.0, output_limit=200)
+    t.reset()
+    yield t
+    t.close()
+
+
+def test_run_command_in_root_and_subdir(term):
+    (term.root / "sub").mkdir()
+    frame, reward, terminated, truncated, info = term.step(Action("run_command", {"command": "pwd; echo hi; exit 3"}))
+    r = info["tool_result"]
+    assert r["exit_code"] == 3 and r["output"].splitlines() == [str(term.root), "hi"]
+    assert "[exit code 3]" in frame.text and not terminated and not truncated
+    r = term.run_command("pwd", cwd="sub")
+    assert r["output"].strip() == str(term.root / "sub")
+
+
+def test_timeout_kills_the_process_group(term):
+    t0 = time.monotonic()
+    r = term.run_command("sleep 30 & sleep 30; echo never")
+    assert r["timed_out"] and "never" not in r["output"]
+    assert time.monotonic() - t0 < 5
+
+
+def test_output_is_capped(term):
+    r = term.run_command("python3 -c \"print('x' * 5000)\"")
+    assert r["truncated_output"] and len(r["output"]) < 300 and "characters cut" in r["output"]
+
+
+def test_write_then_read_inside_root(term):
+    term.step(Action("write_file", {"path": "notes/a.txt", "content": "héllo\nworld"}))
+    assert (term.root / "notes" / "a.txt").read_text() == "héllo\nworld"
+    frame, *_ , info = term.step(Action("read_file", {"path": "notes/a.txt"}))
+    assert frame.text == "héllo\nworld"
+
+
+@pytest.mark.parametrize("path", ["../outside.txt", "/etc/passwd", "sub/../../x"])
+def test_paths_escaping_the_root_are_refused_by_name(term, path):
+    with pytest.raises(PathOutsideRoot) as e:
+        term.write_file(path, "no")
+    assert repr(path) in str(e.value)
+    assert not (term.root.parent / "outside.txt").exists()
+
+
+def test_symlink_out_of_root_is_refused(term, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    os.symlink(secret, term.root / "link.txt")
+    with pytest.raises(PathOutsideRoot):
+        term.read_file("link.txt")
+    with pytest.raises(ExecutionError, match="cwd|outside"):
+        term.run_command("ls", cwd="..")
+
+
+def test_gui_actions_are_refused(term):
+    with pytest.raises(ExecutionError, match="click"):
+        term.step(Action("click", {"start_box": (0.5, 0.5)}))
+
+
+def test_release_ends_a_running_command(term):
+    import threading
+
+    term.timeout = 20
+    result = {}
+    th = threading.Thread(target=lambda: result.update(term.run_command("sleep 20")))
+    th.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    term.release()
+    th.join(5)
+    assert not th.is_alive() and time.monotonic() - t0 < 1.0
+    assert result["exit_code"] != 0

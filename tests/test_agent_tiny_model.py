@@ -1,0 +1,53 @@
+"""The tiny local Qwen2.5-VL (built here, nothing downloaded) drives the real loop against the
+fake phone. Its random weights write garbage: the point is that garbage is re-asked, never
+executed, recorded, and that the run ends cleanly."""
+from __future__ import annotations
+
+import pytest
+
+from agent.executors.android import AndroidExecutor
+from agent.grammar import parse_response
+from agent.loop import AgentLoop, LoopConfig
+from agent.policies import LocalVLMPolicy, PolicyError
+from tests.fake_android import FakePhoneServer, connect_fake
+
+INPUT_RPCS = {"click", "swipe", "pressKey", "pasteClipboard", "setClipboard", "injectInputEvent", "drag"}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from trainer.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def test_tiny_model_drives_the_loop(tiny_dir, store):
+    policy = LocalVLMPolicy(tiny_dir, platform="android", max_new_tokens=24, temperature=1.0, seed=0)
+    with FakePhoneServer() as server:
+        ex = AndroidExecutor(connect_fake(server), settle=0, wait_seconds=0.01)
+        loop = AgentLoop(policy, ex, store=store, config=LoopConfig(max_steps=3, max_reasks=2))
+        res = loop.run("Type hello into the text field")
+        ex.close()
+        calls = [c for c in server.phone.calls if c[0] in INPUT_RPCS]
+    assert policy.last_generation is not None and policy.last_generation.prompt_tokens > 50  # prompt + screenshot went in
+    ep = store.load_episode(res.episode.id)
+    assert ep.meta["end_reason"] == res.reason
+    failures = [f for s in ep.steps for f in s.info.get("parse_failures", [])] + ep.meta.get("unexecuted", {}).get("parse_failures", [])
+    for s in ep.steps:  # everything executed came from output that parses
+        assert parse_response(s.raw_response), s.raw_response
+    for f in failures:  # everything that did not parse is kept with its reason, and was not executed
+        assert not parse_response(f["raw"]) or "outside" in f["reason"] or "not available" in f["reason"]
+    if not ep.steps:
+        assert res.reason.startswith("unparseable output 3 times") and calls == []
+    assert len(calls) <= 2 * len(ep.steps)  # no input beyond what the recorded steps did
+    assert failures or ep.steps
+
+
+def test_missing_model_dir_is_a_clear_policy_error(tmp_path):
+    from agent.memory import Memory
+    from agent.executors.base import frame_from_image_bytes
+    from tests.factories import screenshot_png
+
+    policy = LocalVLMPolicy(tmp_path / "nope")
+    with pytest.raises(PolicyError, match="nope"):
+        policy.propose("x", Memory(), frame_from_image_bytes(screenshot_png()))

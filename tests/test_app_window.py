@@ -1,0 +1,324 @@
+"""The main window on a real store (offscreen Qt): library, step viewer, editing, export/import."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtWidgets import QLabel, QMessageBox, QPlainTextEdit, QWidget
+
+from app.main_window import PAGES, MainWindow
+from tests.factories import make_episode
+
+W, H = 320, 200  # the factories' screenshot size: one pixel is 1/320 x 1/200
+
+
+@pytest.fixture
+def win(qtbot, store):
+    episodes = [make_episode(store, n_steps=5, instruction=f"Task number {i}") for i in range(3)]
+    w = MainWindow(store)
+    w.resize(1400, 900)
+    w.show()
+    qtbot.waitExposed(w)
+    w.episodes = episodes
+    yield w
+    # a test may leave edits unsaved: closing would ask (modally) whether to save them
+    original = QMessageBox.question
+    QMessageBox.question = staticmethod(lambda *a, **k: QMessageBox.Discard)
+    try:
+        w.close()
+    finally:
+        QMessageBox.question = original
+    w.deleteLater()
+
+
+def open_step(win, episode, row):
+    page = win.page("Library")
+    assert page.select_episode(episode.id)
+    page.viewer.select_step(row)
+    assert page.viewer.current_step().index == row
+    return page, page.viewer
+
+
+def click_canvas_at(qtbot, canvas, point):
+    x, y = canvas.point_to_widget(point)
+    qtbot.mouseClick(canvas, Qt.LeftButton, pos=QPoint(round(x), round(y)))
+
+
+def test_every_listed_page_builds(win):
+    assert win.sidebar.count() == len(PAGES)
+    for name, _ in PAGES:
+        page = win.page(name)
+        assert isinstance(page, QWidget) and not isinstance(page, QPlainTextEdit), f"{name} failed to load"
+    labels = [w.text() for w in win.statusBar().findChildren(QLabel)]
+    assert any(str(win.store.root) in t for t in labels)
+
+
+def test_library_lists_sorts_and_filters(win, qtbot):
+    page = win.page("Library")
+    assert page.proxy.rowCount() == 3
+    assert page.count.text() == "3 episodes"
+    row_texts = {page.proxy.index(r, 0).data() for r in range(3)}
+    assert row_texts == {"Task number 0", "Task number 1", "Task number 2"}
+    assert page.proxy.index(0, 2).data() == "5"
+    qtbot.keyClicks(page.filter, "number 1")
+    assert page.proxy.rowCount() == 1 and page.proxy.index(0, 0).data() == "Task number 1"
+    assert page.count.text() == "1 of 3 episodes"
+    page.filter.clear()
+    page.table.sortByColumn(0, Qt.AscendingOrder)
+    assert [page.proxy.index(r, 0).data() for r in range(3)] == ["Task number 0", "Task number 1", "Task number 2"]
+    page.table.sortByColumn(0, Qt.DescendingOrder)
+    assert page.proxy.index(0, 0).data() == "Task number 2"
+
+
+def test_edit_thought_and_move_click_by_mouse_then_save(win, qtbot, store):
+    ep = win.episodes[1]
+    page, viewer = open_step(win, ep, 0)
+    assert viewer.current_step().action.name == "click"
+    # the thought, typed for real
+    viewer.thought.selectAll()
+    qtbot.keyClicks(viewer.thought, "The OK button is at the lower right")
+    # the click, moved by a real mouse click on the screenshot
+    target = (0.75, 0.6)
+    click_canvas_at(qtbot, viewer.canvas, target)
+    assert viewer.is_dirty() and viewer.save_btn.isEnabled()
+    assert viewer.action_editor.fields["start_box"].value() == pytest.approx(target, abs=1 / W)
+    qtbot.mouseClick(viewer.save_btn, Qt.LeftButton)
+
+    saved = store.load_episode(ep.id)
+    s0 = saved.steps[0]
+    assert s0.thought == "The OK button is at the lower right"
+    x, y = s0.action.args["start_box"]
+    assert abs(x - target[0]) <= 1 / W and abs(y - target[1]) <= 1 / H
+    assert s0.provenance.source == "human"  # a human's own step stays human
+    assert saved.revision == ep.revision + 1
+    assert saved.steps[1].thought == ep.steps[1].thought  # the other steps are untouched
+    assert not viewer.is_dirty()
+    assert viewer.episode.id == ep.id and viewer.stack.currentIndex() == 1  # still shown
+    assert page.current_episode_id() == ep.id
+    assert viewer.steps.topLevelItem(0).text(1) == f"click {round(x * W)},{round(y * H)}"
+
+
+def test_ctrl_s_saves_and_agent_step_becomes_correction(win, qtbot, store):
+    ep = win.episodes[0]
+    loaded = store.load_episode(ep.id)
+    loaded.steps[0].provenance.source = "agent"
+    store.save_episode(loaded)
+    page, viewer = open_step(win, ep, 0)
+    assert viewer.steps.topLevelItem(0).text(2) == "agent"
+    old_action = viewer.current_step().action
+    click_canvas_at(qtbot, viewer.canvas, (0.2, 0.8))
+    win.activateWindow()
+    qtbot.waitActive(win)
+    qtbot.keyClick(viewer.canvas, Qt.Key_S, Qt.ControlModifier)
+    s0 = store.load_episode(ep.id).steps[0]
+    assert s0.action.args["start_box"] == pytest.approx((0.2, 0.8), abs=1 / W)
+    assert s0.provenance.source == "corrected"
+    assert s0.provenance.proposal_action == old_action
+    assert viewer.steps.topLevelItem(0).text(2) == "corrected"
+    assert "Original proposal" in viewer.provenance.text()
+
+
+def test_drag_by_press_and_drag_and_by_two_clicks(win, qtbot, store):
+    ep = win.episodes[0]
+    page, viewer = open_step(win, ep, 3)
+    canvas = viewer.canvas
+    assert viewer.current_step().action.name == "drag"
+    a = QPoint(*map(round, canvas.point_to_widget((0.2, 0.3))))
+    b = QPoint(*map(round, canvas.point_to_widget((0.7, 0.4))))
+    qtbot.mousePress(canvas, Qt.LeftButton, pos=a)
+    qtbot.mouseMove(canvas, pos=(a + b) / 2)
+    qtbot.mouseMove(canvas, pos=b)
+    qtbot.mouseRelease(canvas, Qt.LeftButton, pos=b)
+    act = viewer.action_editor.action()
+    assert act.args["start_box"] == pytest.approx((0.2, 0.3), abs=1 / W)
+    assert act.args["end_box"] == pytest.approx((0.7, 0.4), abs=1 / W)
+    # two clicks: the first sets the start (and waits), the second the end
+    click_canvas_at(qtbot, canvas, (0.5, 0.5))
+    assert canvas.pending_drag_start()
+    click_canvas_at(qtbot, canvas, (0.9, 0.1))
+    assert not canvas.pending_drag_start()
+    assert viewer.save()
+    s3 = store.load_episode(ep.id).steps[3]
+    assert s3.action.args["start_box"] == pytest.approx((0.5, 0.5), abs=1 / W)
+    assert s3.action.args["end_box"] == pytest.approx((0.9, 0.1), abs=1 / W)
+
+
+def test_invalid_action_is_not_saved_and_says_why(win, qtbot, store):
+    ep = win.episodes[0]
+    page, viewer = open_step(win, ep, 1)  # type "hello\n"
+    viewer.action_editor.combo.setCurrentText("hotkey")
+    key = viewer.action_editor.fields["key"]
+    qtbot.keyClicks(key, "ctrl banana")
+    assert not viewer.save()
+    assert viewer.error.isVisible() and "banana" in viewer.error.text()
+    assert store.load_episode(ep.id).steps[1].action.name == "type"
+    # revert discards the edit
+    qtbot.mouseClick(viewer.revert_btn, Qt.LeftButton)
+    assert viewer.action_editor.action() == ep.steps[1].action
+    assert not viewer.is_dirty() and not viewer.error.isVisible()
+
+
+def test_action_type_change_keeps_the_point_and_builds_fields(win, qtbot):
+    page, viewer = open_step(win, win.episodes[0], 0)
+    editor = viewer.action_editor
+    point = editor.fields["start_box"].value()
+    editor.combo.setCurrentText("scroll")
+    assert set(editor.fields) == {"start_box", "direction"}
+    assert editor.action().args == {"start_box": point, "direction": "up"}
+    editor.combo.setCurrentText("type")
+    assert isinstance(editor.fields["content"], QPlainTextEdit)
+    assert viewer.canvas._action.name == "type"
+
+
+def test_keyboard_moves_between_steps(win, qtbot):
+    page, viewer = open_step(win, win.episodes[0], 0)
+    viewer.steps.setFocus()
+    qtbot.keyClick(viewer.steps, Qt.Key_Down)
+    assert viewer.current_step().index == 1
+    qtbot.keyClick(viewer.canvas, Qt.Key_Down)
+    assert viewer.current_step().index == 2
+    qtbot.keyClick(viewer.canvas, Qt.Key_Up)
+    assert viewer.current_step().index == 1
+
+
+def test_leaving_an_edited_step_asks(win, qtbot, store, monkeypatch):
+    ep = win.episodes[0]
+    page, viewer = open_step(win, ep, 0)
+    viewer.thought.setPlainText("changed once")
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Cancel)
+    viewer.select_step(1)
+    assert viewer.current_step().index == 0 and viewer.is_dirty()  # cancel: stays
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Save)
+    viewer.select_step(1)
+    assert viewer.current_step().index == 1
+    assert store.load_episode(ep.id).steps[0].thought == "changed once"
+
+
+def test_delete_step_and_mark_outcome(win, qtbot, store, monkeypatch):
+    ep = win.episodes[2]
+    page, viewer = open_step(win, ep, 1)
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Yes)
+    qtbot.mouseClick(viewer.delete_btn, Qt.LeftButton)
+    saved = store.load_episode(ep.id)
+    assert [s.index for s in saved.steps] == [0, 1, 2, 3]
+    assert [s.action.name for s in saved.steps] == ["click", "scroll", "drag", "finished"]
+    assert viewer.steps.topLevelItemCount() == 4 and viewer.current_step().action.name == "scroll"
+    assert page.proxy.index(page._row_of(ep.id), 2).data() == "4"
+
+    viewer.mark_outcome(False)
+    assert store.load_episode(ep.id).outcome.success is False
+    assert page.proxy.index(page._row_of(ep.id), 4).data() == "failure"
+    # from the library's menu, on the selected episode
+    success = [a for a in page.outcome_btn.menu().actions() if a.text() == "Success"][0]
+    success.trigger()
+    out = store.load_episode(ep.id).outcome
+    assert out.success is True and out.source == "annotator"
+    assert page.proxy.index(page._row_of(ep.id), 4).data() == "success"
+    assert viewer.outcome.currentText() == "success"
+
+
+def test_delete_episode_asks_and_removes_blobs(win, qtbot, store, monkeypatch):
+    ep = make_episode(store, n_steps=2, width=330, instruction="Own screenshots")  # blobs no other episode shares
+    shared = win.episodes[0].blob_hashes()
+    win.page("Library").refresh()
+    page, viewer = open_step(win, ep, 0)
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.No)
+    assert page.delete_selected() == 0 and store.has_episode(ep.id)
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Yes)
+    qtbot.mouseClick(page.delete_btn, Qt.LeftButton)
+    assert not store.has_episode(ep.id)
+    assert not any(store.has_blob(h) for h in ep.blob_hashes())
+    assert all(store.has_blob(h) for h in shared)
+    assert page.proxy.rowCount() == 3 and viewer.episode is None
+
+
+def test_export_jsonl_in_the_background(win, qtbot, store, tmp_path):
+    page = win.page("Library")
+    out = tmp_path / "export" / "samples.jsonl"
+    ids = [e.id for e in win.episodes[:2]]
+    with qtbot.waitSignal(page.taskFinished, timeout=20000) as blocker:
+        page.export_to(out, ids)
+        assert page.progress.isVisible() and not page.export_btn.isEnabled()
+    task, result = blocker.args
+    assert task == "export" and not isinstance(result, BaseException), result
+    lines = [json.loads(l) for l in out.read_text().splitlines()]
+    assert len(lines) == 10 == result["samples"]
+    assert {l["episode_id"] for l in lines} == set(ids)
+    first = next(l for l in lines if l["episode_id"] == ids[0] and l["step"] == 0)
+    assert first["messages"][-1]["role"] == "assistant" and "click(" in first["messages"][-1]["content"]
+    assert all((out.parent / img).is_file() for l in lines for img in l["images"])
+    assert not page.progress.isVisible() and page.export_btn.isEnabled()
+
+
+def test_bundle_export_then_import_round_trip(win, qtbot, store, tmp_path, monkeypatch):
+    page = win.page("Library")
+    ep = win.episodes[1]
+    bundle = tmp_path / "one.zip"
+    with qtbot.waitSignal(page.taskFinished, timeout=20000) as blocker:
+        page.export_to(bundle, [ep.id])
+    assert blocker.args[1]["episodes"] == 1
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Yes)
+    page.select_episode(ep.id)
+    page.delete_selected()
+    assert page._row_of(ep.id) < 0
+    with qtbot.waitSignal(page.taskFinished, timeout=20000) as blocker:
+        page.import_from(bundle)
+    assert blocker.args == ["import", {"episodes": 1, "replaced": 0, "blobs": 5}]
+    assert page._row_of(ep.id) >= 0
+    assert [s.thought for s in store.load_episode(ep.id).steps] == [s.thought for s in ep.steps]
+
+
+def test_importing_a_bad_file_reports_and_changes_nothing(win, qtbot, store, tmp_path):
+    page = win.page("Library")
+    bad = tmp_path / "broken.zip"
+    bad.write_bytes(b"PK\x03\x04 this is not really a zip")
+    before = store.counts()
+    with qtbot.waitSignal(page.taskFinished, timeout=20000) as blocker:
+        page.import_from(bad)
+    assert blocker.args[0] == "import" and isinstance(blocker.args[1], Exception)
+    boxes = [b for b in page.findChildren(QMessageBox) if b.isVisible()]
+    assert boxes and "broken.zip" in boxes[0].text()
+    boxes[0].close()
+    assert store.counts() == before
+    assert "Import failed" in win.statusBar().currentMessage()
+
+
+def test_main_py_starts_the_app(tmp_path):
+    """`python main.py app --data DIR` runs the event loop on that store (killed after a while)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "XDG_CONFIG_HOME": str(tmp_path / "config"), "HOME": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, str(root / "main.py"), "app", "--data", str(tmp_path / "data")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline and not (tmp_path / "data" / "tandem.db").exists():
+            time.sleep(0.1)
+        time.sleep(1.5)  # past window construction
+        assert proc.poll() is None, proc.communicate()[1]
+        assert (tmp_path / "data" / "tandem.db").exists()
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert "Traceback" not in err, err
+
+
+def test_main_py_with_an_unusable_data_dir_fails_clearly(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "main.py"), "app", "--data", str(not_a_dir)],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "data directory cannot be opened" in out.stderr and str(not_a_dir) in out.stderr

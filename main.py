@@ -13,6 +13,8 @@ import sys
 COMMANDS = [
     "agent.cli",  # parse, import, export, info, check
     "agent.cli_agent",  # agent: run the agent with a policy, a gate and the store
+    "trainer.cli_backend",  # backend: the sync server; backend user add|list|revoke
+    "app.sync.cli",  # submit, sync
 ]
 
 

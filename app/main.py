@@ -26,6 +26,11 @@ def run_app(args) -> int:
             QMessageBox.critical(None, "Tandem", f"The data directory cannot be opened:\n{e}")
         return 2
     window = MainWindow(store, server=getattr(args, "server", None), settings=QSettings())
+    try:
+        window.start_sync()
+    except Exception as e:  # the app stays usable offline; say why sync is off
+        print(f"tandem: sync is off: {e}", file=sys.stderr)
+        window.notify(f"Sync is off: {e}", 15000)
     window.show()
     try:
         return app.exec()

@@ -25,6 +25,7 @@ from app.workers import wait_for_workers
 
 PAGES: list[tuple[str, str]] = [
     ("Library", "app.library_view:LibraryPage"),
+    ("Sync", "app.sync_page:SyncPage"),
 ]
 
 STYLE = """
@@ -79,6 +80,10 @@ class MainWindow(QMainWindow):
         if server:
             self.statusBar().addPermanentWidget(QLabel(f"Server: {server}"))
 
+        self.sync = None  # SyncBridge, when sync runs (start_sync)
+        self.sync_url: str | None = None
+        self._stop_embedded = None
+
         self._restore_geometry()
         if self.pages_spec:
             self.sidebar.setCurrentRow(0)
@@ -117,6 +122,39 @@ class MainWindow(QMainWindow):
     def notify(self, text: str, ms: int = 6000) -> None:
         self.statusBar().showMessage(text, ms)
 
+    # ------------------------------------------------------------ sync
+    def start_sync(self) -> None:
+        """Sync to the configured server, or to an embedded backend on loopback when none is."""
+        from app.sync.qt_bridge import SyncBridge
+
+        url = self.server or self.store.get_setting("sync.server_url")
+        token = self.store.get_setting("sync.token")
+        if not url:
+            from app.sync.embedded import start_embedded_backend
+
+            url, token, self._stop_embedded = start_embedded_backend(self.store)
+        self.sync_url = url
+        self.sync = SyncBridge(self.store, url, token or "")
+        self.sync.connection_changed.connect(
+            lambda up, detail: self.notify(f"Sync: {'connected as ' + detail if up else 'offline: ' + detail}")
+        )
+        self.sync.model_announced.connect(lambda v, info: self.notify(f"New model version available: {v}", 15000))
+        self.sync.start()
+
+    def stop_sync(self) -> None:
+        if self.sync is not None:
+            self.sync.stop()
+            self.sync = None
+        if self._stop_embedded is not None:
+            self._stop_embedded()
+            self._stop_embedded = None
+        self.sync_url = None
+
+    def restart_sync(self) -> None:
+        self.server = None  # settings now say where to sync
+        self.stop_sync()
+        self.start_sync()
+
     # ------------------------------------------------------------ window state
     def _restore_geometry(self) -> None:
         geo = self.settings.value("main_window/geometry") if self.settings is not None else None
@@ -139,4 +177,5 @@ class MainWindow(QMainWindow):
             self.settings.setValue("main_window/geometry", self.saveGeometry())
         self.notify("Waiting for background tasks to finish…")
         wait_for_workers()  # an export cut off mid-write would leave a half file
+        self.stop_sync()
         super().closeEvent(event)

@@ -1,0 +1,694 @@
+"""The sync protocol, sans-I/O: frames in, events out, frames to send.
+
+Transport-agnostic: a websocket (or anything that carries whole text and binary messages) feeds
+`receive_text` / `receive_bytes` and sends what `data_to_send()` returns. Nothing here touches a
+socket, a clock or a thread, so every branch is tested by feeding frames and looking at events.
+
+Wire format (version 1):
+- control messages are JSON objects in text frames: {"v": 1, "type": ..., "ref"?: ..., fields};
+- blobs (screenshots, audio) are binary frames: b"TDB" + version byte + 32-byte SHA-256 digest +
+  the bytes. The receiver checks the digest, so a blob is named by its content end to end.
+
+Conversation:
+  client hello(token) -> server welcome | error(auth_failed, fatal)
+  client manifest(episode, blobs, content_hash) -> server ack (already had it) | need(hashes)
+  client sends only the needed blobs -> server ack(status) once the episode is stored
+Idempotence lives in (episode id, revision, content hash): the same manifest twice is acked as
+a duplicate without a write; a resumed upload is just the manifest again, and the server asks
+only for the blobs it still lacks.
+Live supervision: proposal(run, step, screenshot) travels from the agent to the subscribed
+supervisors; claim makes one supervisor the decider; decision(approve|edit|reject|takeover)
+travels back; model_version announces a new policy to everyone.
+
+Bad input (malformed JSON, unknown types or versions, wrong field types, oversized frames,
+unexpected blobs) never raises: it becomes a ProtocolError event and an error message queued for
+the peer. Errors in the handshake, and too many errors, are fatal: `close_code` is then set.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+BLOB_MAGIC = b"TDB"
+BLOB_HEADER_LEN = len(BLOB_MAGIC) + 1 + 32
+
+ROLES = ("annotator", "supervisor", "admin")
+DECISIONS = ("approve", "edit", "reject", "takeover")
+ACK_STATUSES = ("stored", "replaced", "duplicate", "superseded")
+
+# Websocket close codes the I/O layer uses when a connection must end.
+CLOSE_POLICY = 1008  # authentication failed, too many errors
+CLOSE_PROTOCOL = 1002  # version mismatch, garbage in the handshake
+
+ERROR_CODES = (
+    "bad_json", "bad_message", "bad_version", "unknown_type", "bad_field", "too_large",
+    "auth_required", "auth_failed", "forbidden", "not_found", "bad_state", "hash_mismatch",
+    "unexpected_blob", "bad_episode", "bad_manifest", "conflict", "overloaded", "internal",
+    "too_many_errors",
+)
+
+
+class ProtocolUsageError(ValueError):
+    """Our own code called the protocol wrongly (not the peer's fault): a bug, so it raises."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_text: int = 16 * 2**20  # one control message (an episode manifest is the largest)
+    max_blob: int = 64 * 2**20  # one screenshot or audio clip
+    max_blobs_per_manifest: int = 100_000
+    max_pending_proposals: int = 64  # proposals whose screenshot has not arrived yet
+    max_errors: int = 100  # protocol errors a connection may cause before it is dropped
+
+    @property
+    def max_frame(self) -> int:
+        """What the websocket layer's max_size must allow."""
+        return max(self.max_text, self.max_blob + BLOB_HEADER_LEN)
+
+
+# ---------------------------------------------------------------- field checks
+def _is_hash(v) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+
+
+def _is_id(v) -> bool:
+    return isinstance(v, str) and 0 < len(v) <= 200
+
+
+_CHECKS = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "id": (_is_id, "a non-empty string of at most 200 characters"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "dict": (lambda v: isinstance(v, dict), "an object"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "hash": (_is_hash, "a SHA-256 hex digest"),
+    "hashes": (lambda v: isinstance(v, list) and all(_is_hash(h) for h in v), "a list of SHA-256 hex digests"),
+    "role": (lambda v: v in ROLES, f"one of {', '.join(ROLES)}"),
+    "decision": (lambda v: v in DECISIONS, f"one of {', '.join(DECISIONS)}"),
+    "status": (lambda v: v in ACK_STATUSES, f"one of {', '.join(ACK_STATUSES)}"),
+    "code": (lambda v: isinstance(v, str) and 0 < len(v) <= 64, "an error code"),
+}
+
+C2S, S2C, BOTH = "client", "server", "both"  # who may send a message type
+
+# type -> (sender, {field: kind}); a kind ending in "?" is optional and may be null.
+MESSAGES: dict[str, tuple[str, dict[str, str]]] = {
+    "hello": (C2S, {"token": "str", "client": "str?"}),
+    "welcome": (S2C, {"user": "id", "role": "role", "server": "str", "limits": "dict"}),
+    "manifest": (C2S, {"episode": "dict", "blobs": "hashes", "content_hash": "hash"}),
+    "need": (S2C, {"episode_id": "id", "revision": "int", "hashes": "hashes"}),
+    "ack": (S2C, {"episode_id": "id", "revision": "int", "content_hash": "hash", "status": "status"}),
+    "list_episodes": (C2S, {"owner": "id?", "limit": "int?"}),
+    "episodes": (S2C, {"items": "list"}),
+    "get_episode": (C2S, {"episode_id": "id"}),
+    "episode": (S2C, {"episode": "dict", "owner": "id?"}),
+    "get_blob": (C2S, {"hash": "hash"}),  # answered by the blob frame itself
+    "subscribe": (C2S, {"run_id": "id"}),
+    "unsubscribe": (C2S, {"run_id": "id"}),
+    "claim": (C2S, {"run_id": "id"}),
+    "release": (C2S, {"run_id": "id"}),
+    "claimed": (S2C, {"run_id": "id", "by": "id?"}),
+    "proposal": (BOTH, {"run_id": "id", "proposal_id": "id", "step": "dict", "screenshot": "hash?", "sender": "id?"}),
+    "decision": (BOTH, {"run_id": "id", "proposal_id": "id", "decision": "decision", "step": "dict?", "reason": "str?", "by": "id?"}),
+    "run_end": (BOTH, {"run_id": "id", "reason": "str?"}),
+    "announce_model": (C2S, {"version": "id", "info": "dict?"}),
+    "model_version": (S2C, {"version": "id", "info": "dict?"}),
+    "user_add": (C2S, {"name": "id", "role": "role"}),
+    "user_token": (S2C, {"name": "id", "role": "role", "token": "str"}),
+    "user_list": (C2S, {}),
+    "users": (S2C, {"items": "list"}),
+    "user_revoke": (C2S, {"name": "id"}),
+    "ok": (S2C, {"what": "str?"}),
+    "error": (BOTH, {"code": "code", "reason": "str", "fatal": "bool?", "detail": "dict?"}),
+}
+
+
+def check_fields(mtype: str, body: dict) -> str | None:
+    """Why `body` is not a valid `mtype` message, or None when it is."""
+    _, fields = MESSAGES[mtype]
+    for name, kind in fields.items():
+        optional = kind.endswith("?")
+        kind = kind.rstrip("?")
+        if name not in body or body[name] is None:
+            if optional:
+                continue
+            return f"{mtype}: missing field {name!r}"
+        ok, what = _CHECKS[kind]
+        if not ok(body[name]):
+            return f"{mtype}: field {name!r} must be {what}, got {_short(body[name])}"
+    return None
+
+
+def _short(v: Any, n: int = 60) -> str:
+    s = repr(v)
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+# ---------------------------------------------------------------- codec
+def canonical_json(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def content_hash(episode: dict) -> str:
+    """The hash that names one version of an episode: SHA-256 of its canonical JSON."""
+    return hashlib.sha256(canonical_json(episode).encode()).hexdigest()
+
+
+def encode_message(mtype: str, **fields) -> str:
+    """One control message as text; fields are checked (a bad one is our bug: it raises)."""
+    if mtype not in MESSAGES:
+        raise ProtocolUsageError(f"unknown message type {mtype!r}")
+    body = {k: v for k, v in fields.items() if v is not None}
+    problem = check_fields(mtype, body)
+    if problem:
+        raise ProtocolUsageError(problem)
+    return json.dumps({"v": PROTOCOL_VERSION, "type": mtype, **body}, separators=(",", ":"), ensure_ascii=False)
+
+
+def encode_blob(digest: str, data: bytes) -> bytes:
+    if not _is_hash(digest):
+        raise ProtocolUsageError(f"not a blob hash: {_short(digest)}")
+    return BLOB_MAGIC + bytes([PROTOCOL_VERSION]) + bytes.fromhex(digest) + data
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A frame that decoded to a well-formed message, or the reason why not."""
+
+    type: str | None = None
+    body: dict = field(default_factory=dict)
+    error: tuple[str, str] | None = None  # (code, reason)
+
+
+def decode_message(text: str, limits: Limits = Limits()) -> Decoded:
+    if len(text) > limits.max_text:
+        return Decoded(error=("too_large", f"control message of {len(text)} characters exceeds {limits.max_text}"))
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        return Decoded(error=("bad_json", f"not JSON: {str(e)[:120]}"))
+    if not isinstance(obj, dict):
+        return Decoded(error=("bad_message", f"a message must be a JSON object, got {type(obj).__name__}"))
+    v = obj.get("v")
+    if "v" not in obj:
+        return Decoded(error=("bad_version", "message has no protocol version 'v'"))
+    if v not in SUPPORTED_VERSIONS or isinstance(v, bool):
+        return Decoded(error=("bad_version", f"protocol version {_short(v)} is not supported (supported: {list(SUPPORTED_VERSIONS)})"))
+    mtype = obj.get("type")
+    if not isinstance(mtype, str):
+        return Decoded(error=("bad_message", f"message 'type' must be a string, got {_short(mtype)}"))
+    if mtype not in MESSAGES:
+        return Decoded(error=("unknown_type", f"unknown message type {_short(mtype)}"))
+    ref = obj.get("ref")
+    if ref is not None and not _is_id(ref):
+        return Decoded(error=("bad_field", f"{mtype}: 'ref' must be a short string, got {_short(ref)}"))
+    body = {k: v for k, v in obj.items() if k not in ("v", "type")}
+    problem = check_fields(mtype, body)
+    if problem:
+        return Decoded(type=mtype, body={"ref": ref} if ref else {}, error=("bad_field", problem))
+    return Decoded(type=mtype, body=body)
+
+
+def decode_blob(data: bytes, limits: Limits = Limits()) -> tuple[str, bytes] | tuple[None, tuple[str, str]]:
+    """(hash, payload) of a verified blob frame, or (None, (code, reason))."""
+    if len(data) < BLOB_HEADER_LEN or data[:3] != BLOB_MAGIC:
+        return None, ("bad_message", f"binary frame of {len(data)} bytes is not a blob frame (no TDB header)")
+    if data[3] not in SUPPORTED_VERSIONS:
+        return None, ("bad_version", f"blob frame version {data[3]} is not supported")
+    if len(data) - BLOB_HEADER_LEN > limits.max_blob:
+        return None, ("too_large", f"blob of {len(data) - BLOB_HEADER_LEN} bytes exceeds {limits.max_blob}")
+    digest = data[4:BLOB_HEADER_LEN].hex()
+    payload = memoryview(data)[BLOB_HEADER_LEN:]
+    if hashlib.sha256(payload).hexdigest() != digest:
+        return None, ("hash_mismatch", f"blob {digest} does not match its content")
+    return digest, bytes(payload)
+
+
+# ---------------------------------------------------------------- events
+@dataclass(frozen=True)
+class Message:
+    """A valid control message that no more specific event describes."""
+
+    type: str
+    body: dict
+
+    @property
+    def ref(self) -> str | None:
+        return self.body.get("ref")
+
+
+@dataclass(frozen=True)
+class ProtocolError:
+    """The peer sent something wrong; an error message has been queued for it."""
+
+    code: str
+    reason: str
+    fatal: bool = False
+
+
+@dataclass(frozen=True)
+class ErrorReceived:
+    """The peer reported an error about something we sent."""
+
+    code: str
+    reason: str
+    ref: str | None = None
+    fatal: bool = False
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HelloReceived:
+    token: str
+    client: str | None
+
+
+@dataclass(frozen=True)
+class Welcome:
+    user: str
+    role: str
+    server: str
+    limits: dict
+
+
+@dataclass(frozen=True)
+class ManifestReceived:
+    episode_id: str
+    revision: int
+    content_hash: str
+    episode: dict
+    blobs: tuple[str, ...]
+    ref: str | None = None
+
+
+@dataclass(frozen=True)
+class BlobReceived:
+    """A verified blob: one an upload needed (episode_ids) or one we asked for (get_blob)."""
+
+    hash: str
+    data: bytes
+    episode_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class UploadComplete:
+    """Every blob an upload needed has arrived: the episode can be stored and acked."""
+
+    episode_id: str
+    revision: int
+    content_hash: str
+    episode: dict
+    ref: str | None = None
+
+
+@dataclass(frozen=True)
+class BlobsNeeded:
+    episode_id: str
+    revision: int
+    hashes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Acked:
+    episode_id: str
+    revision: int
+    content_hash: str
+    status: str
+
+
+@dataclass(frozen=True)
+class ProposalReceived:
+    """A live step awaiting a decision, with its screenshot's bytes when it has one."""
+
+    run_id: str
+    proposal_id: str
+    step: dict
+    screenshot: str | None
+    screenshot_data: bytes | None
+    sender: str | None
+
+
+@dataclass(frozen=True)
+class DecisionReceived:
+    run_id: str
+    proposal_id: str
+    decision: str
+    step: dict | None
+    reason: str | None
+    by: str | None
+    ref: str | None = None
+
+
+@dataclass(frozen=True)
+class ClaimChanged:
+    run_id: str
+    by: str | None  # None: nobody decides for this run now
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    version: str
+    info: dict
+
+
+@dataclass(frozen=True)
+class RunEnded:
+    run_id: str
+    reason: str | None
+
+
+# ---------------------------------------------------------------- connections
+class Connection:
+    """What client and server share: decoding, error accounting, proposals with screenshots."""
+
+    side = ""  # "client" or "server": which messages it sends
+
+    def __init__(self, limits: Limits = Limits()):
+        self.limits = limits
+        self.state = "new"
+        self._out: list[str | bytes] = []
+        self.errors = 0
+        self.close_code: int | None = None
+        self.close_reason = ""
+        self._pending_proposals: dict[str, list[dict]] = {}  # screenshot hash -> proposals waiting
+        self._refs = 0
+
+    # -- output
+    def data_to_send(self) -> list[str | bytes]:
+        out, self._out = self._out, []
+        return out
+
+    def send(self, mtype: str, **fields) -> None:
+        sender = MESSAGES.get(mtype, ("?",))[0]
+        if sender not in (self.side, BOTH):
+            raise ProtocolUsageError(f"a {self.side} does not send {mtype!r}")
+        self._out.append(encode_message(mtype, **fields))
+
+    def send_blob(self, digest: str, data: bytes) -> None:
+        if len(data) > self.limits.max_blob:
+            raise ProtocolUsageError(f"blob {digest} of {len(data)} bytes exceeds the limit {self.limits.max_blob}")
+        self._out.append(encode_blob(digest, data))
+
+    def next_ref(self) -> str:
+        self._refs += 1
+        return f"r{self._refs}"
+
+    @property
+    def closed(self) -> bool:
+        return self.state == "closed"
+
+    # -- input
+    def receive_text(self, text) -> list:
+        if self.closed:
+            return []
+        if not isinstance(text, str):
+            return self._fail("bad_message", f"expected a text frame, got {type(text).__name__}")
+        try:
+            d = decode_message(text, self.limits)
+            if d.error:
+                return self._fail(*d.error, ref=d.body.get("ref"), fatal=self._fatal_in_state(d.type))
+            sender = MESSAGES[d.type][0]
+            if sender == self.side:
+                return self._fail("unknown_type", f"{d.type!r} is not a message a {self.side} accepts", ref=d.body.get("ref"))
+            if d.type == "error":
+                b = d.body
+                if b.get("fatal"):  # the peer is closing; nothing more will be accepted
+                    self._close(CLOSE_POLICY, b["reason"])
+                return [ErrorReceived(b["code"], b["reason"], b.get("ref"), bool(b.get("fatal")), b.get("detail") or {})]
+            return self._on_message(d.type, d.body)
+        except Exception as e:  # a bug here must not take the server down; report it as a value
+            return self._fail("internal", f"could not handle the message: {type(e).__name__}: {e}")
+
+    def receive_bytes(self, data) -> list:
+        if self.closed:
+            return []
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            return self._fail("bad_message", f"expected a binary frame, got {type(data).__name__}")
+        try:
+            data = bytes(data)
+            if self.state != "open":
+                return self._fail("bad_state", "blob frame before the handshake finished", fatal=True)
+            digest, payload = decode_blob(data, self.limits)
+            if digest is None:
+                return self._fail(*payload)
+            return self._on_blob(digest, payload)
+        except Exception as e:
+            return self._fail("internal", f"could not handle the blob: {type(e).__name__}: {e}")
+
+    def _fatal_in_state(self, mtype) -> bool:
+        return self.state != "open"  # garbage in the handshake ends the connection
+
+    def _fail(self, code: str, reason: str, *, ref: str | None = None, fatal: bool = False, detail: dict | None = None) -> list:
+        self.errors += 1
+        if self.errors > self.limits.max_errors and not fatal:
+            code, reason, fatal = "too_many_errors", f"more than {self.limits.max_errors} protocol errors; last: {reason}", True
+        self._out.append(encode_message("error", code=code, reason=reason[:500], fatal=fatal or None, detail=detail, ref=ref))
+        if fatal:
+            self._close(CLOSE_POLICY if code in ("auth_failed", "auth_required", "too_many_errors") else CLOSE_PROTOCOL, reason)
+        return [ProtocolError(code, reason, fatal)]
+
+    def _close(self, code: int, reason: str) -> None:
+        self.state = "closed"
+        self.close_code = code
+        self.close_reason = reason[:120]  # websocket close reasons are at most 123 bytes
+
+    def _on_message(self, mtype: str, body: dict) -> list:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _on_blob(self, digest: str, data: bytes) -> list:
+        waiting = self._pending_proposals.pop(digest, None)
+        if waiting:
+            return [self._proposal_event(p, data) for p in waiting]
+        return self._fail("unexpected_blob", f"blob {digest} was not asked for", detail={"hash": digest})
+
+    # -- proposals (either side receives them: the server from the agent, a supervisor from the server)
+    def _proposal_event(self, b: dict, data: bytes | None) -> ProposalReceived:
+        return ProposalReceived(b["run_id"], b["proposal_id"], b["step"], b.get("screenshot"), data, b.get("sender"))
+
+    def _receive_proposal(self, body: dict) -> list:
+        shot = body.get("screenshot")
+        if not shot:
+            return [self._proposal_event(body, None)]
+        if sum(len(v) for v in self._pending_proposals.values()) >= self.limits.max_pending_proposals:
+            return self._fail("overloaded", f"more than {self.limits.max_pending_proposals} proposals wait for their screenshot", ref=body.get("ref"))
+        self._pending_proposals.setdefault(shot, []).append(body)
+        return []  # the event comes with the screenshot's blob frame, which follows
+
+    def send_proposal(self, run_id: str, proposal_id: str, step: dict, screenshot: bytes | None = None, sender: str | None = None) -> str | None:
+        """A proposal message, then its screenshot's blob frame; returns the screenshot's hash."""
+        digest = hashlib.sha256(screenshot).hexdigest() if screenshot is not None else None
+        self.send("proposal", run_id=run_id, proposal_id=proposal_id, step=step, screenshot=digest, sender=sender)
+        if screenshot is not None:
+            self.send_blob(digest, screenshot)
+        return digest
+
+    def send_decision(self, run_id: str, proposal_id: str, decision: str, *, step: dict | None = None, reason: str | None = None, by: str | None = None, ref: str | None = None) -> None:
+        if decision == "edit" and step is None:
+            raise ProtocolUsageError("an 'edit' decision carries the edited step")
+        self.send("decision", run_id=run_id, proposal_id=proposal_id, decision=decision, step=step, reason=reason, by=by, ref=ref)
+
+    @staticmethod
+    def _decision_event(b: dict) -> DecisionReceived:
+        return DecisionReceived(b["run_id"], b["proposal_id"], b["decision"], b.get("step"), b.get("reason"), b.get("by"), b.get("ref"))
+
+
+class ServerConnection(Connection):
+    """The server's side of one connection. States: new -> auth (hello seen, the server checks
+    the token) -> open (accept) | closed (reject or a fatal error)."""
+
+    side = "server"
+
+    def __init__(self, limits: Limits = Limits()):
+        super().__init__(limits)
+        self.user: str | None = None
+        self.role: str | None = None
+        self._uploads: dict[str, dict] = {}  # episode id -> manifest with its missing hashes
+        self._needed: dict[str, set[str]] = {}  # blob hash -> episode ids waiting for it
+
+    def _on_message(self, mtype: str, body: dict) -> list:
+        if self.state == "new":
+            if mtype != "hello":
+                return self._fail("auth_required", f"the first message must be 'hello', got {mtype!r}", ref=body.get("ref"), fatal=True)
+            self.state = "auth"
+            return [HelloReceived(body["token"], body.get("client"))]
+        if self.state == "auth":
+            return self._fail("bad_state", f"{mtype!r} before the server answered 'hello'", fatal=True)
+        if mtype == "hello":
+            return self._fail("bad_state", "'hello' was already received", ref=body.get("ref"))
+        if mtype == "manifest":
+            return self._receive_manifest(body)
+        if mtype == "proposal":
+            return self._receive_proposal(body)
+        if mtype == "decision":
+            return [self._decision_event(body)]
+        if mtype == "run_end":
+            return [RunEnded(body["run_id"], body.get("reason"))]
+        return [Message(mtype, body)]
+
+    def _receive_manifest(self, body: dict) -> list:
+        from agent.schema import Episode, SchemaError
+
+        ref = body.get("ref")
+        ep = body["episode"]
+        if len(body["blobs"]) > self.limits.max_blobs_per_manifest:
+            return self._fail("too_large", f"manifest lists {len(body['blobs'])} blobs, more than {self.limits.max_blobs_per_manifest}", ref=ref)
+        try:
+            parsed = Episode.from_dict(ep)
+        except (SchemaError, ValueError, TypeError, KeyError, AttributeError) as e:
+            return self._fail("bad_episode", f"episode does not validate: {e}", ref=ref, detail={"episode_id": str(ep.get("id"))[:200]})
+        if not _is_id(parsed.id):
+            return self._fail("bad_episode", f"episode id must be a short non-empty string, got {_short(parsed.id)}", ref=ref)
+        digest = content_hash(ep)
+        if digest != body["content_hash"]:
+            return self._fail("bad_manifest", f"content_hash {body['content_hash']} does not match the episode ({digest})", ref=ref, detail={"episode_id": parsed.id})
+        if set(body["blobs"]) != parsed.blob_hashes():
+            return self._fail("bad_manifest", "the manifest's blob list differs from the blobs the episode refers to", ref=ref, detail={"episode_id": parsed.id})
+        return [ManifestReceived(parsed.id, parsed.revision, digest, ep, tuple(sorted(set(body["blobs"]))), ref)]
+
+    # -- the server's answers
+    def accept(self, user: str, role: str, server: str = "tandem") -> None:
+        if self.state != "auth":
+            raise ProtocolUsageError(f"accept() in state {self.state!r}")
+        self.user, self.role, self.state = user, role, "open"
+        lim = {"max_text": self.limits.max_text, "max_blob": self.limits.max_blob,
+               "max_blobs_per_manifest": self.limits.max_blobs_per_manifest, "versions": list(SUPPORTED_VERSIONS)}
+        self.send("welcome", user=user, role=role, server=server, limits=lim)
+
+    def reject(self, reason: str, code: str = "auth_failed") -> None:
+        self._out.append(encode_message("error", code=code, reason=reason, fatal=True))
+        self._close(CLOSE_POLICY, reason)
+
+    def error(self, code: str, reason: str, *, ref: str | None = None, detail: dict | None = None) -> None:
+        """An error about a valid request (forbidden, not found, conflict...); not a protocol fault."""
+        self.send("error", code=code, reason=reason[:500], ref=ref, detail=detail)
+
+    def need(self, m: ManifestReceived, missing) -> None:
+        """Ask for the blobs of `m` the server lacks; UploadComplete follows when all arrived."""
+        missing = sorted(set(missing))
+        if not missing:
+            raise ProtocolUsageError("need() with no missing blobs: store and ack the episode instead")
+        old = self._uploads.pop(m.episode_id, None)
+        if old:  # a newer manifest of the same episode replaces the half-sent one
+            for h in old["missing"]:
+                self._needed.get(h, set()).discard(m.episode_id)
+        self._uploads[m.episode_id] = {"m": m, "missing": set(missing)}
+        for h in missing:
+            self._needed.setdefault(h, set()).add(m.episode_id)
+        self.send("need", episode_id=m.episode_id, revision=m.revision, hashes=missing, ref=m.ref)
+
+    def ack(self, episode_id: str, revision: int, digest: str, status: str, ref: str | None = None) -> None:
+        self.send("ack", episode_id=episode_id, revision=revision, content_hash=digest, status=status, ref=ref)
+
+    def pending_uploads(self) -> list[str]:
+        return sorted(self._uploads)
+
+    def _on_blob(self, digest: str, data: bytes) -> list:
+        waiting = {e for e in self._needed.pop(digest, set()) if e in self._uploads}
+        events: list = []
+        if digest in self._pending_proposals:
+            events += super()._on_blob(digest, data)
+        if not waiting:
+            return events or super()._on_blob(digest, data)
+        events.append(BlobReceived(digest, data, tuple(sorted(waiting))))
+        for eid in sorted(waiting):
+            up = self._uploads[eid]
+            up["missing"].discard(digest)
+            if not up["missing"]:
+                del self._uploads[eid]
+                m = up["m"]
+                events.append(UploadComplete(m.episode_id, m.revision, m.content_hash, m.episode, m.ref))
+        return events
+
+
+class ClientConnection(Connection):
+    """The client's side: hello is queued at once; other requests wait for `Welcome`."""
+
+    side = "client"
+
+    def __init__(self, token: str, client: str = "tandem", limits: Limits = Limits()):
+        super().__init__(limits)
+        self.user: str | None = None
+        self.role: str | None = None
+        self._requested_blobs: set[str] = set()
+        self.send("hello", token=token, client=client)
+        self.state = "hello_sent"
+
+    def _require_open(self) -> None:
+        if self.state != "open":
+            raise ProtocolUsageError(f"the connection is {self.state!r}, not open: wait for Welcome")
+
+    def send(self, mtype: str, **fields) -> None:
+        if mtype != "hello" and self.state != "open" and mtype != "error":
+            self._require_open()
+        super().send(mtype, **fields)
+
+    def _on_message(self, mtype: str, body: dict) -> list:
+        if self.state == "hello_sent":
+            if mtype != "welcome":
+                return self._fail("bad_state", f"expected 'welcome', got {mtype!r}", fatal=True)
+            self.state = "open"
+            self.user, self.role = body["user"], body["role"]
+            lim = body["limits"]
+            # The server's limits bind what we send.
+            self.limits = Limits(
+                max_text=_int_or(lim.get("max_text"), self.limits.max_text),
+                max_blob=_int_or(lim.get("max_blob"), self.limits.max_blob),
+                max_blobs_per_manifest=_int_or(lim.get("max_blobs_per_manifest"), self.limits.max_blobs_per_manifest),
+                max_pending_proposals=self.limits.max_pending_proposals, max_errors=self.limits.max_errors,
+            )
+            return [Welcome(body["user"], body["role"], body["server"], lim)]
+        if mtype == "welcome":
+            return self._fail("bad_state", "a second 'welcome'")
+        if mtype == "need":
+            return [BlobsNeeded(body["episode_id"], body["revision"], tuple(body["hashes"]))]
+        if mtype == "ack":
+            return [Acked(body["episode_id"], body["revision"], body["content_hash"], body["status"])]
+        if mtype == "proposal":
+            return self._receive_proposal(body)
+        if mtype == "decision":
+            return [self._decision_event(body)]
+        if mtype == "claimed":
+            return [ClaimChanged(body["run_id"], body.get("by"))]
+        if mtype == "model_version":
+            return [ModelVersion(body["version"], body.get("info") or {})]
+        if mtype == "run_end":
+            return [RunEnded(body["run_id"], body.get("reason"))]
+        return [Message(mtype, body)]
+
+    def _on_blob(self, digest: str, data: bytes) -> list:
+        if digest in self._requested_blobs:
+            self._requested_blobs.discard(digest)
+            events = [BlobReceived(digest, data)]
+            if digest in self._pending_proposals:
+                events += super()._on_blob(digest, data)
+            return events
+        return super()._on_blob(digest, data)
+
+    # -- requests
+    def upload(self, episode: dict, ref: str | None = None) -> str:
+        """Send a manifest for `episode` (a to_dict()); returns its content hash."""
+        from agent.schema import Episode
+
+        blobs = sorted(Episode.from_dict(episode).blob_hashes())
+        digest = content_hash(episode)
+        self.send("manifest", episode=episode, blobs=blobs, content_hash=digest, ref=ref)
+        return digest
+
+    def get_blob(self, digest: str, ref: str | None = None) -> None:
+        self._requested_blobs.add(digest)
+        self.send("get_blob", hash=digest, ref=ref)
+
+    def request(self, mtype: str, **fields) -> str:
+        """Any other request (list_episodes, subscribe, claim, user_add, ...); returns its ref."""
+        ref = fields.pop("ref", None) or self.next_ref()
+        self.send(mtype, ref=ref, **fields)
+        return ref
+
+
+def _int_or(v, default: int) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else default

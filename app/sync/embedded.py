@@ -1,0 +1,30 @@
+"""The embedded backend: with no server configured, the app runs the backend itself, on
+loopback in a background thread, with its data under <local data>/backend. Qt-free."""
+from __future__ import annotations
+
+from agent.store import Store
+
+EMBEDDED_TOKEN_KEY = "sync.embedded_token"
+LOCAL_USER = "local"
+
+
+def start_embedded_backend(store: Store, host: str = "127.0.0.1", port: int = 0):
+    """Start it and return (url, token, stop_fn). The local user is an admin (it uploads,
+    reads and supervises on this machine); its token is kept in the local settings and
+    re-issued if the backend no longer accepts it."""
+    from trainer.backend_store import BackendError
+    from trainer.server import start_in_thread
+
+    backend = start_in_thread(store.root / "backend", host, port)
+    bstore = backend.store
+    token = store.get_setting(EMBEDDED_TOKEN_KEY)
+    try:
+        if not token:
+            raise BackendError("auth_failed", "no token yet")
+        bstore.authenticate(token)
+    except BackendError:
+        if bstore.is_active(LOCAL_USER):
+            bstore.revoke_user(LOCAL_USER)
+        token = bstore.add_user(LOCAL_USER, "admin")
+        store.set_setting(EMBEDDED_TOKEN_KEY, token)
+    return backend.url, token, backend.stop

@@ -1,0 +1,70 @@
+"""A table of the outbox: each submitted episode's sync state (queued, sending with progress,
+synced, failed with the reason). Takes the Outbox for the initial rows and a SyncBridge's
+entry_changed signal (or anything calling update_entry on the main thread) for changes."""
+from __future__ import annotations
+
+from PySide6.QtWidgets import QHeaderView, QLabel, QProgressBar, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+
+from app.sync.outbox import Outbox, OutboxEntry
+
+COLUMNS = ("Episode", "State", "Progress", "Details")
+
+
+class SyncStatusWidget(QWidget):
+    def __init__(self, outbox: Outbox, bridge=None, parent=None):
+        super().__init__(parent)
+        self.outbox = outbox
+        self.summary = QLabel()
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.horizontalHeader().setSectionResizeMode(3, QHeaderView.Stretch)
+        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.table)
+        self._rows: dict[str, int] = {}
+        self._states: dict[str, str] = {}
+        self.connection = "not connected"
+        for e in outbox.entries():
+            self.update_entry(e)
+        if bridge is not None:
+            bridge.entry_changed.connect(self.update_entry)
+            bridge.connection_changed.connect(self.set_connection)
+        self._update_summary()
+
+    def set_connection(self, up: bool, detail: str) -> None:
+        self.connection = f"connected as {detail}" if up else f"offline: {detail}"
+        self._update_summary()
+
+    def update_entry(self, e: OutboxEntry) -> None:
+        row = self._rows.get(e.episode_id)
+        if row is None:
+            row = self.table.rowCount()
+            self.table.insertRow(row)
+            self._rows[e.episode_id] = row
+            self.table.setItem(row, 0, QTableWidgetItem(e.episode_id[:8]))
+            self.table.item(row, 0).setToolTip(e.episode_id)
+            bar = QProgressBar()
+            bar.setRange(0, 1000)
+            self.table.setCellWidget(row, 2, bar)
+        self._states[e.episode_id] = e.state
+        self.table.setItem(row, 1, QTableWidgetItem(e.state))
+        bar = self.table.cellWidget(row, 2)
+        bar.setValue(1000 if e.state == "synced" else int(e.progress * 1000))
+        if e.state == "failed":
+            detail = e.error or "failed"
+        elif e.state == "synced":
+            detail = f"{e.ack_status}, revision {e.revision}"
+        else:
+            detail = e.error or ""
+        self.table.setItem(row, 3, QTableWidgetItem(detail))
+        self._update_summary()
+
+    def state_of(self, episode_id: str) -> str | None:
+        return self._states.get(episode_id)
+
+    def _update_summary(self) -> None:
+        counts = {s: 0 for s in ("queued", "sending", "synced", "failed")}
+        for s in self._states.values():
+            counts[s] = counts.get(s, 0) + 1
+        self.summary.setText(", ".join(f"{n} {s}" for s, n in counts.items()) + f" — {self.connection}")

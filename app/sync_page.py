@@ -1,0 +1,81 @@
+"""The Sync page: where this app sends its data (the embedded backend or a server), each
+submitted episode's state, and buttons to submit episodes. Settings take effect at once: the
+sync worker is restarted with the new server and token."""
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.sync.outbox import Outbox
+from app.sync.status_widget import SyncStatusWidget
+
+SERVER_KEY, TOKEN_KEY = "sync.server_url", "sync.token"
+
+
+class SyncPage(QWidget):
+    def __init__(self, store, window):
+        super().__init__()
+        self.store, self.window = store, window
+        self.outbox = Outbox(store)
+
+        box = QGroupBox("Server")
+        form = QFormLayout(box)
+        self.url = QLineEdit(store.get_setting(SERVER_KEY) or "")
+        self.url.setPlaceholderText("empty: the embedded backend on this machine")
+        self.token = QLineEdit(store.get_setting(TOKEN_KEY) or "")
+        self.token.setEchoMode(QLineEdit.Password)
+        self.token.setPlaceholderText("the token `backend user add` printed")
+        self.current = QLabel(self._describe())
+        self.current.setObjectName("muted")
+        apply = QPushButton("Save and reconnect")
+        apply.clicked.connect(self.apply_settings)
+        form.addRow("URL", self.url)
+        form.addRow("Token", self.token)
+        form.addRow("", self.current)
+        form.addRow("", apply)
+
+        buttons = QHBoxLayout()
+        self.submit_all = QPushButton("Submit all unsynced episodes")
+        self.submit_all.clicked.connect(self.submit_unsynced)
+        self.retry = QPushButton("Retry now")
+        self.retry.clicked.connect(lambda: window.sync and window.sync.wake())
+        buttons.addWidget(self.submit_all)
+        buttons.addWidget(self.retry)
+        buttons.addStretch(1)
+
+        self.status = SyncStatusWidget(self.outbox, getattr(window, "sync", None))
+        layout = QVBoxLayout(self)
+        layout.addWidget(box)
+        layout.addLayout(buttons)
+        layout.addWidget(self.status, 1)
+
+    def _describe(self) -> str:
+        url = getattr(self.window, "sync_url", None)
+        return f"Connected to {url}" if url else "Sync is off"
+
+    def submit_unsynced(self) -> None:
+        ids = self.outbox.submit_all()
+        if self.window.sync is not None:
+            self.window.sync.wake()
+        for eid in ids:
+            e = self.outbox.get(eid)
+            if e is not None:
+                self.status.update_entry(e)
+        self.window.notify(f"Queued {len(ids)} episode(s) for sync")
+
+    def apply_settings(self) -> None:
+        self.store.set_setting(SERVER_KEY, self.url.text().strip() or None)
+        self.store.set_setting(TOKEN_KEY, self.token.text().strip() or None)
+        self.window.restart_sync()
+        if self.window.sync is not None:
+            self.window.sync.entry_changed.connect(self.status.update_entry)
+            self.window.sync.connection_changed.connect(self.status.set_connection)
+        self.current.setText(self._describe())

@@ -1,0 +1,422 @@
+"""A real backend and real clients on 127.0.0.1: uploads, idempotence, resume, auth, roles,
+revocation, live supervision, model announcements, the embedded backend."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import websockets
+from websockets.asyncio.client import connect
+
+from agent import protocol as P
+from agent.store import Store, sha256
+from app.sync.client import Backoff, SyncClient
+from app.sync.outbox import Outbox
+from app.sync.session import RequestRefused, Session, SyncError
+from factories import make_episode, screenshot_png
+from trainer.server import start_in_thread
+
+
+@pytest.fixture
+def backend(tmp_path):
+    b = start_in_thread(tmp_path / "backend")
+    tokens = {name: b.store.add_user(name, role) for name, role in
+              [("ann", "annotator"), ("ann2", "annotator"), ("sup", "supervisor"), ("sup2", "supervisor"),
+               ("root", "admin")]}
+    b.tokens = tokens
+    yield b
+    b.stop()
+
+
+def local(tmp_path, name="local") -> Store:
+    return Store(tmp_path / name)
+
+
+def sync(store, backend, user="ann", **kw):
+    client = SyncClient(store, backend.url, backend.tokens[user], backoff=Backoff(0.05, 0.2), **kw)
+    return asyncio.run(client.sync(deadline=time.monotonic() + 20))
+
+
+def test_upload_stores_episodes_with_intact_blobs(tmp_path, backend):
+    store = local(tmp_path)
+    eps = [make_episode(store, 3) for _ in range(3)]
+    outbox = Outbox(store)
+    assert len(outbox.submit_all()) == 3
+    report = sync(store, backend)
+    assert report.ok and sorted(report.sent) == sorted((e.id, "stored") for e in eps)
+    assert report.steps_sent == 9 and report.blobs_sent == 9
+    for ep in eps:
+        got = backend.store.store.load_episode(ep.id)
+        assert got.to_dict() == ep.to_dict()
+        for h in ep.blob_hashes():
+            assert sha256(backend.store.store.get_blob(h)) == h
+        e = outbox.get(ep.id)
+        assert e.state == "synced" and e.ack_status == "stored" and e.content_hash == P.content_hash(ep.to_dict())
+    assert backend.store.store.check() == []
+
+
+def test_idempotent_resend_revision_replace_and_superseded(tmp_path, backend):
+    store = local(tmp_path)
+    ep = make_episode(store, 2)
+    outbox = Outbox(store)
+    outbox.submit(ep.id)
+    assert sync(store, backend).sent == [(ep.id, "stored")]
+    outbox.submit(ep.id)
+    report = sync(store, backend)
+    assert report.sent == [(ep.id, "duplicate")] and report.blobs_sent == 0
+    assert backend.store.store.counts()["episodes"] == 1
+    # an edit bumps the revision: it replaces the server's copy, revision kept
+    store.update_episode_fields(ep.id, instruction="Press OK twice")
+    assert outbox.submit_all() == [ep.id]
+    assert sync(store, backend).sent == [(ep.id, "replaced")]
+    got = backend.store.store.load_episode(ep.id)
+    assert got.revision == 1 and got.instruction == "Press OK twice"
+    # an older revision arriving late does not overwrite the newer one
+    old = ep.to_dict()
+    old["instruction"] = "stale"
+
+    async def send_old():
+        s = await Session.open(backend.url, backend.tokens["ann"])
+        s.conn.upload(old)
+        await s.flush()
+        ev = await s.next_event(10)
+        await s.close()
+        return ev
+
+    ev = asyncio.run(send_old())
+    assert isinstance(ev, P.Acked) and ev.status == "superseded"
+    assert backend.store.store.load_episode(ep.id).instruction == "Press OK twice"
+    statuses = [r["status"] for r in backend.store.ingest_log(ep.id)]
+    assert statuses == ["stored", "duplicate", "replaced", "superseded"]
+
+
+def test_half_sent_upload_resumes_without_resending_blobs(tmp_path, backend):
+    store = local(tmp_path)
+    ep = make_episode(store, 4)
+    Outbox(store).submit(ep.id)
+
+    async def half():
+        s = await Session.open(backend.url, backend.tokens["ann"])
+        s.conn.upload(ep.to_dict())
+        await s.flush()
+        need = await s.next_event(10)
+        for h in need.hashes[:3]:
+            s.conn.send_blob(h, store.get_blob(h))
+        await s.flush()
+        await s.request("list_episodes")  # a round trip: the three blobs have been handled
+        await s.close()
+        return need
+
+    need = asyncio.run(half())
+    assert len(need.hashes) == 4 and not backend.store.store.has_episode(ep.id)
+    report = sync(store, backend)
+    assert report.sent == [(ep.id, "stored")] and report.blobs_sent == 1
+
+
+def test_bad_and_revoked_tokens(tmp_path, backend):
+    async def open_with(token):
+        return await Session.open(backend.url, token)
+
+    for token in ("nope", "tdm_000000000000_x", backend.tokens["ann"][:-2] + "xx"):
+        with pytest.raises(SyncError) as e:
+            asyncio.run(open_with(token))
+        assert e.value.permanent and e.value.code == "auth_failed"
+    backend.store.revoke_user("ann2")
+    with pytest.raises(SyncError, match="revoked"):
+        asyncio.run(open_with(backend.tokens["ann2"]))
+    store = local(tmp_path)
+    Outbox(store).submit(make_episode(store, 1).id)
+    client = SyncClient(store, backend.url, "nope", backoff=Backoff(0.05, 0.1))
+    report = asyncio.run(client.sync(deadline=time.monotonic() + 5))
+    assert not report.sent and "malformed token" in report.connection_errors[-1]
+    assert len(report.connection_errors) == 1  # a bad token is not retried
+
+
+def test_revocation_cuts_a_connected_session(tmp_path, backend):
+    async def run():
+        s = await Session.open(backend.url, backend.tokens["ann"])
+        await s.request("list_episodes")
+        backend.store.revoke_user("ann")  # as `backend user revoke` would, from another connection
+        await asyncio.sleep(P.Limits().max_errors * 0 + 1.1)
+        with pytest.raises((SyncError, asyncio.TimeoutError)) as e:
+            await s.request("list_episodes", timeout=5)
+        await s.close()
+        return e.value
+
+    err = asyncio.run(run())
+    assert "revoked" in str(err)
+
+
+def test_annotators_read_only_their_own_and_cannot_supervise(tmp_path, backend):
+    mine, theirs = local(tmp_path, "a"), local(tmp_path, "b")
+    ep_a = make_episode(mine, 2)
+    ep_b = make_episode(theirs, 1)
+    Outbox(mine).submit(ep_a.id)
+    Outbox(theirs).submit(ep_b.id)
+    assert sync(mine, backend, "ann").ok and sync(theirs, backend, "ann2").ok
+    h_a = sorted(ep_a.blob_hashes())[0]
+
+    async def as_ann2():
+        s = await Session.open(backend.url, backend.tokens["ann2"])
+        out = {"list": [i["id"] for i in (await s.request("list_episodes")).body["items"]]}
+        for name, coro in [
+            ("get", s.request("get_episode", episode_id=ep_a.id)),
+            ("blob", s.get_blob(h_a)),
+            ("list_other", s.request("list_episodes", owner="ann")),
+            ("subscribe", s.request("subscribe", run_id="r1")),
+            ("claim", s.request("claim", run_id="r1")),
+            ("decide", s.decide("r1", "p1", "approve")),
+            ("user_add", s.request("user_add", name="x", role="admin")),
+        ]:
+            try:
+                await coro
+                out[name] = "allowed"
+            except RequestRefused as e:
+                out[name] = e.code
+        own = (await s.request("get_episode", episode_id=ep_b.id)).body
+        out["own"] = own["owner"]
+        await s.close()
+        return out
+
+    out = asyncio.run(as_ann2())
+    assert out["list"] == [ep_b.id] and out["own"] == "ann2"
+    assert out["get"] == out["blob"] == out["list_other"] == "forbidden"
+    assert out["subscribe"] == out["claim"] == out["decide"] == out["user_add"] == "forbidden"
+    # nor overwrite it: ann2 uploading an episode with ann's id fails with the reason
+    theirs.save_episode(make_episode(theirs, 1).__class__.from_dict({**ep_a.to_dict(), "steps": []}))
+    Outbox(theirs).submit(ep_a.id)
+    report = sync(theirs, backend, "ann2")
+    assert report.failed and "forbidden" in report.failed[0][1]
+    assert backend.store.store.load_episode(ep_a.id).to_dict() == ep_a.to_dict()
+
+    async def as_sup():
+        s = await Session.open(backend.url, backend.tokens["sup"])
+        items = (await s.request("list_episodes")).body["items"]
+        ep = (await s.request("get_episode", episode_id=ep_a.id)).body["episode"]
+        blob = await s.get_blob(h_a)
+        with pytest.raises(RequestRefused) as e:
+            await s.request("get_episode", episode_id="no-such")
+        await s.close()
+        return items, ep, blob, e.value.code
+
+    items, ep, blob, code = asyncio.run(as_sup())
+    assert {i["id"] for i in items} == {ep_a.id, ep_b.id} and ep["id"] == ep_a.id
+    assert sha256(blob) == h_a and code == "not_found"
+
+
+def test_live_supervision_round_trip(backend):
+    shot = screenshot_png(label="live step")
+    step = {"thought": "Press OK.", "action": {"name": "click", "args": {"start_box": [0.2, 0.2]}}}
+
+    async def run():
+        agent = await Session.open(backend.url, backend.tokens["ann"])
+        sup = await Session.open(backend.url, backend.tokens["sup"])
+        sup2 = await Session.open(backend.url, backend.tokens["sup2"])
+        await sup.request("subscribe", run_id="run-1")
+        assert await sup.next_event(5) == P.ClaimChanged("run-1", None)
+        await agent.propose("run-1", "p1", step, shot)
+        prop = await sup.next_event(5)
+        await sup.request("claim", run_id="run-1")
+        assert await sup.next_event(5) == P.ClaimChanged("run-1", "sup")
+        assert await agent.next_event(5) == P.ClaimChanged("run-1", "sup")
+        with pytest.raises(RequestRefused) as e:  # one decider at a time
+            await sup2.request("claim", run_id="run-1")
+        claim_code = e.value.code
+        await sup2.request("subscribe", run_id="run-1")
+        assert await sup2.next_event(5) == P.ClaimChanged("run-1", "sup")
+        late = await sup2.next_event(5)  # a late subscriber gets the open proposal
+        with pytest.raises(RequestRefused) as e:
+            await sup2.decide("run-1", "p1", "approve")
+        not_claimer = e.value.code
+        edited = {**step, "thought": "Press OK, it is the default."}
+        await sup.decide("run-1", "p1", "edit", step=edited)
+        dec = await agent.next_event(5)
+        seen = await sup2.next_event(5)
+        with pytest.raises(RequestRefused) as e:  # decided already
+            await sup.decide("run-1", "p1", "approve")
+        twice = e.value.code
+        await agent.end_run("run-1", "finished")
+        end = await sup.next_event(5)
+        for s in (agent, sup, sup2):
+            await s.close()
+        return prop, claim_code, late, not_claimer, dec, seen, twice, end
+
+    prop, claim_code, late, not_claimer, dec, seen, twice, end = asyncio.run(run())
+    assert isinstance(prop, P.ProposalReceived) and prop.screenshot_data == shot and prop.sender == "ann"
+    assert prop.step == step and prop.screenshot == sha256(shot)
+    assert claim_code == "conflict" and not_claimer == "bad_state" and twice == "not_found"
+    assert late.proposal_id == "p1" and late.screenshot_data == shot
+    assert isinstance(dec, P.DecisionReceived) and dec.decision == "edit" and dec.by == "sup"
+    assert dec.step["thought"] == "Press OK, it is the default." and seen.decision == "edit"
+    assert end == P.RunEnded("run-1", "finished")
+
+
+def test_disconnecting_agent_ends_its_run_and_claims_are_released(backend):
+    async def run():
+        agent = await Session.open(backend.url, backend.tokens["ann"])
+        sup = await Session.open(backend.url, backend.tokens["sup"])
+        await sup.request("claim", run_id="r")
+        evs = [await sup.next_event(5)]
+        await agent.propose("r", "p", {"thought": "x"})
+        evs.append(await sup.next_event(5))
+        await agent.close()
+        evs.append(await sup.next_event(5))
+        await sup.request("release", run_id="r")
+        await sup.close()
+        return evs
+
+    claimed, prop, end = asyncio.run(run())
+    assert claimed == P.ClaimChanged("r", "sup") and prop.screenshot is None
+    assert end == P.RunEnded("r", "the agent disconnected")
+
+
+def test_model_versions_are_announced(backend):
+    async def run():
+        s = await Session.open(backend.url, backend.tokens["ann"])
+        admin = await Session.open(backend.url, backend.tokens["root"])
+        await asyncio.to_thread(backend.announce_model, "v1", {"step": 10})
+        first = await s.next_event(5)
+        await admin.request("announce_model", version="v2", info={"step": 20})
+        second = await s.next_event(5)
+        with pytest.raises(RequestRefused):
+            await s.request("announce_model", version="v3")
+        late = await Session.open(backend.url, backend.tokens["sup"])
+        third = await late.next_event(5)  # the latest version, right after welcome
+        for x in (s, admin, late):
+            await x.close()
+        return first, second, third
+
+    assert asyncio.run(run()) == (P.ModelVersion("v1", {"step": 10}), P.ModelVersion("v2", {"step": 20}),
+                                  P.ModelVersion("v2", {"step": 20}))
+
+
+def test_admin_manages_users_over_the_wire(backend):
+    async def run():
+        admin = await Session.open(backend.url, backend.tokens["root"])
+        tok = (await admin.request("user_add", name="newbie", role="annotator")).body["token"]
+        with pytest.raises(RequestRefused) as e:
+            await admin.request("user_add", name="newbie", role="annotator")
+        dup = e.value.code
+        newbie = await Session.open(backend.url, tok)
+        role = newbie.role
+        users = (await admin.request("user_list")).body["items"]
+        await admin.request("user_revoke", name="newbie")
+        with pytest.raises(SyncError):
+            await newbie.request("list_episodes", timeout=5)
+        await newbie.close()
+        await admin.close()
+        return role, dup, {u["name"] for u in users}
+
+    role, dup, names = asyncio.run(run())
+    assert role == "annotator" and dup == "conflict" and {"newbie", "root", "ann"} <= names
+    assert not backend.store.is_active("newbie")
+
+
+def test_slow_supervisor_is_dropped_not_buffered(backend):
+    """Backpressure: a subscriber that stops reading is cut; the agent goes on."""
+    big = bytes(range(256)) * 4096  # 1 MiB
+
+    def names():
+        return sorted(s.user.name for s in backend.server.sessions if s.user and not s.dropped)
+
+    async def run():
+        slow = await connect(backend.url, compression=None, max_size=2**27, max_queue=1)
+        conn = P.ClientConnection(backend.tokens["sup"])
+        for f in conn.data_to_send():
+            await slow.send(f)
+        conn.receive_text(await slow.recv())
+        conn.request("subscribe", run_id="r")
+        for f in conn.data_to_send():
+            await slow.send(f)
+        await asyncio.sleep(0.2)  # from here on it reads nothing
+        agent = await Session.open(backend.url, backend.tokens["ann"])
+        before = backend.call(names)
+        t0 = time.monotonic()
+        for i in range(200):
+            await agent.propose("r", f"p{i}", {"i": i}, big[:-1] + bytes([i % 256]))
+        reply = (await agent.request("list_episodes")).type  # the agent's connection still answers
+        elapsed = time.monotonic() - t0
+        after = backend.call(names)
+        await agent.close()
+        slow.transport.abort()
+        return before, after, reply, elapsed
+
+    before, after, reply, elapsed = asyncio.run(run())
+    assert before == ["ann", "sup"] and after == ["ann"] and reply == "episodes"
+    assert elapsed < 10
+
+
+def test_embedded_backend(tmp_path):
+    from app.sync.embedded import EMBEDDED_TOKEN_KEY, start_embedded_backend
+
+    store = local(tmp_path)
+    url, token, stop = start_embedded_backend(store)
+    try:
+        assert url.startswith("ws://127.0.0.1:") and store.get_setting(EMBEDDED_TOKEN_KEY) == token
+        ep = make_episode(store, 2)
+        Outbox(store).submit(ep.id)
+        report = asyncio.run(SyncClient(store, url, token).sync(deadline=time.monotonic() + 10))
+        assert report.sent == [(ep.id, "stored")]
+    finally:
+        stop()
+    back = Store(store.root / "backend")
+    assert back.load_episode(ep.id).to_dict() == ep.to_dict()
+    back.close()
+    url2, token2, stop2 = start_embedded_backend(store)  # the saved token is reused
+    stop2()
+    assert token2 == token and url2 != ""
+
+
+def test_wss_with_tls(tmp_path):
+    """The server speaks TLS when given a certificate (made here with openssl)."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    b = start_in_thread(tmp_path / "backend", ssl_context=server_ctx)
+    token = b.store.add_user("ann", "annotator")
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    try:
+        assert b.url.startswith("wss://")
+
+        async def run():
+            s = await Session.open(b.url, token, ssl=client_ctx)
+            r = s.role
+            await s.close()
+            return r
+
+        assert asyncio.run(run()) == "annotator"
+    finally:
+        b.stop()
+
+
+def test_protocol_errors_over_the_wire_leave_the_server_up(backend):
+    async def run():
+        async with connect(backend.url, compression=None) as ws:
+            await ws.send('{"v": 1, "type": "list_episodes"}')
+            first = await ws.recv()
+            await asyncio.wait_for(ws.wait_closed(), 5)
+            code = ws.close_code
+        s = await Session.open(backend.url, backend.tokens["ann"])
+        await s.ws.send("garbage")
+        err = await s.next_event(5)
+        ok = (await s.request("list_episodes")).type
+        await s.close()
+        return first, code, err, ok
+
+    first, code, err, ok = asyncio.run(run())
+    assert '"auth_required"' in first and code == P.CLOSE_POLICY
+    assert isinstance(err, P.ErrorReceived) and err.code == "bad_json" and ok == "episodes"
+
+
+def test_websockets_version_pinned():
+    assert websockets.__version__.startswith("17.")

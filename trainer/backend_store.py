@@ -1,0 +1,283 @@
+"""The backend's store: episodes and blobs in an agent.store.Store of its own data directory,
+plus users (hashed tokens, roles, revocation), who owns each episode, every revision received,
+an ingest log, and announced model versions.
+
+Ownership and idempotence are decided here, inside one transaction with the write, so two
+connections racing with the same episode still store it once.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.protocol import ROLES
+from agent.schema import Episode
+from agent.store import NotFound, Store, sha256
+
+try:  # syncfs(2): flush one filesystem, not every mounted one as os.sync() would
+    _libc = ctypes.CDLL(None, use_errno=True) if hasattr(os, "O_RDONLY") and os.name == "posix" else None
+    _libc = _libc if _libc is not None and hasattr(_libc, "syncfs") else None
+except OSError:
+    _libc = None
+
+TOKEN_PREFIX = "tdm"
+
+
+class BackendError(Exception):
+    """A request the backend refuses; `code` is a protocol error code."""
+
+    def __init__(self, code: str, reason: str):
+        super().__init__(reason)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    role: str
+    created_at: float
+    revoked_at: float | None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+def _hash_secret(salt: bytes, secret: str) -> str:
+    # The secret is 32 random bytes, so a salted SHA-256 cannot be brute-forced; a slow KDF
+    # (scrypt) would only slow every connection down.
+    return hashlib.sha256(salt + secret.encode()).hexdigest()
+
+
+class BackendStore:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.store = Store(self.root)
+        self.db = self.store.db
+        self._unsynced = False
+        self._migrate()
+
+    def close(self) -> None:
+        self.store.close()
+
+    def _migrate(self) -> None:
+        names = set(self.db.table_names())
+        with self.store.transaction():
+            if "users" not in names:
+                self.db["users"].create(
+                    {"name": str, "role": str, "token_id": str, "salt": str, "token_hash": str,
+                     "created_at": float, "revoked_at": float}, pk="name")
+                self.db["users"].create_index(["token_id"], unique=True)
+            if "episode_owners" not in names:
+                # The current version of each episode: who owns it, which revision, which content.
+                self.db["episode_owners"].create(
+                    {"episode_id": str, "owner": str, "revision": int, "content_hash": str, "updated_at": float},
+                    pk="episode_id")
+                self.db["episode_owners"].create_index(["owner"])
+            if "revisions" not in names:
+                self.db["revisions"].create(
+                    {"episode_id": str, "revision": int, "content_hash": str, "user": str, "received_at": float},
+                    pk=("episode_id", "revision", "content_hash"))
+            if "ingest_log" not in names:
+                self.db["ingest_log"].create(
+                    {"id": int, "t": float, "user": str, "episode_id": str, "revision": int,
+                     "content_hash": str, "status": str}, pk="id")
+            if "models" not in names:
+                self.db["models"].create({"version": str, "info": str, "announced_at": float}, pk="version")
+
+    def _query(self, sql: str, params=()) -> list[dict]:
+        with self.store.transaction():
+            return list(self.db.query(sql, params))
+
+    # ------------------------------------------------------------ users
+    def add_user(self, name: str, role: str) -> str:
+        """Create (or re-activate a revoked) user; returns the token, which is not stored."""
+        if role not in ROLES:
+            raise BackendError("bad_field", f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        if not name or len(name) > 200 or any(c.isspace() for c in name):
+            raise BackendError("bad_field", f"user name must be 1-200 characters without spaces, got {name!r}")
+        token_id, secret, salt = secrets.token_hex(6), secrets.token_urlsafe(32), secrets.token_bytes(16)
+        with self.store.transaction():
+            rows = list(self.db.query("SELECT revoked_at FROM users WHERE name = ?", [name]))
+            if rows and rows[0]["revoked_at"] is None:
+                raise BackendError("conflict", f"user {name!r} already exists (revoke it first to issue a new token)")
+            self.db["users"].upsert(
+                {"name": name, "role": role, "token_id": token_id, "salt": salt.hex(),
+                 "token_hash": _hash_secret(salt, secret), "created_at": time.time(), "revoked_at": None}, pk="name")
+        return f"{TOKEN_PREFIX}_{token_id}_{secret}"
+
+    def authenticate(self, token: str) -> User:
+        """The active user a token belongs to; BackendError('auth_failed') says why not."""
+        parts = token.split("_", 2) if isinstance(token, str) else []
+        if len(parts) != 3 or parts[0] != TOKEN_PREFIX or len(parts[1]) != 12:
+            raise BackendError("auth_failed", "malformed token")
+        rows = self._query("SELECT * FROM users WHERE token_id = ?", [parts[1]])
+        if not rows or not hmac.compare_digest(_hash_secret(bytes.fromhex(rows[0]["salt"]), parts[2]), rows[0]["token_hash"]):
+            raise BackendError("auth_failed", "unknown token")
+        r = rows[0]
+        if r["revoked_at"] is not None:
+            raise BackendError("auth_failed", f"the token of user {r['name']!r} was revoked")
+        return User(r["name"], r["role"], r["created_at"], None)
+
+    def is_active(self, name: str) -> bool:
+        rows = self._query("SELECT revoked_at FROM users WHERE name = ?", [name])
+        return bool(rows) and rows[0]["revoked_at"] is None
+
+    def revoke_user(self, name: str) -> None:
+        with self.store.transaction():
+            rows = list(self.db.query("SELECT revoked_at FROM users WHERE name = ?", [name]))
+            if not rows:
+                raise BackendError("not_found", f"no user named {name!r}")
+            if rows[0]["revoked_at"] is None:
+                self.db.execute("UPDATE users SET revoked_at = ? WHERE name = ?", [time.time(), name])
+
+    def users(self) -> list[User]:
+        return [User(r["name"], r["role"], r["created_at"], r["revoked_at"])
+                for r in self._query("SELECT * FROM users ORDER BY name")]
+
+    # ------------------------------------------------------------ ingest
+    def _current(self, episode_id: str) -> dict | None:
+        rows = list(self.db.query("SELECT * FROM episode_owners WHERE episode_id = ?", [episode_id]))
+        return rows[0] if rows else None
+
+    def _verdict(self, cur: dict | None, user: User, revision: int, digest: str) -> str | None:
+        """'duplicate' / 'superseded' when nothing should be written; raises when forbidden."""
+        if cur is None:
+            return None
+        if cur["owner"] != user.name and user.role != "admin":
+            raise BackendError("forbidden", f"episode {cur['episode_id']} belongs to another user")
+        if cur["revision"] == revision and cur["content_hash"] == digest:
+            return "duplicate"
+        if revision < cur["revision"]:
+            return "superseded"  # the server already has a later revision; keep it
+        return None
+
+    def precheck(self, episode_id: str, revision: int, digest: str, user: User) -> str | None:
+        """Before asking for blobs: a status to ack at once, or None to go on."""
+        with self.store.transaction():
+            return self._verdict(self._current(episode_id), user, revision, digest)
+
+    def missing_blobs(self, hashes) -> list[str]:
+        return [h for h in hashes if not self.store.has_blob(h)]
+
+    def put_blob(self, data: bytes) -> str:
+        """Write a received blob (temp file, rename) without waiting for the disk: the
+        sync_blobs() before the episode's commit makes the whole batch durable with one flush,
+        instead of one fsync per screenshot."""
+        digest = sha256(data)
+        path = self.store.blob_path(digest)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            self._unsynced = True
+        return digest
+
+    def sync_blobs(self) -> None:
+        """Flush every blob written since the last call to the disk (syncfs on Linux)."""
+        if not self._unsynced:
+            return
+        fd = os.open(self.store.blob_dir, os.O_RDONLY)
+        try:
+            if _libc is not None and _libc.syncfs(fd) == 0:
+                self._unsynced = False
+                return
+        finally:
+            os.close(fd)
+        os.sync()
+        self._unsynced = False
+
+    def ingest(self, episode: dict, digest: str, user: User) -> tuple[int, str]:
+        """Store one received episode; returns (revision, status)."""
+        ep = Episode.from_dict(episode)
+        self.sync_blobs()  # blobs durable before the episode that refers to them commits
+        now = time.time()
+        with self.store.transaction():
+            cur = self._current(ep.id)
+            status = self._verdict(cur, user, ep.revision, digest)
+            if status is None:
+                owner = cur["owner"] if cur else user.name
+                self.store.save_episode(ep)
+                self.db["episode_owners"].upsert(
+                    {"episode_id": ep.id, "owner": owner, "revision": ep.revision, "content_hash": digest,
+                     "updated_at": now}, pk="episode_id")
+                self.db["revisions"].upsert(
+                    {"episode_id": ep.id, "revision": ep.revision, "content_hash": digest, "user": user.name,
+                     "received_at": now}, pk=("episode_id", "revision", "content_hash"))
+                status = "replaced" if cur else "stored"
+            self.db["ingest_log"].insert(
+                {"t": now, "user": user.name, "episode_id": ep.id, "revision": ep.revision,
+                 "content_hash": digest, "status": status})
+        return ep.revision, status
+
+    # ------------------------------------------------------------ reads
+    def list_episodes(self, user: User, owner: str | None = None, limit: int | None = None) -> list[dict]:
+        if user.role == "annotator":
+            if owner not in (None, user.name):
+                raise BackendError("forbidden", "annotators can only list their own episodes")
+            owner = user.name
+        sql = ("SELECT o.episode_id, o.owner, o.revision, o.content_hash, o.updated_at, e.kind, e.instruction, "
+               "e.n_steps FROM episode_owners o JOIN episodes e ON e.id = o.episode_id")
+        params: list = []
+        if owner:
+            sql += " WHERE o.owner = ?"
+            params.append(owner)
+        sql += " ORDER BY o.updated_at DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return [{"id": r["episode_id"], **{k: r[k] for k in r if k != "episode_id"}} for r in self._query(sql, params)]
+
+    def owner_of(self, episode_id: str) -> str | None:
+        rows = self._query("SELECT owner FROM episode_owners WHERE episode_id = ?", [episode_id])
+        return rows[0]["owner"] if rows else None
+
+    def get_episode(self, episode_id: str, user: User) -> tuple[dict, str]:
+        owner = self.owner_of(episode_id)
+        if owner is None:
+            raise BackendError("not_found", f"no episode {episode_id!r}")
+        if user.role == "annotator" and owner != user.name:
+            raise BackendError("forbidden", f"episode {episode_id} belongs to another annotator")
+        try:
+            return self.store.load_episode(episode_id).to_dict(), owner
+        except NotFound:
+            raise BackendError("not_found", f"no episode {episode_id!r}") from None
+
+    def get_blob(self, digest: str, user: User) -> bytes:
+        if user.role == "annotator":
+            rows = self._query(
+                "SELECT 1 FROM blob_refs r JOIN episode_owners o ON o.episode_id = r.episode_id "
+                "WHERE r.hash = ? AND o.owner = ? LIMIT 1", [digest, user.name])
+            if not rows:
+                raise BackendError("forbidden", f"blob {digest} is not in any of your episodes")
+        try:
+            return self.store.get_blob(digest)
+        except NotFound:
+            raise BackendError("not_found", f"no blob {digest}") from None
+
+    def ingest_log(self, episode_id: str | None = None) -> list[dict]:
+        if episode_id:
+            return self._query("SELECT * FROM ingest_log WHERE episode_id = ? ORDER BY id", [episode_id])
+        return self._query("SELECT * FROM ingest_log ORDER BY id")
+
+    # ------------------------------------------------------------ models
+    def announce_model(self, version: str, info: dict) -> None:
+        with self.store.transaction():
+            self.db["models"].upsert({"version": version, "info": json.dumps(info), "announced_at": time.time()}, pk="version")
+
+    def latest_model(self) -> tuple[str, dict] | None:
+        rows = self._query("SELECT * FROM models ORDER BY announced_at DESC LIMIT 1")
+        return (rows[0]["version"], json.loads(rows[0]["info"] or "{}")) if rows else None

@@ -13,6 +13,7 @@ import sys
 COMMANDS = [
     "agent.cli",  # parse, import, export, info, check
     "agent.cli_agent",  # agent: run the agent with a policy, a gate and the store
+    "app.recorder.cli",  # record: record a demonstration headless, re-reduce, transcribe
     "trainer.cli_backend",  # backend: the sync server; backend user add|list|revoke
     "app.sync.cli",  # submit, sync
 ]

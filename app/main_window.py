@@ -25,6 +25,7 @@ from app.workers import wait_for_workers
 
 PAGES: list[tuple[str, str]] = [
     ("Library", "app.library_view:LibraryPage"),
+    ("Record", "app.record_view:RecordPage"),
     ("Sync", "app.sync_page:SyncPage"),
 ]
 

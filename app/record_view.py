@@ -1,0 +1,310 @@
+"""Record mode: the task instruction, start / pause / stop, the recording state always visible
+(live capture fps, event count, microphone level), a tray icon with the same controls, the note
+box that the note hotkey opens, and, after stop, the recording opened in the step viewer.
+
+The capture core (app.recorder) runs in its own threads; this page only draws. Starting and
+stopping (which encodes the last frames and reduces the events) run in a background worker;
+the recorder's control hotkeys reach the page through a queued signal.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QIcon, QKeySequence, QPixmap, QColor, QShortcut
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMenu,
+    QProgressBar,
+    QPushButton,
+    QSystemTrayIcon,
+    QVBoxLayout,
+    QWidget,
+)
+
+from agent.schema import monotonic
+from app.workers import run_in_background
+
+
+class _Bridge(QObject):
+    """Carries the recorder's hotkey callbacks (its processing thread) to the main thread."""
+
+    control = Signal(str, float)
+
+
+def _dot(color: str) -> QIcon:
+    pm = QPixmap(16, 16)
+    pm.fill(QColor(color))
+    return QIcon(pm)
+
+
+class NoteBox(QDialog):
+    """A small box for a typed think-aloud note; the note keeps the time the box was opened."""
+
+    def __init__(self, t: float, parent=None):
+        super().__init__(parent)
+        self.t = t
+        self.setWindowTitle("Note")
+        self.setWindowFlag(Qt.WindowStaysOnTopHint)
+        self.edit = QLineEdit()
+        self.edit.setPlaceholderText("What are you doing, and why?")
+        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.edit)
+        lay.addWidget(buttons)
+
+
+class RecordPage(QWidget):
+    """States: idle -> starting -> recording <-> paused -> stopping -> idle."""
+
+    recordingStopped = Signal(str)  # episode id
+
+    def __init__(self, store, window=None, parent=None):
+        super().__init__(parent)
+        self.store, self.window_ = store, window
+        self.session = None
+        self.state = "idle"
+        self.last_episode_id: str | None = None
+        self.note_box: NoteBox | None = None
+        self._bridge = _Bridge()
+        self._bridge.control.connect(self._on_control)
+
+        self.instruction = QLineEdit()
+        self.instruction.setPlaceholderText("The task you are about to demonstrate, e.g. “Rename report.txt to final.txt”")
+        self.fps = QDoubleSpinBox()
+        self.fps.setRange(1, 30)
+        self.fps.setValue(8)
+        self.fps.setSuffix(" fps")
+        self.audio = QCheckBox("Record the microphone (think aloud)")
+        form = QFormLayout()
+        form.addRow("Task", self.instruction)
+        form.addRow("Capture rate", self.fps)
+        form.addRow("", self.audio)
+
+        self.start_btn = QPushButton("Start recording")
+        self.pause_btn = QPushButton("Pause")
+        self.stop_btn = QPushButton("Stop")
+        self.note_btn = QPushButton("Add note…")
+        self.secret_btn = QPushButton("Secret typing")
+        self.secret_btn.setCheckable(True)
+        self.start_btn.clicked.connect(self.start)
+        self.pause_btn.clicked.connect(self.toggle_pause)
+        self.stop_btn.clicked.connect(self.stop)
+        self.note_btn.clicked.connect(lambda: self.open_note_box(monotonic()))
+        self.secret_btn.toggled.connect(lambda on: self.session and self.session.set_secret(on))
+        buttons = QHBoxLayout()
+        for b in (self.start_btn, self.pause_btn, self.stop_btn, self.note_btn, self.secret_btn):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+
+        self.state_label = QLabel()
+        self.state_label.setObjectName("title")
+        self.fps_label = QLabel()
+        self.events_label = QLabel()
+        self.level = QProgressBar()
+        self.level.setRange(0, 100)
+        self.level.setTextVisible(False)
+        self.level.setFixedWidth(160)
+        self.error_label = QLabel()
+        self.error_label.setObjectName("error")
+        self.error_label.setWordWrap(True)
+        live = QHBoxLayout()
+        for w in (self.state_label, self.fps_label, self.events_label, QLabel("Mic"), self.level):
+            live.addWidget(w)
+        live.addStretch(1)
+        hint = QLabel("Hotkeys while recording: Ctrl+Alt+Shift+P pause/resume · Ctrl+Alt+Shift+S secret typing · "
+                      "Ctrl+Alt+Shift+N note. Windows whose title matches the denylist (password managers, banking) "
+                      "are never captured. After stop, review every step before submitting.")
+        hint.setObjectName("muted")
+        hint.setWordWrap(True)
+
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addLayout(buttons)
+        lay.addLayout(live)
+        lay.addWidget(self.error_label)
+        lay.addWidget(hint)
+        lay.addStretch(1)
+
+        self.tray = QSystemTrayIcon(_dot("#868e96"), self)
+        menu = QMenu()
+        self.tray_start = QAction("Start recording", menu, triggered=self.start)
+        self.tray_pause = QAction("Pause", menu, triggered=self.toggle_pause)
+        self.tray_stop = QAction("Stop", menu, triggered=self.stop)
+        for a in (self.tray_start, self.tray_pause, self.tray_stop):
+            menu.addAction(a)
+        self._tray_menu = menu
+        self.tray.setContextMenu(menu)
+        if QSystemTrayIcon.isSystemTrayAvailable():
+            self.tray.show()
+        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.start)
+
+        self.timer = QTimer(self)
+        self.timer.setInterval(250)
+        self.timer.timeout.connect(self._update_live)
+        self._update_state()
+
+    # ------------------------------------------------------------ controls
+    def start(self) -> None:
+        if self.state != "idle":
+            return
+        text = self.instruction.text().strip()
+        if not text:
+            self._error("Enter the task first: what are you about to demonstrate?")
+            return
+        from app.recorder.session import RecorderConfig, RecordingSession
+
+        try:
+            self.session = RecordingSession(self.store, text, RecorderConfig(fps=self.fps.value(), audio=self.audio.isChecked()),
+                                            on_control=self._bridge.control.emit)
+        except Exception as e:  # noqa: BLE001 - RecorderError: shown, not raised
+            self._error(str(e))
+            return
+        self._error("")
+        self.state = "starting"
+        self._update_state()
+        run_in_background(self.session.start, on_result=self._started, on_error=self._start_failed)
+
+    def _started(self, episode) -> None:
+        self.state = "recording"
+        self.timer.start()
+        self._update_state()
+
+    def _start_failed(self, exc) -> None:
+        self.session = None
+        self.state = "idle"
+        self._error(f"Recording did not start: {exc}")
+        self._update_state()
+
+    def toggle_pause(self) -> None:
+        if self.session is None or self.state not in ("recording", "paused"):
+            return
+        self.session.toggle_pause()
+        self.state = "paused" if self.session.paused else "recording"
+        self._update_state()
+
+    def stop(self) -> None:
+        if self.session is None or self.state not in ("recording", "paused"):
+            return
+        self.state = "stopping"
+        self.timer.stop()
+        self._update_state()
+        run_in_background(self.session.stop, on_result=self._stopped, on_error=self._stop_failed)
+
+    def _stopped(self, episode) -> None:
+        self.session = None
+        self.state = "idle"
+        self.last_episode_id = episode.id
+        self.secret_btn.setChecked(False)
+        self._update_state()
+        self.recordingStopped.emit(episode.id)
+        self.open_in_viewer(episode.id)
+
+    def _stop_failed(self, exc) -> None:
+        self.session = None
+        self.state = "idle"
+        self._error(f"Stopping failed; the raw events are in the store (python main.py record --rereduce ID): {exc}")
+        self._update_state()
+
+    def open_in_viewer(self, episode_id: str) -> None:
+        """Show the recording in the step viewer for review: the window's own opener if it has
+        one, else the Library page's viewer."""
+        w = self.window_
+        if w is None:
+            return
+        opener = getattr(w, "open_episode", None)
+        if callable(opener):
+            opener(episode_id)
+            return
+        try:
+            library = w.page("Library")
+        except KeyError:
+            return
+        library.refresh()
+        library.select_episode(episode_id)
+        names = [n for n, _ in w.pages_spec]
+        w.show_page_at(names.index("Library"))
+        if hasattr(w, "notify"):
+            w.notify("Recording saved: review each step, fix actions and thoughts, and mark the outcome.")
+
+    # ------------------------------------------------------------ notes
+    def _on_control(self, name: str, t: float) -> None:
+        if name == "note":
+            self.open_note_box(t)
+        elif name in ("pause", "secret") and self.session is not None:
+            if self.state in ("recording", "paused"):
+                self.state = "paused" if self.session.paused else "recording"
+            self.secret_btn.blockSignals(True)
+            self.secret_btn.setChecked(self.session.secret)
+            self.secret_btn.blockSignals(False)
+            self._update_state()
+
+    def open_note_box(self, t: float) -> NoteBox | None:
+        if self.session is None:
+            return None
+        box = NoteBox(t, self)
+        box.accepted.connect(lambda: self.session and self.session.add_note(box.edit.text(), t=box.t))
+        box.show()
+        box.raise_()
+        self.note_box = box
+        return box
+
+    # ------------------------------------------------------------ view
+    def _error(self, text: str) -> None:
+        self.error_label.setText(text)
+
+    def _update_live(self) -> None:
+        if self.session is None:
+            return
+        st = self.session.stats()
+        self.fps_label.setText(f"{st['fps']:.1f} fps")
+        self.events_label.setText(f"{st['events']} events")
+        level = st["audio_level"]
+        self.level.setEnabled(level is not None)
+        self.level.setValue(int(100 * (level or 0.0)))
+        if st["denied"]:
+            self.state_label.setText(f"● Not capturing: “{st['denied']}” window focused")
+        elif self.state == "recording":
+            self.state_label.setText("● Secret typing" if st["secret"] else "● Recording")
+
+    def _update_state(self) -> None:
+        s = self.state
+        self.start_btn.setEnabled(s == "idle")
+        self.instruction.setEnabled(s == "idle")
+        self.fps.setEnabled(s == "idle")
+        self.audio.setEnabled(s == "idle")
+        self.pause_btn.setEnabled(s in ("recording", "paused"))
+        self.pause_btn.setText("Resume" if s == "paused" else "Pause")
+        self.stop_btn.setEnabled(s in ("recording", "paused"))
+        self.note_btn.setEnabled(s in ("recording", "paused"))
+        self.secret_btn.setEnabled(s in ("recording", "paused"))
+        self.tray_start.setEnabled(s == "idle")
+        self.tray_pause.setEnabled(s in ("recording", "paused"))
+        self.tray_pause.setText("Resume" if s == "paused" else "Pause")
+        self.tray_stop.setEnabled(s in ("recording", "paused"))
+        label, color = {
+            "idle": ("Not recording", "#868e96"), "starting": ("Starting…", "#f08c00"),
+            "recording": ("● Recording", "#e03131"), "paused": ("❚❚ Paused", "#f08c00"),
+            "stopping": ("Saving…", "#f08c00"),
+        }[s]
+        self.state_label.setText(label)
+        self.state_label.setStyleSheet(f"color: {color};")
+        self.tray.setIcon(_dot(color))
+        self.tray.setToolTip(f"Tandem: {label}")
+        if s == "idle":
+            self.fps_label.setText("")
+            self.events_label.setText("")
+            self.level.setValue(0)
+
+    def closeEvent(self, event) -> None:
+        if self.session is not None and self.state in ("recording", "paused"):
+            self.session.stop()
+        self.tray.hide()
+        super().closeEvent(event)

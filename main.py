@@ -14,6 +14,7 @@ COMMANDS = [
     "agent.cli",  # parse, import, export, info, check
     "agent.cli_agent",  # agent: run the agent with a policy, a gate and the store
     "app.recorder.cli",  # record: record a demonstration headless, re-reduce, transcribe
+    "trainer.sandbox.cli",  # sandbox: show, families, generate, eval
     "trainer.cli_backend",  # backend: the sync server; backend user add|list|revoke
     "app.sync.cli",  # submit, sync
 ]

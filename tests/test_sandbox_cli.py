@@ -1,0 +1,58 @@
+"""`python main.py sandbox ...` end to end: a PNG of a task, expert episodes in a real store, eval JSON."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from main import main
+
+
+def test_show_saves_a_png_offscreen(tmp_path, capsys):
+    out = tmp_path / "task.png"
+    assert main(["sandbox", "show", "--family", "menu", "--seed", "3", "--png", str(out), "--expert-steps", "1"]) == 0
+    assert out.read_bytes().startswith(b"\x89PNG")
+    assert "Choose" in capsys.readouterr().out
+
+
+def test_show_without_png_offscreen_says_why(capsys):
+    assert main(["sandbox", "show", "--family", "menu"]) == 2
+    assert "--png" in capsys.readouterr().err
+
+
+def test_show_unknown_family_is_named(tmp_path, capsys):
+    assert main(["sandbox", "show", "--family", "nosuch", "--png", str(tmp_path / "x.png")]) == 2
+    assert "nosuch" in capsys.readouterr().err
+
+
+def test_generate_writes_rollouts_into_the_store(tmp_path):
+    from agent.store import Store
+
+    data = tmp_path / "data"
+    assert main(["sandbox", "generate", "--episodes", "6", "--data", str(data), "--families", "dialog,form,tabs"]) == 0
+    with Store(data) as store:
+        eps = store.list_episodes()
+        assert len(eps) == 6
+        ep = store.load_episode(eps[0].id)
+        assert ep.kind == "rollout" and ep.producer == "expert" and ep.platform == "sandbox"
+        assert ep.outcome.success is True and ep.outcome.source == "verifier" and ep.meta["family"] in ("dialog", "form", "tabs")
+        assert all(s.thought and store.get_blob(s.observation.screenshot).startswith(b"\x89PNG") for s in ep.steps)
+        assert ep.steps[-1].terminated and not ep.steps[-1].truncated
+        assert store.check() == []
+
+
+def test_eval_json(capsys):
+    assert main(["sandbox", "eval", "--policy", "expert", "--episodes", "4", "--families", "radio,slider", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"overall": 1.0, "families": {"radio": 1.0, "slider": 1.0}}
+
+
+def test_eval_model_policy_without_a_model_says_so(tmp_path, capsys):
+    assert main(["sandbox", "eval", "--policy", "local", "--model-dir", str(tmp_path / "none"), "--episodes", "1"]) == 2
+    assert "local" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("policy", ["endpoint"])
+def test_eval_endpoint_needs_url(policy, capsys):
+    assert main(["sandbox", "eval", "--policy", policy, "--episodes", "1"]) == 2
+    assert "--url" in capsys.readouterr().err

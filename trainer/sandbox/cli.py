@@ -1,0 +1,253 @@
+"""`python main.py sandbox show | generate | eval`: look at a task, write expert demonstrations
+into the store, measure a policy's success per family."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser("sandbox", help="generated GUI tasks on real Qt widgets: show, generate, eval",
+                       description="The sandbox of verifiable GUI tasks (see trainer/sandbox).")
+    ss = p.add_subparsers(dest="sandbox_command", metavar="SUBCOMMAND", required=True)
+    size = _size_parent()
+
+    s = ss.add_parser("show", parents=[common, size], help="show one task in a window (or save a PNG offscreen)")
+    s.add_argument("--family", required=True, help="task family (see `sandbox families`)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--png", metavar="PATH", help="save the screenshot here instead of opening a window")
+    s.add_argument("--expert-steps", type=int, default=0, metavar="K", help="let the expert act K steps first")
+    s.set_defaults(func=cmd_show)
+
+    s = ss.add_parser("families", parents=[common], help="list the task families, easiest first")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_families)
+
+    s = ss.add_parser("generate", parents=[common, size], help="write expert trajectories into the store")
+    s.add_argument("--episodes", type=int, required=True)
+    s.add_argument("--split", choices=("train", "heldout"), default="train")
+    s.add_argument("--families", help="comma-separated families (default: all)")
+    s.add_argument("--start", type=int, default=0, help="offset of the first seed within the split")
+    s.add_argument("--workers", type=int, default=1, help="worker processes (one environment each)")
+    s.set_defaults(func=cmd_generate)
+
+    s = ss.add_parser("eval", parents=[common, size], help="success rate of a policy per family and overall")
+    s.add_argument("--policy", required=True, choices=("expert", "random", "default", "local", "endpoint"))
+    s.add_argument("--model-dir", help="model directory for --policy local/default")
+    s.add_argument("--url", help="base URL of an OpenAI-compatible server for --policy endpoint")
+    s.add_argument("--model", help="model name for --policy endpoint")
+    s.add_argument("--episodes", type=int, required=True)
+    s.add_argument("--split", choices=("train", "heldout"), default="heldout")
+    s.add_argument("--families", help="comma-separated families (default: all)")
+    s.add_argument("--workers", type=int, default=1, help="worker processes for expert/random")
+    s.add_argument("--json", action="store_true", help='print {"overall": rate, "families": {NAME: rate}}')
+    s.set_defaults(func=cmd_eval)
+
+
+# the small model `python main.py train default` builds and ships (trainer/recipe.py)
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "default_model"
+
+
+def trained_families(model_dir) -> list[str] | None:
+    """The sandbox families a checkpoint of trainer.recipe was trained on (None if unknown)."""
+    try:
+        meta = json.loads((Path(model_dir) / "tandem_training.json").read_text(encoding="utf-8"))
+        fams = meta["report"]["config"]["families"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return [f for f in fams if isinstance(f, str)] or None
+
+
+def _size_parent():
+    import argparse
+
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--width", type=int, default=320, help="screen width in pixels (default 320)")
+    p.add_argument("--height", type=int, default=240, help="screen height in pixels (default 240)")
+    return p
+
+
+def _families(args) -> list[str] | None:
+    if not getattr(args, "families", None):
+        return None
+    from trainer.sandbox.families import family_class
+
+    names = [f.strip() for f in args.families.split(",") if f.strip()]
+    for n in names:
+        family_class(n)
+    return names
+
+
+def _fail(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def cmd_families(args) -> int:
+    from trainer.sandbox.families import FAMILIES
+
+    rows = [{"family": n, "level": c.level, "max_steps": c.max_steps} for n, c in FAMILIES.items()]
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for r in rows:
+            print(f"{r['family']:<16} level {r['level']}  max steps {r['max_steps']}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from trainer.sandbox.screen import SandboxError
+
+    offscreen = os.environ.get("QT_QPA_PLATFORM", "").startswith("offscreen")
+    if offscreen and not args.png:
+        return _fail("QT_QPA_PLATFORM is offscreen, so no window can be shown: pass --png PATH to save the screen")
+    if not args.png:
+        os.environ.setdefault("QT_QPA_PLATFORM", "xcb" if sys.platform.startswith("linux") else "")
+    from trainer.sandbox.env import SandboxEnv
+
+    try:
+        env = SandboxEnv(args.width, args.height)
+        obs, info = env.reset(seed=args.seed, options={"family": args.family})
+        for _ in range(args.expert_steps):
+            thought, action = env.expert_action()
+            print(f"expert: {thought}")
+            obs, _, term, trunc, info = env.step(action)
+            if term or trunc:
+                break
+    except (SandboxError, ValueError) as e:
+        return _fail(str(e))
+    print(f"[{info['family']} seed {info['task_seed']}] {info['instruction']}  ({info['status']}, progress {info['progress']:.2f})")
+    if args.png:
+        from agent.executors.base import encode_pixels
+
+        with open(args.png, "wb") as f:
+            f.write(encode_pixels(obs["screenshot"], "image/png"))
+        print(f"saved {args.png}")
+        env.close()
+        return 0
+    return _interactive(env)
+
+
+def _interactive(env) -> int:
+    """Let a person try the task in a real window; the verifier reports as they act."""
+    from PySide6.QtCore import QTimer
+
+    screen, task = env.screen, env.task
+    screen.window.setWindowTitle(f"Tandem sandbox: {task.instruction}")
+    last = [None]
+
+    def poll():
+        v = task.verdict()
+        if (v.status, v.progress) != last[0]:
+            last[0] = (v.status, v.progress)
+            print(f"verifier: {v.status}, progress {v.progress:.2f} {v.reason}".rstrip(), flush=True)
+
+    timer = QTimer()
+    timer.timeout.connect(poll)
+    timer.start(200)
+    screen.app.setQuitOnLastWindowClosed(True)
+    screen.app.exec()
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from agent.store import Store
+    from trainer.sandbox.rollout import plan, run_many, to_episode
+
+    try:
+        jobs = plan(args.episodes, args.split, _families(args), args.start)
+    except Exception as e:
+        return _fail(str(e))
+    store = Store(args.data) if args.data else Store()
+    ok = 0
+    bar = _bar(len(jobs), "expert episodes")
+    try:
+        for result in run_many(jobs, "expert", workers=args.workers, record=True, width=args.width, height=args.height):
+            to_episode(result, store, producer="expert", policy_version="sandbox-expert")
+            ok += result["success"]
+            bar.update(1)
+    finally:
+        bar.close()
+        store.close()
+    print(f"wrote {len(jobs)} expert episodes ({ok} successful) to {store.root}")
+    return 0 if ok == len(jobs) else 1
+
+
+def _bar(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ep", file=sys.stderr, disable=None)
+
+
+def make_policy(args):
+    """The agent Policy for --policy default/local/endpoint, or a clear error."""
+    try:
+        import agent.policies as policies
+    except ImportError as e:
+        raise RuntimeError(f"policy {args.policy} not available: agent.policies does not import ({e})") from None
+    if args.policy == "endpoint":
+        if not (args.url and args.model):
+            raise RuntimeError("--policy endpoint needs --url and --model")
+        return policies.EndpointPolicy(args.url, args.model, platform="sandbox")
+    model_dir = args.model_dir
+    if args.policy == "default" and not model_dir:
+        model_dir = str(DEFAULT_MODEL_DIR)
+    if not model_dir or not os.path.isdir(model_dir):
+        raise RuntimeError(f"policy {args.policy} needs a model directory; {model_dir!r} does not exist (use --model-dir)")
+    try:
+        local = policies.LocalVLMPolicy
+    except (ImportError, AttributeError) as e:
+        raise RuntimeError(f"policy {args.policy} not available: the local model policy does not import ({e})") from None
+    return local(model_dir, platform="sandbox")
+
+
+def cmd_eval(args) -> int:
+    from trainer.sandbox.rollout import plan, rates, run_episode, run_many
+
+    try:
+        families = _families(args)
+        if families is None and args.policy == "default":
+            # the default model knows only the families it was trained on; say so rather than
+            # silently mixing in tasks it never saw (--families picks any others)
+            families = trained_families(args.model_dir or DEFAULT_MODEL_DIR)
+            if families:
+                print(f"--policy default: the {len(families)} families it was trained on ({', '.join(families)}); "
+                      "pass --families for others", file=sys.stderr)
+        jobs = plan(args.episodes, args.split, families)
+    except Exception as e:
+        return _fail(str(e))
+    results = []
+    bar = _bar(len(jobs), f"{args.policy} episodes")
+    try:
+        if args.policy in ("expert", "random"):
+            for r in run_many(jobs, args.policy, workers=args.workers, width=args.width, height=args.height):
+                results.append(r)
+                bar.update(1)
+        else:
+            try:
+                policy = make_policy(args)
+            except Exception as e:
+                return _fail(str(e))
+            from trainer.sandbox.env import SandboxEnv
+
+            env = SandboxEnv(args.width, args.height, coords_space=policy.space)
+            try:
+                for family, seed in jobs:
+                    results.append(run_episode(env, policy, family, seed))
+                    bar.update(1)
+            finally:
+                env.close()
+                policy.close()
+    finally:
+        bar.close()
+    out = rates(results)
+    if args.json:
+        print(json.dumps({"overall": out["overall"], "families": out["families"]}))
+    else:
+        print(f"{'family':<16} {'n':>4} {'success':>8}")
+        for name, rate in out["families"].items():
+            print(f"{name:<16} {out['counts'][name]:>4} {rate:>8.2%}")
+        print(f"{'overall':<16} {len(results):>4} {out['overall']:>8.2%}")
+    return 0

@@ -1,0 +1,245 @@
+"""The sandbox as a Gymnasium environment of the executor shape.
+
+    env = SandboxEnv()                       # or gymnasium.make("Tandem/Sandbox-v0")
+    obs, info = env.reset(seed=7, options={"family": "dropdown"})
+    obs, reward, terminated, truncated, info = env.step(Action("click", {"start_box": (0.5, 0.4)}))
+    obs, ... = env.step("Thought: ...\\nAction: click(start_box='(168,120)')")   # UI-TARS text
+
+obs = {"screenshot": HxWx3 uint8 RGB, "geometry": ScreenGeometry}. Reward is 1 on the step the
+verifier first reports success, else 0; `info["progress"]` carries partial progress.
+`terminated` means a real end (success, an irreversible mistake, or the agent said finished /
+call_user); `truncated` means the step limit cut the episode. They are never merged.
+A seed passed to reset is the task's seed (seeds >= HELDOUT_START are the held-out split);
+reset() without one draws a task seed of the env's split from the env's RNG.
+"""
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from agent import coords
+from agent.actions import SCROLL_DIRECTIONS, validate
+from agent.schema import Action, ScreenGeometry
+from trainer.sandbox.task import HELDOUT_START, RUNNING, SEED_LIMIT, SUCCESS, split_of
+
+ENV_ID = "Tandem/Sandbox-v0"
+SPLITS = ("train", "heldout")
+
+
+class GeometrySpace(gym.Space):
+    """The screen geometry beside each screenshot: a fixed ScreenGeometry value."""
+
+    def __init__(self, width: int, height: int):
+        super().__init__(None, None)
+        self.value = ScreenGeometry.simple(width, height)
+
+    def sample(self, mask=None, probability=None):
+        return ScreenGeometry.simple(self.value.physical_width, self.value.physical_height)
+
+    def contains(self, x) -> bool:
+        return isinstance(x, ScreenGeometry) and x == self.value
+
+    def __eq__(self, other):
+        return isinstance(other, GeometrySpace) and other.value == self.value
+
+
+class ActionSpace(gym.Space):
+    """Schema Actions with normalized points (or UI-TARS text). sample() is the random policy:
+    mostly clicks, some double/right clicks, drags, scrolls, typing, keys and waits."""
+
+    KINDS = ("click",) * 10 + ("left_double", "right_single", "drag", "drag", "scroll", "scroll", "type", "hotkey", "wait")
+    KEYS = ("enter", "esc", "tab", "down", "up", "space", "ctrl a", "backspace")
+    TEXTS = ("hello", "Alice", "7", "Paris", "ok\n", "test")
+
+    def __init__(self, seed=None):
+        super().__init__(None, None, seed)
+
+    def contains(self, x) -> bool:
+        if isinstance(x, str):
+            return True
+        if isinstance(x, (list, tuple)):
+            return bool(x) and all(self.contains(a) for a in x if not isinstance(a, str))
+        return isinstance(x, Action) and validate(x) is None
+
+    def sample(self, mask=None, probability=None) -> Action:
+        r = self.np_random
+
+        def pt():
+            return (float(r.uniform(0.02, 0.98)), float(r.uniform(0.02, 0.98)))
+
+        kind = self.KINDS[int(r.integers(len(self.KINDS)))]
+        if kind in ("click", "left_double", "right_single"):
+            return Action(kind, {"start_box": pt()})
+        if kind == "drag":
+            return Action("drag", {"start_box": pt(), "end_box": pt()})
+        if kind == "scroll":
+            return Action("scroll", {"start_box": pt(), "direction": SCROLL_DIRECTIONS[int(r.integers(2))]})
+        if kind == "type":
+            return Action("type", {"content": self.TEXTS[int(r.integers(len(self.TEXTS)))]})
+        if kind == "hotkey":
+            return Action("hotkey", {"key": self.KEYS[int(r.integers(len(self.KEYS)))]})
+        return Action("wait", {})
+
+    def __eq__(self, other):
+        return isinstance(other, ActionSpace)
+
+
+class SandboxEnv(gym.Env):
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+
+    def __init__(self, width: int = 320, height: int = 240, families: list[str] | None = None, split: str = "train",
+                 max_steps: int | None = None, coords_space: str = coords.SMART_RESIZE, render_mode: str | None = None):
+        from trainer.sandbox.families import FAMILIES, family_class
+
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        coords.model_extent(coords_space, width, height)  # raises on an unknown space
+        self.families = list(families) if families else list(FAMILIES)
+        for f in self.families:
+            family_class(f)
+        self.width, self.height, self.split = int(width), int(height), split
+        self.max_steps, self.coords_space, self.render_mode = max_steps, coords_space, render_mode
+        self.observation_space = gym.spaces.Dict({
+            "screenshot": gym.spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
+            "geometry": GeometrySpace(self.width, self.height),
+        })
+        self.action_space = ActionSpace()
+        self.screen = None
+        self.task = None
+        self._steps = 0
+        self._done = False
+        self._last = None
+
+    # ------------------------------------------------------------ gym API
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        from trainer.sandbox.families import family_class, family_for_seed
+        from trainer.sandbox.screen import Screen
+
+        super().reset(seed=seed)
+        options = dict(options or {})
+        task_seed = options.get("task_seed", seed)
+        if task_seed is None:
+            lo, hi = (0, HELDOUT_START) if self.split == "train" else (HELDOUT_START, SEED_LIMIT)
+            task_seed = int(self.np_random.integers(lo, hi))
+        family = options.get("family") or family_for_seed(int(task_seed), self.families)
+        cls = family_class(family)
+        self._teardown()
+        self.screen = Screen(self.width, self.height)
+        self.task = cls(int(task_seed), self.screen)
+        self.screen.show()
+        self.task.after_show()
+        self.screen.settle()
+        self._steps, self._done = 0, False
+        self._limit = self.max_steps or cls.max_steps
+        obs = self._observe()
+        return obs, self._info(self.task.verdict())
+
+    def step(self, action):
+        if self.task is None:
+            raise RuntimeError("call reset() before step()")
+        extra: dict = {}
+        actions = self._to_actions(action, extra)
+        ended_by_agent = False
+        if self._done:
+            extra["error"] = "the episode is over; call reset()"
+            actions = []
+        for a in actions:
+            problem = validate(a)
+            if problem:
+                extra["action_error"] = problem
+                break
+            if a.name in ("finished", "call_user"):
+                ended_by_agent = True
+                break
+            try:
+                self.screen.perform(a)
+            except Exception as e:  # a bad action is the agent's mistake, not a crash
+                extra["action_error"] = f"{a.name}: {e}"
+                break
+            if self.task.verdict().status != RUNNING:
+                break
+        self._steps += 1
+        verdict = self.task.verdict()
+        reward = 1.0 if verdict.status == SUCCESS and not self._done else 0.0
+        terminated = verdict.status != RUNNING or ended_by_agent
+        truncated = not terminated and self._steps >= self._limit
+        self._done = self._done or terminated or truncated
+        info = self._info(verdict)
+        info.update(extra)
+        return self._observe(), reward, bool(terminated), bool(truncated), info
+
+    def render(self):
+        if self.render_mode == "rgb_array":
+            return self.screen.render() if self.screen else np.zeros((self.height, self.width, 3), np.uint8)
+        return None
+
+    def close(self):
+        self._teardown()
+
+    # ------------------------------------------------------------ helpers
+    def expert_action(self) -> tuple[str, Action]:
+        """The scripted expert's next (thought, action) for the current state."""
+        if self.task is None:
+            raise RuntimeError("call reset() before expert_action()")
+        return self.task.expert()
+
+    def expert_response(self) -> str:
+        """The expert's next step as UI-TARS text in this env's coordinate space."""
+        from agent.grammar import format_normalized
+
+        thought, action = self.expert_action()
+        return format_normalized(thought, [action], self.coords_space, self.width, self.height)
+
+    def _to_actions(self, action, extra: dict) -> list[Action]:
+        if isinstance(action, Action):
+            return [action]
+        if isinstance(action, (list, tuple)) and action and all(isinstance(a, Action) for a in action):
+            return list(action)
+        if isinstance(action, str):
+            from agent.grammar import parse_normalized
+
+            parsed = parse_normalized(action, self.coords_space, self.width, self.height, platform="sandbox")
+            if not parsed:
+                extra["parse_error"] = parsed.reason
+                return []
+            extra["thought"] = parsed.thought
+            return list(parsed.actions)
+        extra["action_error"] = f"an action must be an Action or UI-TARS text, got {type(action).__name__}"
+        return []
+
+    def _observe(self) -> dict:
+        return {"screenshot": self.screen.render(), "geometry": ScreenGeometry.simple(self.width, self.height)}
+
+    def _info(self, verdict) -> dict:
+        t = self.task
+        info = {
+            "instruction": t.instruction, "family": t.family, "level": t.level, "task_seed": t.seed,
+            "split": split_of(t.seed), "progress": float(verdict.progress), "status": verdict.status,
+            "success": verdict.status == SUCCESS, "steps": self._steps, "max_steps": self._limit,
+        }
+        if verdict.reason:
+            info["reason"] = verdict.reason
+        return info
+
+    def _teardown(self):
+        if self.screen is not None:
+            self.screen.close()
+        self.screen, self.task = None, None
+
+
+def register() -> None:
+    """Register Tandem/Sandbox-v0 with Gymnasium (idempotent)."""
+    if ENV_ID not in gym.registry:
+        gym.register(ENV_ID, entry_point="trainer.sandbox.env:SandboxEnv", disable_env_checker=True)
+
+
+def make_vector_env(num_envs: int, **kwargs):
+    """`num_envs` SandboxEnvs, one per process (spawned: a fresh Qt each), as a Gymnasium
+    AsyncVectorEnv. Observations hold a ScreenGeometry, so shared memory is off."""
+    from functools import partial
+
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+    return gym.vector.AsyncVectorEnv([partial(SandboxEnv, **kwargs)] * num_envs, shared_memory=False, context="spawn")

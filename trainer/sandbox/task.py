@@ -1,0 +1,231 @@
+"""What every sandbox task is: widgets built from a seed, a verifier that reads their real state,
+and a scripted expert that looks at the same widgets and says what to do next.
+
+A task family subclasses `Task`: `build()` makes the widgets inside `self.body` and sets the
+instruction; `check()` returns a `Verdict` from widget state only (never from the actions that
+were taken, so acting on the wrong widget cannot pass); `expert()` returns the next
+(thought, Action) toward the goal, with targets computed from widget geometry at that moment,
+so the expert also recovers from a state someone else left behind.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from agent.schema import Action
+from trainer.sandbox.screen import SandboxError, Screen
+
+HELDOUT_START = 1_000_000  # seeds >= this are kept for evaluation
+SEED_LIMIT = 2**31 - 1
+
+RUNNING, SUCCESS, FAILED = "running", "success", "failed"
+
+
+def split_of(seed: int) -> str:
+    return "heldout" if seed >= HELDOUT_START else "train"
+
+
+@dataclass
+class Verdict:
+    status: str  # running | success | failed (an irreversible mistake)
+    progress: float  # 0..1: the fraction of the task's subgoals met
+    reason: str = ""
+
+
+# ------------------------------------------------------------ vocabulary
+WORDS = {
+    "actions": "Save Open Cancel Delete Apply Export Import Print Share Send Reset Submit Next Back Close Help Edit Copy Paste Undo Redo Refresh Upload Download Archive Search Confirm Retry Skip Login Logout".split(),
+    "fruits": "Apple Banana Cherry Mango Pear Peach Plum Grape Lemon Lime Kiwi Melon Orange Papaya Fig Apricot Guava Lychee".split(),
+    "colours": "Red Green Blue Yellow Purple Orange Black White Grey Pink Brown Cyan Teal Navy".split(),
+    "cities": "Paris London Berlin Madrid Rome Vienna Prague Lisbon Dublin Oslo Helsinki Warsaw Athens Zurich Tokyo Seoul Sydney Toronto Boston Denver Austin Lima Quito Cairo Nairobi Dakar Delhi Mumbai Hanoi Manila Osaka Kyoto Perth Cork Bergen Lyon Porto Seville Milan Naples Munich Hamburg Krakow Riga Tallinn Vilnius Sofia Minsk Kiev Ankara".split(),
+    "names": "Alice Bob Carol Dave Erin Frank Grace Heidi Ivan Judy Mallory Niaj Olivia Peggy Rupert Sybil Trent Victor Walter Yara Zoe".split(),
+    "fields": "Name Email City Phone Company Title Username Street Country Zip Website Nickname".split(),
+    "files": "report.pdf notes.txt budget.xlsx photo.jpg slides.pptx data.csv todo.md invoice.pdf draft.docx song.mp3 backup.zip map.png".split(),
+    "settings": "General Network Display Privacy Sound Storage Updates Accounts Power Keyboard".split(),
+    "options": "Enable proxy|Auto update|Dark mode|Show hidden files|Send reports|Use cache|Remember me|Notifications|Spell check|Autosave|Sync now|Compact view".split("|"),
+    "sizes": "Small Medium Large XL".split(),
+    "apps": "Notes Mail Photos Tasks Files Music Calendar Contacts Weather Maps Budget Journal".split(),
+}
+FONTS = ("DejaVu Sans", "Nimbus Sans", "DejaVu Serif", "URW Gothic", "Nimbus Sans Narrow", "DejaVu Sans Condensed", "Sans Serif")
+THEMES = [  # (window, base, text, button, accent, title bar)
+    ("#f3f3f3", "#ffffff", "#202020", "#e8e8e8", "#2f6fdb", "#3c4a5e"),
+    ("#ece8df", "#fbfaf6", "#2a2723", "#ddd6c8", "#b5651d", "#5b4a3a"),
+    ("#e6eef3", "#ffffff", "#16222c", "#d4e1ea", "#1b8a7a", "#23556b"),
+    ("#2b2d31", "#1e1f22", "#e6e6e6", "#3a3c41", "#5865f2", "#18191c"),
+    ("#f5eef6", "#ffffff", "#2b1d2e", "#e7d9ea", "#9c27b0", "#5e2b66"),
+    ("#eef3e6", "#ffffff", "#1f2a16", "#dbe6cc", "#4c8c2b", "#3d5a2a"),
+    ("#fff8e6", "#fffdf7", "#2d2406", "#f1e3b8", "#d18f00", "#6b5310"),
+    ("#263238", "#1c262b", "#eceff1", "#37474f", "#26a69a", "#11191d"),
+]
+
+
+class Task:
+    """One generated task. Subclasses set `family`, `level`, `max_steps` and write build/check/expert."""
+
+    family = "base"
+    level = 1
+    max_steps = 8  # the env truncates after this many steps
+    title = "App"
+
+    def __init__(self, seed: int, screen: Screen):
+        if not (0 <= int(seed) <= SEED_LIMIT):
+            raise SandboxError(f"seed must be 0..{SEED_LIMIT}, got {seed!r}")
+        self.seed = int(seed)
+        # A family-specific stream, so two families with the same seed differ.
+        self.rng = random.Random(f"{self.family}:{self.seed}")
+        self.screen = screen
+        self.instruction = ""
+        self._failed: str | None = None
+        self._build_frame()
+        self.build()
+        if not self.instruction:
+            raise SandboxError(f"family {self.family} built no instruction")
+
+    # ------------------------------------------------------------ to override
+    def build(self) -> None:
+        raise NotImplementedError
+
+    def check(self) -> Verdict:
+        raise NotImplementedError
+
+    def expert(self) -> tuple[str, Action]:
+        raise NotImplementedError
+
+    def after_show(self) -> None:
+        """Runs once the window is shown and laid out (e.g. to open a dialog or place free widgets)."""
+
+    # ------------------------------------------------------------ shared
+    def verdict(self) -> Verdict:
+        """check(), with an irreversible mistake recorded by a widget signal taking precedence."""
+        if self._failed:
+            return Verdict(FAILED, self.check().progress, self._failed)
+        return self.check()
+
+    def fail(self, reason: str) -> None:
+        if not self._failed:
+            self._failed = reason
+
+    def pick(self, key: str, k: int | None = None):
+        pool = WORDS[key]
+        return self.rng.choice(pool) if k is None else self.rng.sample(pool, k)
+
+    def _build_frame(self) -> None:
+        """The window chrome: palette, font, a title bar, an optional menu bar, the body."""
+        from PySide6.QtGui import QColor, QFont, QFontDatabase, QPalette
+        from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+        rng = random.Random(f"theme:{self.seed}")
+        win, base, text, button, accent, bar = rng.choice(THEMES)
+        self.accent = accent
+        self.bar_color = bar
+        pal = QPalette()
+        for role, colour in ((QPalette.Window, win), (QPalette.Base, base), (QPalette.AlternateBase, button),
+                             (QPalette.Text, text), (QPalette.WindowText, text), (QPalette.ButtonText, text),
+                             (QPalette.Button, button), (QPalette.Highlight, accent),
+                             (QPalette.HighlightedText, "#ffffff"), (QPalette.ToolTipBase, base)):
+            pal.setColor(role, QColor(colour))
+        w = self.screen.window
+        w.setPalette(pal)
+        w.setAutoFillBackground(True)
+        fams = [f for f in FONTS if f in QFontDatabase.families()] or [w.font().family()]
+        font = QFont(rng.choice(fams))
+        font.setPixelSize(rng.choice((11, 11, 12, 12, 13)))
+        w.setFont(font)
+        self.font = font
+        self.palette = pal
+        outer = QVBoxLayout(w)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.setSpacing(0)
+        titlebar = QLabel(f"  {self.title}")
+        titlebar.setObjectName("titlebar")
+        titlebar.setFixedHeight(rng.choice((18, 20, 22)))
+        titlebar.setStyleSheet(f"background:{bar}; color:white; font-weight:bold;")
+        outer.addWidget(titlebar)
+        self.outer = outer
+        self.body = QWidget()
+        self.body.setObjectName("body")
+        outer.addWidget(self.body, 1)
+        self.margin = rng.choice((6, 8, 10, 12))
+        self.spacing = rng.choice((4, 6, 8))
+
+    def style_dialog(self, dialog) -> None:
+        """Dialogs are top-level windows: give them the app's look and frame colour."""
+        dialog.setPalette(self.palette)
+        dialog.setFont(self.font)
+        dialog.setAutoFillBackground(True)
+        dialog.setProperty("titleColor", self.bar_color)
+
+    # ------------------------------------------------------------ expert helpers
+    def click(self, widget, rect=None) -> Action:
+        return Action("click", {"start_box": self.screen.point_of(widget, rect)})
+
+    def click_toggle(self, button) -> Action:
+        """A click on a check box's or radio button's box and label, where it reacts (not its empty right part)."""
+        from PySide6.QtWidgets import QCheckBox, QStyle, QStyleOptionButton
+
+        opt = QStyleOptionButton()
+        button.initStyleOption(opt)
+        element = QStyle.SE_CheckBoxClickRect if isinstance(button, QCheckBox) else QStyle.SE_RadioButtonClickRect
+        rect = button.style().subElementRect(element, opt, button)
+        indicator = button.style().subElementRect(
+            QStyle.SE_CheckBoxIndicator if isinstance(button, QCheckBox) else QStyle.SE_RadioButtonIndicator, opt, button)
+        return self.click(button, rect if self.rng.random() < 0.5 else indicator)
+
+    def open_tab(self, tabs, name: str) -> tuple[str, Action]:
+        """The next step to bring tab `name` forward: click it, or scroll the tab bar to it first."""
+        from PySide6.QtCore import Qt
+        from PySide6.QtWidgets import QToolButton
+
+        bar = tabs.tabBar()
+        i = [tabs.tabText(k) for k in range(tabs.count())].index(name)
+        rect = bar.tabRect(i)
+        arrows = [b for b in bar.findChildren(QToolButton) if b.isVisible()]
+        part = rect.intersected(self.screen.shown_rect(bar))
+        if arrows:  # the scroll arrows cover the bar's right end
+            part.setRight(min(part.right(), min(b.geometry().left() for b in arrows) - 1))
+        if part.width() < min(24, rect.width()) and arrows:
+            want = Qt.RightArrow if rect.center().x() > bar.width() // 2 else Qt.LeftArrow
+            arrow = next((b for b in arrows if b.arrowType() == want), arrows[-1])
+            side = "right" if want == Qt.RightArrow else "left"
+            return (f"The '{name}' tab is cut off; I'll scroll the tabs to the {side}.", self.click(arrow))
+        return (f"I need the '{name}' tab; I'll open it.", self.click(bar, part))
+
+    def choose_in_combo(self, combo, value: str, what: str) -> tuple[str, Action]:
+        """The next step to make `combo` show `value`: open it, or pick the entry in its popup."""
+        from PySide6.QtWidgets import QApplication
+
+        view = combo.view()
+        index = combo.findText(value)
+        if index < 0:
+            raise SandboxError(f"{what} has no entry {value!r}")
+        popup = QApplication.activePopupWidget()
+        if popup is not None and popup is view.window():
+            rect = view.visualRect(combo.model().index(index, 0))
+            if self.screen.visible_on_screen(view.viewport(), rect):
+                return (f"The list of {what} is open; I'll pick '{value}'.",
+                        self.click(view.viewport(), rect))
+            key = "down" if view.currentIndex().row() < index else "up"
+            if view.currentIndex().row() == index:
+                key = "enter"
+            return (f"'{value}' is outside the screen; I'll move to it with the keyboard.",
+                    Action("hotkey", {"key": key}))
+        if popup is not None:
+            return ("Another popup is in the way; I'll close it first.", Action("hotkey", {"key": "esc"}))
+        return (f"I need to set {what} to '{value}', so I'll open the {what} dropdown.", self.click(combo))
+
+    def type_into(self, field, value: str, what: str) -> tuple[str, Action]:
+        """The next step to make a line edit (or a spin box's editor) hold exactly `value`."""
+        from PySide6.QtWidgets import QApplication, QLineEdit
+
+        edit = field if isinstance(field, QLineEdit) else field.findChild(QLineEdit)
+        if QApplication.focusWidget() is not edit and QApplication.focusWidget() is not field:
+            return (f"I need to type into the {what} field, so I'll click it first.", self.click(field))
+        current = edit.text()
+        if current and not value.startswith(current) or edit.hasSelectedText() and current != value:
+            if edit.selectedText() == current:
+                return (f"The {what} field holds '{current}', selected; I'll type '{value}' over it.",
+                        Action("type", {"content": value}))
+            return (f"The {what} field holds '{current}'; I'll select it all to replace it.",
+                    Action("hotkey", {"key": "ctrl a"}))
+        rest = value[len(current):]
+        return (f"I'll type '{rest}' into the {what} field.", Action("type", {"content": rest}))

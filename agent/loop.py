@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from agent.actions import validate
+from agent.actions import REGISTRY, validate
 from agent.executors.base import ExecutionError
 from agent.gate import Decision, Gate, GateRequest, Takeover
 from agent.grammar import format_normalized
@@ -316,14 +316,17 @@ class AgentLoop:
             prov = Provenance("human", decision="takeover", decided_by=result.by)
             if hs.executed:  # the human already acted; record what they did on the screen they saw
                 acted_on = hs.frame or frame
+                terminated = REGISTRY[hs.action.name].terminal
                 self.episode.steps.append(Step(index=len(self.episode.steps), observation=self._observation(acted_on),
                                                thought=hs.thought, action=hs.action, provenance=prov,
-                                               t_start=monotonic(), t_end=monotonic()))
+                                               t_start=monotonic(), t_end=monotonic(), terminated=terminated))
                 self._save()
                 self.memory.add(MemoryStep(hs.thought, [hs.action], acted_on, source="human"))
                 frame = self.executor.observe()
             else:
-                frame, _, _ = self._execute_and_record(frame, hs.thought, hs.action, prov, None, {}, source="human")
+                frame, terminated, _ = self._execute_and_record(frame, hs.thought, hs.action, prov, None, {}, source="human")
+            if terminated:  # the human finished the task (or gave up): the run ends here
+                raise _End(f"{hs.action.name} (by the human)")
         frame = self.executor.observe()
         if result.resume:
             self._control(True)

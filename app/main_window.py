@@ -27,6 +27,8 @@ PAGES: list[tuple[str, str]] = [
     ("Library", "app.library_view:LibraryPage"),
     ("Record", "app.record_view:RecordPage"),
     ("Sync", "app.sync_page:SyncPage"),
+    ("Supervise", "app.supervise_view:SupervisePage"),
+    ("Drive", "app.drive_view:DrivePage"),
 ]
 
 STYLE = """
@@ -177,6 +179,10 @@ class MainWindow(QMainWindow):
         if self.settings is not None:
             self.settings.setValue("main_window/geometry", self.saveGeometry())
         self.notify("Waiting for background tasks to finish…")
+        for page in self.pages.values():  # a running agent is stopped; its episode is already saved
+            shutdown = getattr(page, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
         wait_for_workers()  # an export cut off mid-write would leave a half file
         self.stop_sync()
         super().closeEvent(event)

@@ -1,0 +1,145 @@
+"""Running the agent from the app: building a policy and an executor from the page's choices,
+running AgentLoop on a worker thread, reporting back by signals, and queueing the episode for sync.
+
+`AgentRun(loop_factory)` owns one run. Everything the loop reports (steps, control, events, the
+end) arrives on the main thread through queued signals; the loop never touches a widget.
+Every human gate decision is logged in the episode (agent.decision_stats.DecisionLog).
+"""
+from __future__ import annotations
+
+import threading
+import traceback
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+
+from agent.decision_stats import DecisionLog
+
+POLICIES = ("replay", "endpoint", "local", "default")
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "default_model"
+
+
+class RunSetupError(ValueError):
+    """The page's choices do not make a runnable agent; the message says which and why."""
+
+
+def make_policy(choice: str, *, responses=None, base_url: str = "", model: str = "", api_key: str | None = None,
+                model_dir: str = "", platform: str = "desktop", space: str | None = None):
+    """A Policy for the page's choice. Nothing heavy happens here (a local model loads on first use)."""
+    from agent import coords
+    from agent.policies import EndpointPolicy, PolicyError, ReplayPolicy
+
+    kw = {"platform": platform, "space": space or coords.SMART_RESIZE}
+    try:
+        if choice == "replay":
+            if not responses:
+                raise RunSetupError("the replay policy needs a responses file (one JSON string per line)")
+            return ReplayPolicy(responses, **kw)
+        if choice == "endpoint":
+            if not base_url or not model:
+                raise RunSetupError("the endpoint policy needs a base URL and a model name")
+            return EndpointPolicy(base_url, model, api_key or None, **kw)
+        if choice in ("local", "default"):
+            from agent.policies.local import LocalVLMPolicy
+
+            d = Path(model_dir) if choice == "local" else DEFAULT_MODEL_DIR
+            if not model_dir and choice == "local":
+                raise RunSetupError("the local policy needs a model directory")
+            if not (d / "config.json").exists():
+                raise RunSetupError(f"no model in {d} (config.json is missing)" + (
+                    "; train the default model with `python main.py train default`" if choice == "default" else ""))
+            return LocalVLMPolicy(str(d), **kw)
+    except (PolicyError, ValueError) as e:
+        if isinstance(e, RunSetupError):
+            raise
+        raise RunSetupError(str(e)) from None
+    raise RunSetupError(f"policy must be one of {', '.join(POLICIES)}, got {choice!r}")
+
+
+def make_executor(choice: str, *, family: str | None = None, seed: int = 0):
+    if choice == "desktop":
+        from agent.executors.desktop import DesktopExecutor
+
+        return DesktopExecutor()
+    if choice == "sandbox":
+        from app.sandbox_executor import SandboxProcessExecutor
+
+        return SandboxProcessExecutor(family or None, seed)
+    raise RunSetupError(f"executor must be 'desktop' or 'sandbox', got {choice!r}")
+
+
+def queue_for_sync(store, window, episode_id: str) -> str:
+    """Queue an episode for upload like a recording; returns what happened, for the status bar."""
+    bridge = getattr(window, "sync", None)
+    try:
+        if bridge is not None:
+            bridge.submit([episode_id])
+            return "queued for sync"
+        from app.sync.outbox import Outbox
+
+        Outbox(store).submit(episode_id)
+        return "queued for sync (sent when sync runs)"
+    except Exception as e:  # noqa: BLE001 - the episode is safe in the store; say why it is not queued
+        return f"not queued for sync: {e}"
+
+
+class AgentRun(QObject):
+    """One run of AgentLoop on a worker thread. Build the loop in `build(run)` (called on the
+    worker thread, so slow setup such as starting the sandbox stays off the main thread); it
+    returns (loop, instruction). Connect the signals before `start()`."""
+
+    step = Signal(object)  # Step
+    control = Signal(bool)
+    event = Signal(str, object)
+    prepared = Signal(object)  # the AgentLoop, once built
+    finished = Signal(object)  # RunResult
+    failed = Signal(str)
+
+    def __init__(self, build, *, on_close=None, parent=None):
+        super().__init__(parent)
+        self.build = build
+        self.on_close = on_close  # fn(loop) on the worker thread after the run (close executor etc.)
+        self.loop = None
+        self.result = None
+        self._stop_reason: str | None = None
+        self._thread = threading.Thread(target=self._main, name="tandem-agent", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, reason: str = "stopped by the user") -> None:
+        """Thread-safe; a stop before the loop exists takes effect as soon as it does."""
+        self._stop_reason = reason
+        if self.loop is not None:
+            self.loop.stop(reason)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _main(self) -> None:
+        loop = None
+        try:
+            loop, instruction = self.build(self)
+            loop.on_step = self.step.emit
+            loop.on_control = self.control.emit
+            loop.on_event = DecisionLog(loop, then=lambda kind, payload: self.event.emit(kind, payload))
+            self.loop = loop
+            self.prepared.emit(loop)
+            if self._stop_reason is not None:  # run() clears the stop flag: do not start at all
+                self.failed.emit(f"stopped before the run began ({self._stop_reason})")
+                return
+            self.result = loop.run(instruction)
+            self.finished.emit(self.result)
+        except Exception as e:  # noqa: BLE001 - reported to the page; the loop already saved the episode
+            self.failed.emit(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+        finally:
+            if self.on_close is not None:
+                try:
+                    self.on_close(loop)
+                except Exception:  # noqa: BLE001 - closing is best effort
+                    pass

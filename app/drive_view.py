@@ -1,0 +1,279 @@
+"""The Drive page: give an instruction and let the agent drive this desktop, staying in control.
+
+While the agent acts, the main window hides (out of the way and out of the screenshots) and the
+control strip shows the current thought and action with Pause, Stop and the kill-switch hotkey
+(a global hotkey: it works whatever window has the focus). With the "risky" gate, a risky step
+waits for a confirmation dialog on top of everything; "call_user" opens a dialog that hands
+control to the user and back. Pause takes effect before the next action is executed.
+"""
+from __future__ import annotations
+
+import threading
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QDialog,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from agent.gate import Decision, Gate, Takeover
+from agent.grammar import format_action
+from agent.killswitch import DEFAULT_HOTKEY, KillSwitch, KillSwitchError
+from agent.loop import AgentLoop, LoopConfig
+from app.agent_run import AgentRun, RunSetupError, queue_for_sync
+from app.control_strip import ControlStrip
+from app.proposal_panel import frame_pixmap
+from app.qt_supervisor import Pending, QtSupervisor
+from app.run_form import RunForm
+from app.screenshot_canvas import ScreenshotCanvas
+
+
+class PausableGate(Gate):
+    """A gate that holds the loop (before the proposal is executed) while paused. A stop while
+    paused lets it go; the loop then sees the stop before executing anything."""
+
+    def __init__(self, mode: str, supervisor=None):
+        super().__init__(mode, supervisor)
+        self.running = threading.Event()
+        self.running.set()
+        self.stop_event: threading.Event | None = None
+
+    def why_ask(self, proposal, observation, *, after_call_user: bool = False):
+        while not self.running.wait(0.05):
+            if self.stop_event is not None and self.stop_event.is_set():
+                return None
+        return super().why_ask(proposal, observation, after_call_user=after_call_user)
+
+
+class ConfirmDialog(QDialog):
+    """On top of everything: the step the agent wants to take, drawn on its screenshot."""
+
+    def __init__(self, pending: Pending, parent=None):
+        super().__init__(parent, Qt.Dialog | Qt.WindowStaysOnTopHint)
+        self.pending = pending
+        req = pending.request
+        asking_help = pending.mode == "takeover"
+        self.setWindowTitle("Tandem: the agent asks for you" if asking_help else "Tandem: allow this step?")
+        self.canvas = ScreenshotCanvas()
+        self.canvas.setMinimumSize(560, 350)
+        pm, w, h = frame_pixmap(req.observation)
+        self.canvas.set_observation(pm, w, h)
+        actions = req.proposal.actions if req.proposal is not None else []
+        self.canvas.set_action(actions[0] if actions else None)
+        what = "; ".join(format_action(a) for a in actions)
+        self.head = head = QLabel(("The agent needs your help. Do what is needed, then resume or end the run."
+                       if asking_help else f"Allow this step? ({req.why})"))
+        head.setObjectName("title")
+        thought = QLabel(req.proposal.thought if req.proposal is not None else "")
+        thought.setWordWrap(True)
+        action = QLabel(what)
+        action.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.value = None
+        buttons = QHBoxLayout()
+        if asking_help:
+            choices = (("Resume the agent", Takeover([], resume=True, by="user")),
+                       ("End the run", Takeover([], resume=False, by="user")))
+        else:
+            choices = (("Allow", Decision.approve(by="user")),
+                       ("Don't allow", Decision.reject("the user did not allow this step", by="user")),
+                       ("Stop the agent", Decision("stop", reason="stopped by the user", decided_by="user")))
+        self.buttons = {}
+        for label, value in choices:
+            b = QPushButton(label)
+            b.clicked.connect(lambda _=False, v=value: self._choose(v))
+            buttons.addWidget(b)
+            self.buttons[label] = b
+        lay = QVBoxLayout(self)
+        lay.addWidget(head)
+        lay.addWidget(self.canvas, 1)
+        lay.addWidget(thought)
+        lay.addWidget(action)
+        lay.addLayout(buttons)
+
+    def _choose(self, value) -> None:
+        self.value = value
+        self.accept()
+
+    def reject(self) -> None:  # Esc or closing the dialog: the safe answer
+        if self.value is None:
+            self.value = (Takeover([], resume=False, by="user") if self.pending.mode == "takeover"
+                          else Decision.reject("the user closed the confirmation", by="user"))
+        super().reject()
+
+
+class DrivePage(QWidget):
+    run_finished = Signal(object)
+
+    def __init__(self, store, window=None, hotkey: str = DEFAULT_HOTKEY):
+        super().__init__()
+        self.store, self.window, self.hotkey = store, window, hotkey
+        self.run: AgentRun | None = None
+        self.gate: PausableGate | None = None
+        self.supervisor: QtSupervisor | None = None
+        self.kill_switch: KillSwitch | None = None
+        self.dialog: ConfirmDialog | None = None
+        self.last_result = None
+        self.strip = ControlStrip(hotkey)
+        self.strip.pause_toggled.connect(self.set_paused)
+        self.strip.stop_clicked.connect(lambda: self.stop("stopped by the user"))
+        self.form = RunForm(store, "drive", gates=("risky", "all", "auto"), executors=False)
+        self.start_btn = QPushButton("Let the agent drive")
+        self.start_btn.setDefault(True)
+        self.start_btn.clicked.connect(self.start_from_form)
+        self.status = QLabel(f"The window hides while the agent acts. Stop it any time with {self.strip.hotkey.text()[13:]} "
+                             "or the strip's Stop button.")
+        self.status.setWordWrap(True)
+        self.steps = QListWidget()
+        title = QLabel("Drive: the agent uses this computer")
+        title.setObjectName("title")
+        lay = QVBoxLayout(self)
+        lay.addWidget(title)
+        lay.addWidget(self.form)
+        row = QHBoxLayout()
+        row.addStretch(1)
+        row.addWidget(self.start_btn)
+        lay.addLayout(row)
+        lay.addWidget(self.status)
+        lay.addWidget(self.steps, 1)
+
+    # ------------------------------------------------------------ starting
+    def start_from_form(self) -> None:
+        try:
+            executor = self._executor()
+            policy = self.form.build_policy(executor.platform)
+        except RunSetupError as e:
+            self.status.setText(f"Cannot start: {e}")
+            return
+        instruction = self.form.instruction.text().strip()
+        if not instruction:
+            self.status.setText("Cannot start: type what the agent should do.")
+            return
+        self.form.remember()
+        self.start_run(policy, executor, instruction, gate=self.form.gate.currentData())
+
+    def _executor(self):
+        from agent.executors.desktop import DesktopExecutor
+
+        return DesktopExecutor()
+
+    def start_run(self, policy, executor, instruction: str, *, gate: str = "risky", config: LoopConfig | None = None):
+        if self.run is not None and self.run.running:
+            raise RuntimeError("the agent is already driving")
+        self.steps.clear()
+        self.supervisor = QtSupervisor("user")
+        self.supervisor.asked.connect(self._asked)
+        self.supervisor.withdrawn.connect(self._withdrawn)
+        self.gate = PausableGate(gate, self.supervisor if gate != "auto" else None)
+        supervisor, page_gate, hotkey = self.supervisor, self.gate, self.hotkey
+
+        def build(run):
+            loop = AgentLoop(policy, executor, store=self.store, gate=page_gate,
+                             config=config or LoopConfig(max_steps=50))
+            supervisor.stop_event = page_gate.stop_event = loop.stop_event
+            self.kill_switch = KillSwitch(loop, hotkey=hotkey)
+            try:
+                self.kill_switch.start()
+            except KillSwitchError as e:  # no global hotkey here (no X display, Wayland): say so on the strip
+                run.event.emit("kill_switch_off", str(e))
+                self.kill_switch = None
+            return loop, instruction
+
+        def close(loop):
+            if self.kill_switch is not None:
+                self.kill_switch.stop()
+            executor.close()
+            policy.close()
+
+        self.run = run = AgentRun(build, on_close=close)
+        run.step.connect(self._step)
+        run.control.connect(lambda on: self.strip.set_state(
+            "Paused" if self.strip.pause_btn.isChecked() else ("Acting" if on else "Waiting")))
+        run.event.connect(self._event)
+        run.finished.connect(self._finished)
+        run.failed.connect(self._failed)
+        self.strip.pause_btn.setChecked(False)
+        self.strip.set_state("Starting")
+        self.strip.set_step(instruction, "")
+        self.strip.place()
+        self.strip.show()
+        self.strip.raise_()
+        if self.window is not None:
+            self.window.hide()  # out of the way and out of the screenshots
+        self.start_btn.setEnabled(False)
+        self.status.setText("The agent is driving…")
+        run.start()
+        return run
+
+    # ------------------------------------------------------------ control
+    def set_paused(self, paused: bool) -> None:
+        if self.gate is None:
+            return
+        if paused:
+            self.gate.running.clear()
+        else:
+            self.gate.running.set()
+
+    def stop(self, reason: str = "stopped by the user") -> None:
+        if self.gate is not None:
+            self.gate.running.set()
+        if self.run is not None:
+            self.run.stop(reason)
+
+    def _event(self, kind: str, payload) -> None:
+        if kind == "proposal":
+            p = payload["proposal"]
+            self.strip.set_step(p.thought, "; ".join(format_action(a) for a in p.actions) or (p.parse_error or ""))
+        elif kind == "kill_switch_off":
+            self.strip.set_kill_switch_problem(payload)
+
+    def _asked(self, pending: Pending) -> None:
+        self.strip.set_state("Asks you")
+        self.dialog = dlg = ConfirmDialog(pending)
+        dlg.finished.connect(lambda _=0: self._answer(dlg))
+        dlg.show()
+        dlg.raise_()
+        dlg.activateWindow()
+
+    def _answer(self, dlg: ConfirmDialog) -> None:
+        if self.supervisor is not None and dlg.value is not None:
+            self.supervisor.answer(dlg.pending, dlg.value)
+        if self.dialog is dlg:
+            self.dialog = None
+        dlg.deleteLater()
+
+    def _withdrawn(self, pending: Pending) -> None:
+        if self.dialog is not None and self.dialog.pending is pending:
+            self.dialog.value = Decision("stop", reason="stopped")
+            self.dialog.close()
+
+    def _step(self, step) -> None:
+        err = f"  ✗ {step.info['error']}" if step.info.get("error") else ""
+        self.steps.addItem(f"{step.index + 1}. {format_action(step.action)}{err}")
+
+    def _end(self, text: str) -> None:
+        self.strip.hide()
+        if self.window is not None:
+            self.window.show()
+            self.window.raise_()
+        self.start_btn.setEnabled(True)
+        self.status.setText(text)
+
+    def _finished(self, result) -> None:
+        self.last_result = result
+        queued = queue_for_sync(self.store, self.window, result.episode.id) if result.episode.kind == "supervised" else ""
+        self._end(f"The agent stopped: {result.reason} ({result.steps} steps)." + (f" Decisions {queued}." if queued else ""))
+        self.run_finished.emit(result)
+
+    def _failed(self, text: str) -> None:
+        self._end(f"The run failed: {text.splitlines()[0]}")
+
+    def shutdown(self) -> None:
+        if self.run is not None and self.run.running:
+            self.stop("the window closed")
+            self.run.wait(10)
+        self.strip.hide()

@@ -1,0 +1,160 @@
+"""The form that sets up an agent run (Supervise and Drive pages): instruction, policy and its
+options, where it acts (this desktop or a sandbox task) and the gate. Choices are remembered
+in the store's settings under `<prefix>.*`."""
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QStackedWidget,
+    QWidget,
+)
+
+from app.agent_run import DEFAULT_MODEL_DIR, make_executor, make_policy
+
+POLICY_LABELS = {"default": "Default small model", "endpoint": "OpenAI-compatible endpoint",
+                 "local": "Local model folder", "replay": "Replay file (scripted responses)"}
+GATE_LABELS = {"all": "Ask me before every step", "risky": "Ask before risky steps", "auto": "Never ask"}
+
+
+def sandbox_families() -> list[str]:
+    try:
+        from trainer.sandbox.families import FAMILIES  # names only; the sandbox itself runs in a child process
+
+        return list(FAMILIES)
+    except Exception:  # noqa: BLE001 - the trainer may not be installed beside the app
+        return []
+
+
+class RunForm(QWidget):
+    def __init__(self, store=None, prefix: str = "supervise", gates=("all", "risky"), executors=True, parent=None):
+        super().__init__(parent)
+        self.store, self.prefix = store, prefix
+        form = QFormLayout(self)
+        form.setContentsMargins(0, 0, 0, 0)
+        self.instruction = QLineEdit()
+        self.instruction.setPlaceholderText("What should the agent do? (a sandbox task brings its own)")
+        form.addRow("Instruction", self.instruction)
+
+        self.policy = QComboBox()
+        for key in ("default", "endpoint", "local", "replay"):
+            self.policy.addItem(POLICY_LABELS[key], key)
+        self.options = QStackedWidget()
+        self.replay_path = QLineEdit()
+        self.replay_path.setPlaceholderText("responses.jsonl")
+        browse = QPushButton("…")
+        browse.clicked.connect(self._browse_replay)
+        replay = QWidget()
+        rl = QHBoxLayout(replay)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.addWidget(self.replay_path, 1)
+        rl.addWidget(browse)
+        self.base_url = QLineEdit()
+        self.base_url.setPlaceholderText("http://127.0.0.1:8000/v1")
+        self.model = QLineEdit()
+        self.model.setPlaceholderText("model name, e.g. ui-tars-1.5-7b")
+        self.api_key = QLineEdit()
+        self.api_key.setEchoMode(QLineEdit.Password)
+        self.api_key.setPlaceholderText("API key (optional)")
+        endpoint = QWidget()
+        el = QHBoxLayout(endpoint)
+        el.setContentsMargins(0, 0, 0, 0)
+        for w in (self.base_url, self.model, self.api_key):
+            el.addWidget(w)
+        self.model_dir = QLineEdit()
+        self.model_dir.setPlaceholderText("a transformers Qwen2.5-VL-class model folder")
+        default = QLabel(f"{DEFAULT_MODEL_DIR}")
+        default.setObjectName("muted")
+        self._pages = {"default": default, "endpoint": endpoint, "local": self.model_dir, "replay": replay}
+        for key in ("default", "endpoint", "local", "replay"):
+            self.options.addWidget(self._pages[key])
+        self.policy.currentIndexChanged.connect(lambda: self.options.setCurrentWidget(self._pages[self.policy.currentData()]))
+        form.addRow("Policy", self.policy)
+        form.addRow("", self.options)
+
+        self.executor = QComboBox()
+        self.executor.addItem("This desktop", "desktop")
+        self.executor.addItem("A sandbox task", "sandbox")
+        self.family = QComboBox()
+        self.family.addItems(sandbox_families() or ["click_button"])
+        self.seed = QSpinBox()
+        self.seed.setRange(0, 2**31 - 1)
+        where = QWidget(self)  # parented: when it is not shown, its combos must still live
+        wl = QHBoxLayout(where)
+        wl.setContentsMargins(0, 0, 0, 0)
+        wl.addWidget(self.executor)
+        wl.addWidget(self.family)
+        wl.addWidget(QLabel("seed"))
+        wl.addWidget(self.seed)
+        self.executor.currentIndexChanged.connect(self._executor_changed)
+        if executors:
+            form.addRow("Acts on", where)
+        else:
+            where.hide()
+        self.gate = QComboBox()
+        for g in gates:
+            self.gate.addItem(GATE_LABELS[g], g)
+        form.addRow("Gate", self.gate)
+        self._restore()
+        self._executor_changed()
+
+    # ------------------------------------------------------------ values
+    def _executor_changed(self) -> None:
+        sandbox = self.executor.currentData() == "sandbox"
+        self.family.setVisible(sandbox)
+        self.seed.setVisible(sandbox)
+
+    def _browse_replay(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Replay responses", "", "JSON lines (*.jsonl);;All files (*)")
+        if path:
+            self.replay_path.setText(path)
+
+    def set_choice(self, combo: QComboBox, value) -> None:
+        i = combo.findData(value)
+        if i < 0:
+            raise ValueError(f"no choice {value!r} in {[combo.itemData(k) for k in range(combo.count())]}")
+        combo.setCurrentIndex(i)
+
+    def build_executor(self):
+        return make_executor(self.executor.currentData(), family=self.family.currentText(), seed=self.seed.value())
+
+    def build_policy(self, platform: str):
+        return make_policy(self.policy.currentData(), responses=self.replay_path.text().strip() or None,
+                           base_url=self.base_url.text().strip(), model=self.model.text().strip(),
+                           api_key=self.api_key.text().strip() or None, model_dir=self.model_dir.text().strip(),
+                           platform=platform)
+
+    # ------------------------------------------------------------ settings
+    def _fields(self):
+        return {"policy": self.policy, "executor": self.executor, "gate": self.gate, "replay": self.replay_path,
+                "base_url": self.base_url, "model": self.model, "model_dir": self.model_dir, "family": self.family}
+
+    def remember(self) -> None:
+        if self.store is None:
+            return
+        for key, w in self._fields().items():
+            v = w.currentData() if isinstance(w, QComboBox) and w is not self.family else (
+                w.currentText() if isinstance(w, QComboBox) else w.text())
+            self.store.set_setting(f"{self.prefix}.{key}", v)
+
+    def _restore(self) -> None:
+        if self.store is None:
+            return
+        for key, w in self._fields().items():
+            v = self.store.get_setting(f"{self.prefix}.{key}")
+            if v is None:
+                continue
+            if w is self.family:
+                w.setCurrentText(v)
+            elif isinstance(w, QComboBox):
+                i = w.findData(v)
+                if i >= 0:
+                    w.setCurrentIndex(i)
+            else:
+                w.setText(v)

@@ -1,0 +1,82 @@
+"""The Drive page offscreen (pytest-qt) on a real sandbox task: a risky step waits for the
+confirmation dialog (on top), a refusal is stored with its reason and the policy is asked
+again; Pause holds the agent before its next action; Stop while paused ends the run."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from PySide6.QtCore import Qt
+
+from agent import coords
+from agent.grammar import format_normalized
+from agent.loop import LoopConfig
+from agent.policies import ReplayPolicy
+from agent.schema import Action
+from app.drive_view import DrivePage
+from app.sandbox_executor import SandboxProcessExecutor
+from app.sync.outbox import Outbox
+
+
+@pytest.fixture
+def sandbox():
+    ex = SandboxProcessExecutor("click_button", 3)
+    instruction = ex.prepare()
+    yield ex, instruction, ex.expert_action()[1]
+    ex.close()
+
+
+@pytest.fixture
+def page(qtbot, store):
+    p = DrivePage(store)
+    qtbot.addWidget(p)
+    p.show()
+    yield p
+    p.shutdown()
+
+
+def click(action):
+    return format_normalized("Press it.", [action], coords.SMART_RESIZE, 320, 240)
+
+
+def test_risky_step_asks_on_top_and_a_refusal_is_kept(qtbot, page, sandbox, store):
+    ex, instruction, expert = sandbox
+    policy = ReplayPolicy(["Thought: Close this window.\nAction: hotkey(key='ctrl w')", click(expert)], platform="sandbox")
+    page.start_run(policy, ex, instruction, gate="risky", config=LoopConfig(max_steps=5))
+    assert page.strip.isVisible()
+    qtbot.waitUntil(lambda: page.dialog is not None, timeout=15000)
+    dlg = page.dialog
+    assert dlg.windowFlags() & Qt.WindowStaysOnTopHint and dlg.isVisible()
+    assert "risky action: hotkey 'ctrl w'" in dlg.head.text()
+    assert dlg.canvas._action == Action("hotkey", {"key": "ctrl w"})
+    qtbot.mouseClick(dlg.buttons["Don't allow"], Qt.LeftButton)
+    qtbot.waitUntil(lambda: page.last_result is not None, timeout=15000)
+    ep = store.load_episode(page.last_result.episode.id)
+    assert ex.success and policy.position == 2
+    assert ep.steps[0].info["rejections"][0]["reason"] == "the user did not allow this step"
+    assert ep.kind == "supervised" and Outbox(store).get(ep.id).state == "queued"
+    assert not page.strip.isVisible()
+
+
+def test_pause_holds_the_agent_and_resume_lets_it_go(qtbot, page, sandbox, store):
+    ex, instruction, expert = sandbox
+    page.strip.pause_btn.setChecked(True)  # paused before the first action
+    run = page.start_run(ReplayPolicy([click(expert)], platform="sandbox"), ex, instruction, gate="auto")
+    page.strip.pause_btn.setChecked(True)
+    time.sleep(0.8)
+    qtbot.wait(50)
+    assert run.loop is not None and run.loop.episode.steps == [] and not ex.success
+    assert page.strip.state.text() == "Paused"
+    qtbot.mouseClick(page.strip.pause_btn, Qt.LeftButton)
+    qtbot.waitUntil(lambda: page.last_result is not None, timeout=15000)
+    assert ex.success and page.last_result.episode.kind == "autonomous"
+
+
+def test_stop_while_paused_executes_nothing(qtbot, page, sandbox, store):
+    ex, instruction, expert = sandbox
+    run = page.start_run(ReplayPolicy([click(expert)], platform="sandbox"), ex, instruction, gate="auto")
+    page.strip.pause_btn.setChecked(True)
+    qtbot.waitUntil(lambda: run.loop is not None, timeout=15000)
+    qtbot.mouseClick(page.strip.stop_btn, Qt.LeftButton)
+    qtbot.waitUntil(lambda: page.last_result is not None, timeout=15000)
+    assert page.last_result.reason == "stopped by the user" and page.last_result.steps == 0 and not ex.success

@@ -1,0 +1,184 @@
+"""The Supervise page, driven like a supervisor would (pytest-qt, offscreen): a replay policy acts
+on a real sandbox task (real Qt widgets in a child process, verified by the task's own checker);
+the human approves, edits by clicking on the screenshot, rejects with a reason, takes over."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QPoint, Qt
+
+from agent import coords
+from agent.grammar import format_normalized
+from agent.loop import LoopConfig
+from agent.policies import ReplayPolicy
+from agent.schema import Action
+from app.sandbox_executor import SandboxProcessExecutor
+from app.supervise_view import SupervisePage
+from app.sync.outbox import Outbox
+
+FAMILY, SEED = "click_button", 3
+EMPTY = (0.03, 0.97)  # a corner of the task window with no widget: a click there changes nothing
+
+
+def text(thought: str, action: Action) -> str:
+    return format_normalized(thought, [action], coords.SMART_RESIZE, 320, 240)
+
+
+@pytest.fixture
+def sandbox():
+    ex = SandboxProcessExecutor(FAMILY, SEED)
+    instruction = ex.prepare()
+    thought, action = ex.expert_action()
+    yield ex, instruction, action.args["start_box"]
+    ex.close()
+
+
+@pytest.fixture
+def page(qtbot, store):
+    p = SupervisePage(store, name="alice")
+    qtbot.addWidget(p)
+    p.resize(1400, 900)
+    p.show()
+    qtbot.waitExposed(p)
+    yield p
+    p.shutdown()
+
+
+def start(page, sandbox, responses):
+    ex, instruction, _ = sandbox
+    policy = ReplayPolicy(responses, platform="sandbox")
+    run = page.start_run(policy, ex, instruction, gate="all", config=LoopConfig(max_steps=6, kind="supervised"))
+    return run, policy
+
+
+def wait_for_proposal(qtbot, page, n=1):
+    qtbot.waitUntil(lambda: len(page.displays) >= n and page.panel.pending is not None, timeout=15000)
+    return page.panel.pending
+
+
+def wait_end(qtbot, page):
+    qtbot.waitUntil(lambda: page.last_result is not None, timeout=20000)
+    return page.store.load_episode(page.last_episode_id)
+
+
+def click_canvas_at(qtbot, page, point):
+    x, y = page.panel.canvas.point_to_widget(point)
+    qtbot.mouseClick(page.panel.canvas, Qt.LeftButton, pos=QPoint(round(x), round(y)))
+
+
+def test_approve_with_enter_executes_and_stores_an_agent_step(qtbot, page, sandbox, store):
+    ex, instruction, target = sandbox
+    start(page, sandbox, [text("Click the button.", Action("click", {"start_box": target}))])
+    pending = wait_for_proposal(qtbot, page)
+    drawn = page.panel.canvas._action  # the proposal is drawn (through model space: within a pixel)
+    assert drawn.name == "click" and all(abs(a - b) * 320 < 1.5 for a, b in zip(drawn.args["start_box"], target))
+    assert "Click the button." in page.panel.thought.toPlainText()
+    qtbot.keyClick(page.panel, Qt.Key_Return)
+    ep = wait_end(qtbot, page)
+    assert ex.success, "the sandbox's verifier did not see the button clicked"
+    assert ep.kind == "supervised" and ep.instruction == instruction
+    s0 = ep.steps[0]
+    assert s0.provenance.source == "agent" and s0.provenance.decision == "approve"
+    assert s0.provenance.decided_by == "alice" and s0.provenance.decision_seconds is not None
+    assert ep.meta["decisions"][0]["kind"] == "approve"
+    assert Outbox(store).get(ep.id).state == "queued"  # queued for sync like a recording
+    assert pending.request.why == "every step is reviewed"
+
+
+def test_edit_by_clicking_on_the_screenshot_stores_the_screen_point(qtbot, page, sandbox, store):
+    ex, _, target = sandbox
+    start(page, sandbox, [text("The button is down here.", Action("click", {"start_box": EMPTY}))])
+    wait_for_proposal(qtbot, page)
+    click_canvas_at(qtbot, page, target)
+    assert page.panel.approve_btn.text().startswith("Approve with edits")
+    page.panel.thought.setPlainText("The target button is in the middle.")
+    qtbot.keyClick(page.panel, Qt.Key_Return)
+    ep = wait_end(qtbot, page)
+    assert ex.success
+    s0 = ep.steps[0]
+    assert s0.provenance.source == "corrected" and s0.provenance.decision == "edit"
+    geometry = s0.observation.geometry
+    want = coords.normalized_to_screen(target, geometry)
+    got = coords.normalized_to_screen(s0.action.args["start_box"], geometry)
+    assert abs(got[0] - want[0]) <= 1 and abs(got[1] - want[1]) <= 1, (got, want)
+    # the proposal is kept beside the correction: a preference pair
+    assert coords.normalized_to_screen(s0.provenance.proposal_action.args["start_box"], geometry) == \
+        coords.normalized_to_screen(EMPTY, geometry)
+    assert s0.thought == "The target button is in the middle."
+    assert s0.provenance.proposal_thought == "The button is down here."
+    assert ep.meta["decisions"][0]["kind"] == "edit" and ep.meta["decisions"][0]["proposed"] == "click"
+
+
+def test_reject_with_a_reason_asks_the_policy_again(qtbot, page, sandbox, store):
+    ex, _, target = sandbox
+    _, policy = start(page, sandbox, [text("Click the corner.", Action("click", {"start_box": EMPTY})),
+                                      text("Click the button.", Action("click", {"start_box": target}))])
+    wait_for_proposal(qtbot, page)
+    qtbot.keyClick(page.panel, Qt.Key_R)
+    assert page.panel.reason.hasFocus()
+    qtbot.keyClicks(page.panel.reason, "there is nothing in that corner")
+    qtbot.keyClick(page.panel.reason, Qt.Key_Return)
+    wait_for_proposal(qtbot, page, n=2)
+    assert policy.position == 2  # asked again
+    assert page.panel.thought.toPlainText() == "Click the button."
+    qtbot.keyClick(page.panel, Qt.Key_Return)
+    ep = wait_end(qtbot, page)
+    assert ex.success
+    rejected = ep.steps[0].info["rejections"]
+    assert rejected[0]["reason"] == "there is nothing in that corner" and rejected[0]["by"] == "alice"
+    assert [d["kind"] for d in ep.meta["decisions"]] == ["reject", "approve"]
+    assert "rejected" in policy.last_messages[-1]["content"][-1]["text"] or any(
+        "there is nothing in that corner" in str(m["content"]) for m in policy.last_messages)
+
+
+def test_take_over_runs_the_humans_steps_and_hands_back(qtbot, page, sandbox, store):
+    ex, _, target = sandbox
+    start(page, sandbox, [text("Click the corner.", Action("click", {"start_box": EMPTY})), "Thought: done\nAction: finished()"])
+    wait_for_proposal(qtbot, page)
+    qtbot.keyClick(page.panel, Qt.Key_T)
+    assert page.panel.compose
+    click_canvas_at(qtbot, page, target)
+    page.panel.thought.setPlainText("I will press it myself.")
+    qtbot.keyClick(page.panel, Qt.Key_Return)  # run my steps and hand back
+    ep = wait_end(qtbot, page)  # my click solved the task: the environment ends the run, the agent is not asked again
+    assert ex.success
+    human = ep.steps[0]
+    assert human.provenance.source == "human" and human.provenance.decision == "takeover"
+    assert human.thought == "I will press it myself."
+    got = coords.normalized_to_screen(human.action.args["start_box"], human.observation.geometry)
+    want = coords.normalized_to_screen(target, human.observation.geometry)
+    assert abs(got[0] - want[0]) <= 1 and abs(got[1] - want[1]) <= 1
+    assert len(ep.steps) == 1 and ep.steps[0].terminated and ep.meta["end_reason"] == "click (by the human)"
+    assert page.decisions.stats.counts.get("takeover") == 1
+
+
+def test_start_from_the_form_with_a_replay_file(qtbot, page, store, tmp_path):
+    ex = SandboxProcessExecutor(FAMILY, SEED)
+    try:
+        ex.prepare()
+        target = ex.expert_action()[1].args["start_box"]
+    finally:
+        ex.close()
+    import json
+
+    path = tmp_path / "responses.jsonl"
+    path.write_text(json.dumps(text("Click it.", Action("click", {"start_box": target}))) + "\n")
+    f = page.form
+    f.set_choice(f.policy, "replay")
+    f.replay_path.setText(str(path))
+    f.set_choice(f.executor, "sandbox")
+    f.family.setCurrentText(FAMILY)
+    f.seed.setValue(SEED)
+    qtbot.mouseClick(page.start_btn, Qt.LeftButton)
+    wait_for_proposal(qtbot, page)
+    qtbot.mouseClick(page.panel.approve_btn, Qt.LeftButton)
+    ep = wait_end(qtbot, page)
+    assert ep.steps[0].provenance.decision == "approve" and "Undo" in ep.instruction
+    assert store.get_setting("supervise.policy") == "replay"
+
+
+def test_bad_choices_are_named_not_raised(qtbot, page):
+    f = page.form
+    f.set_choice(f.policy, "endpoint")
+    f.set_choice(f.executor, "sandbox")
+    page.start_from_form()
+    assert "base URL" in page.run_label.text() and page.run is None

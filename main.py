@@ -17,6 +17,8 @@ COMMANDS = [
     "trainer.sandbox.cli",  # sandbox: show, families, generate, eval
     "trainer.cli_backend",  # backend: the sync server; backend user add|list|revoke
     "app.sync.cli",  # submit, sync
+    "trainer.cli_train",  # train: sft, ct, ppo, default
+    "trainer.flywheel.cli",  # flywheel: run, status, merge, undo, plot
 ]
 
 

@@ -173,11 +173,27 @@ def stop_token_ids(processor) -> list[int]:
     return [i for i in ids if i is not None and i != unk]
 
 
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def vision_token_ids(processor) -> list[int]:
+    """Ids of the vision placeholders the tokenizer has (none of them is ever a reply token)."""
+    tok = processor.tokenizer
+    unk = getattr(tok, "unk_token_id", None)
+    ids = (tok.convert_tokens_to_ids(t) for t in VISION_TOKENS)
+    return sorted({i for i in ids if i is not None and i != unk})
+
+
 def generate(model, processor, messages, images=None, max_new_tokens: int = 256, temperature: float = 0.0,
              seed: int | None = None, *, top_p: float = 1.0, details: bool = False):
     """The assistant's reply to a chat: the text, or a Generation with token ids and per-token
     log-probs when details is set. temperature 0 is greedy; with a seed, sampling is
-    reproducible and the global RNG state is left as it was."""
+    reproducible and the global RNG state is left as it was.
+
+    Vision placeholders (<|image_pad|> ...) are never generated: one in a reply would make the
+    reply impossible to score again (the processor would look for an image behind it), and an
+    untrained model emits them. The log-probs are still those of the model's own distribution
+    (the raw logits), which is what action_logprobs computes when the reply is re-scored."""
     import torch
 
     if max_new_tokens < 1:
@@ -191,6 +207,9 @@ def generate(model, processor, messages, images=None, max_new_tokens: int = 256,
     sample = temperature > 0
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sample, eos_token_id=stops, pad_token_id=stops[-1],
                   return_dict_in_generate=True, output_logits=True)
+    banned = vision_token_ids(processor)
+    if banned:
+        kwargs["suppress_tokens"] = banned
     if sample:  # top_k off, so the sampled distribution is exactly softmax(logits / T) (what PPO scores)
         kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
     model_inputs = to_model(inputs, model)

@@ -27,6 +27,7 @@ PAGES: list[tuple[str, str]] = [
     ("Library", "app.library_view:LibraryPage"),
     ("Record", "app.record_view:RecordPage"),
     ("Sync", "app.sync_page:SyncPage"),
+    ("Train", "app.train_view:TrainPage"),
     ("Supervise", "app.supervise_view:SupervisePage"),
     ("Drive", "app.drive_view:DrivePage"),
 ]

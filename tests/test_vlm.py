@@ -133,6 +133,40 @@ def test_generation_logprobs_equal_a_rescoring_of_the_same_tokens(tiny):
     assert not torch.allclose(lp1[target], lp[target], atol=1e-3)  # temperature is applied
 
 
+def test_generate_never_emits_vision_placeholders(tiny):
+    """An untrained model may favour <|image_pad|>; a reply holding one could not be scored
+    again (the processor would look for an image behind it). generate suppresses them, and the
+    reply still re-scores to the log-probs recorded while sampling."""
+    import torch
+
+    model, processor = tiny
+    banned = vlm.vision_token_ids(processor)
+    tok = processor.tokenizer
+    assert tok.convert_tokens_to_ids("<|image_pad|>") in banned and tok.convert_tokens_to_ids("<|im_end|>") not in banned
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+
+    def favour_vision(module, args, out):  # the model now puts almost all its mass on vision tokens
+        out = out.clone()
+        out[..., banned] += 50.0
+        out[..., pad] += 10.0
+        return out
+
+    hook = model.lm_head.register_forward_hook(favour_vision)
+    try:
+        inputs = vlm.to_model(vlm.build_inputs(processor, chat()), model)
+        with torch.no_grad():
+            assert int(model(**inputs).logits[0, -1].argmax()) == pad  # unsuppressed, it would say <|image_pad|>
+        for kw in ({"temperature": 0.0}, {"temperature": 1.0, "seed": 3}):
+            g = vlm.generate(model, processor, chat(), max_new_tokens=12, details=True, **kw)
+            assert g.token_ids and not set(g.token_ids) & set(banned), kw
+            full, target = vlm.extend_inputs(g.inputs, g.token_ids)
+            with torch.no_grad():
+                lp = vlm.action_logprobs(model, full, target, temperature=kw["temperature"] or 1.0)
+            assert torch.allclose(lp[target], torch.tensor(g.logprobs), atol=1e-4)
+    finally:
+        hook.remove()
+
+
 def test_assistant_mask_covers_exactly_the_assistant_turns(tiny):
     model, processor = tiny
     msgs = chat(ANSWER_1, ANSWER_2)[:-1]  # ends with the second answer

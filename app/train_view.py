@@ -1,0 +1,263 @@
+"""The Train page: the data flywheel at a glance and a button that turns it once.
+
+  - the data pools (SFT, CT, rejected) and how much each iteration added, beside held-out
+    success by iteration (a matplotlib canvas);
+  - the model versions with their evaluation per family, lineage and status (a table);
+  - the training curves (reward, entropy, success rate, SFT loss) from <data>/flywheel/metrics.jsonl;
+  - "Run iteration": `python main.py flywheel run --iterations 1 --progress-json` as a child
+    process, watched from a background worker; its JSON progress lines drive the progress bar.
+
+The app talks to the trainer only as a process (see DESIGN.md): state comes from
+`flywheel status --json`. The one trainer import is the pools chart's drawing function (pure
+matplotlib, no model), so this page and the flywheel's PNG draw the same thing.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.workers import run_in_background
+from trainer.flywheel.plots import draw_growth
+
+MAIN = Path(__file__).resolve().parents[1] / "main.py"
+CURVES = (("ppo", "reward"), ("ppo", "entropy"), ("ppo", "success_rate"), ("sft", "loss"))
+
+
+def flywheel_command(data_dir, *args) -> list[str]:
+    return [sys.executable, str(MAIN), "flywheel", *args, "--data", str(data_dir)]
+
+
+def read_status(data_dir) -> dict:
+    """`flywheel status --json` of the data directory (run as a process)."""
+    p = subprocess.run(flywheel_command(data_dir, "status", "--json"), capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(f"flywheel status failed: {p.stderr.strip()[-500:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def read_curves(data_dir) -> dict:
+    """{(phase, key): [(step, value)]} from the flywheel's metrics file; bad lines are skipped."""
+    path = Path(data_dir) / "flywheel" / "metrics.jsonl"
+    out: dict = {c: [] for c in CURVES}
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        for phase, key in CURVES:
+            if r.get("phase") == phase and isinstance(r.get(key), (int, float)):
+                out[(phase, key)].append((r["step"], r[key]))
+    return out
+
+
+class IterationRun:
+    """One `flywheel run` child process; `run(progress)` blocks until it ends (call it in a worker)."""
+
+    def __init__(self, data_dir, iterations: int = 1):
+        self.cmd = flywheel_command(data_dir, "run", "--iterations", str(iterations), "--progress-json")
+        self.proc: subprocess.Popen | None = None
+        self.stopped = False
+
+    def run(self, progress=None) -> dict:
+        import tempfile
+
+        # stderr to a file: a pipe nobody reads while stdout is followed could fill and stall the child
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errf:
+            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=errf, text=True)
+            result = None
+            for line in self.proc.stdout:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue  # library chatter on stdout
+                if not isinstance(msg, dict):
+                    continue
+                if "result" in msg:
+                    result = msg["result"]
+                elif progress and "done" in msg:
+                    progress((msg["iteration"] - 1) * 100 + msg["done"], 100 * msg["of"])
+            rc = self.proc.wait()
+            errf.seek(0)
+            err = errf.read()
+        if self.stopped:
+            raise RuntimeError("stopped")
+        if rc != 0 or result is None:
+            tail = "\n".join(err.strip().splitlines()[-8:])
+            raise RuntimeError(f"the iteration failed (exit status {rc}):\n{tail}")
+        return result
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.stopped = True
+            self.proc.terminate()
+
+
+class TrainPage(QWidget):
+    def __init__(self, store, window=None):
+        from matplotlib.backends.backend_qtagg import FigureCanvasQTAgg
+        from matplotlib.figure import Figure
+
+        super().__init__()
+        self.store, self.window = store, window
+        self.status: dict | None = None
+        self.running: IterationRun | None = None
+
+        title = QLabel("Train")
+        title.setObjectName("title")
+        self.summary = QLabel("Loading the flywheel's state…")
+        self.summary.setObjectName("muted")
+        self.run_btn = QPushButton("Run iteration")
+        self.run_btn.setToolTip("Score and route new data, train CT → SFT → PPO, evaluate, promote if better")
+        self.run_btn.clicked.connect(self.run_iteration)
+        self.stop_btn = QPushButton("Stop")
+        self.stop_btn.setEnabled(False)
+        self.stop_btn.clicked.connect(self.stop_iteration)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.progress.setValue(0)
+        self.message = QLabel("")
+        top = QHBoxLayout()
+        top.addWidget(title)
+        top.addWidget(self.summary, 1)
+        top.addWidget(self.progress)
+        top.addWidget(self.run_btn)
+        top.addWidget(self.stop_btn)
+
+        self.pool_fig = Figure(figsize=(7, 2.6), tight_layout=True)
+        self.pool_canvas = FigureCanvasQTAgg(self.pool_fig)
+        self.curve_fig = Figure(figsize=(7, 2.4), tight_layout=True)
+        self.curve_canvas = FigureCanvasQTAgg(self.curve_fig)
+        self.table = QTableWidget(0, 0)
+        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.table.setSelectionBehavior(QTableWidget.SelectRows)
+        self.table.verticalHeader().setVisible(False)
+
+        split = QSplitter(Qt.Vertical)
+        split.addWidget(self.pool_canvas)
+        split.addWidget(self.table)
+        split.addWidget(self.curve_canvas)
+        layout = QVBoxLayout(self)
+        layout.addLayout(top)
+        layout.addWidget(self.message)
+        layout.addWidget(split, 1)
+        self.refresh()
+
+    # ------------------------------------------------------------ state
+    def refresh(self) -> None:
+        """Read the state in a worker (a child process), then redraw on the main thread."""
+        run_in_background(read_status, self.store.root, on_result=self.show_status,
+                          on_error=lambda e: self.summary.setText(f"Could not read the flywheel's state: {e}"))
+
+    def show_status(self, status: dict) -> None:
+        self.status = status
+        pools, cur = status["pools"], status["current"]
+        self.summary.setText(f"SFT {pools['sft']} · CT {pools['ct']} · rejected {pools['rejected']} · "
+                             f"unscored {pools['unscored']} episodes — current model: {cur or 'none yet'}")
+        self._fill_table(status["versions"], cur)
+        self._draw_pools(status)
+        self._draw_curves(read_curves(self.store.root))
+
+    def _fill_table(self, versions: list, current) -> None:
+        fams = sorted({f for v in versions for f in (v["metrics"].get("families") or {})})
+        cols = ["version", "iteration", "status", "parent", "mean success"] + fams + ["note"]
+        self.table.clear()
+        self.table.setColumnCount(len(cols))
+        self.table.setHorizontalHeaderLabels(cols)
+        self.table.setRowCount(len(versions))
+        for row, v in enumerate(versions):
+            m = v["metrics"]
+            cells = [v["version"], str(v["iteration"]), v["status"] + (" ★" if v["version"] == current else ""),
+                     v["parent"] or "", _pct(m.get("mean_success"))]
+            cells += [_pct((m.get("families") or {}).get(f, {}).get("success")) for f in fams]
+            cells.append(v.get("note") or "")
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setToolTip(json.dumps(v["lineage"].get("parents", [])) if col == 3 else text)
+                self.table.setItem(row, col, item)
+        self.table.resizeColumnsToContents()
+
+    def _draw_pools(self, status: dict) -> None:
+        self.pool_fig.clear()
+        ax1, ax2 = self.pool_fig.subplots(1, 2)
+        draw_growth(ax1, status["growth"])
+        ev = [v for v in status["versions"] if v["metrics"].get("mean_success") is not None]
+        ax2.plot([v["iteration"] for v in ev], [v["metrics"]["mean_success"] for v in ev], "o-", color="black")
+        for v in ev:
+            if v["status"] == "rejected":
+                ax2.plot(v["iteration"], v["metrics"]["mean_success"], "x", color="#c92a2a")
+        from matplotlib.ticker import MaxNLocator
+
+        ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax2.set_ylim(-0.02, 1.02)
+        ax2.set_title("held-out success by version (× rejected)", fontsize=9)
+        ax2.set_xlabel("iteration", fontsize=8)
+        self.pool_canvas.draw_idle()
+
+    def _draw_curves(self, curves: dict) -> None:
+        self.curve_fig.clear()
+        axes = self.curve_fig.subplots(1, len(CURVES))
+        for ax, key in zip(axes, CURVES):
+            pts = curves.get(key) or []
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1)
+            ax.set_title(f"{key[0]} {key[1]}", fontsize=8)
+            ax.tick_params(labelsize=6)
+        self.curve_canvas.draw_idle()
+
+    # ------------------------------------------------------------ running
+    def run_iteration(self) -> None:
+        if self.running is not None:
+            return
+        self.running = IterationRun(self.store.root, 1)
+        self.run_btn.setEnabled(False)
+        self.stop_btn.setEnabled(True)
+        self.progress.setValue(0)
+        self.message.setText("Running an iteration…")
+        run_in_background(self.running.run, on_progress=self._on_progress, on_result=self._on_done,
+                          on_error=self._on_error, on_finished=self._on_finished)
+
+    def stop_iteration(self) -> None:
+        if self.running is not None:
+            self.running.stop()
+
+    def _on_progress(self, done: int, total: int) -> None:
+        self.progress.setValue(int(100 * done / max(1, total)))
+
+    def _on_done(self, result: dict) -> None:
+        self.progress.setValue(100)
+        verdict = "promoted" if result["promoted"] else "not promoted"
+        success = result.get("candidate_success")
+        self.message.setText(f"Iteration {result['iteration']}: {result['candidate']} {verdict} "
+                             f"(held-out success {_pct(success)}); current model {result['current']}. "
+                             f"{result.get('decision', '')}")
+        if self.window is not None and hasattr(self.window, "notify"):
+            self.window.notify(f"Flywheel iteration {result['iteration']} finished: {verdict}")
+
+    def _on_error(self, exc) -> None:
+        self.message.setText(f"The iteration did not finish: {exc}")
+
+    def _on_finished(self) -> None:
+        self.running = None
+        self.run_btn.setEnabled(True)
+        self.stop_btn.setEnabled(False)
+        self.refresh()
+
+
+def _pct(v) -> str:
+    return "–" if v is None else f"{100 * v:.0f}%"

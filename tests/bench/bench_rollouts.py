@@ -1,0 +1,103 @@
+"""Rollout throughput, asynchronous vs synchronous, in one run, with long-tail episode lengths;
+and the learner's tokens per second.
+
+    python tests/bench/bench_rollouts.py [--updates 4 --batch 8 --workers 2]
+
+The policy is the tiny VLM (random weights, so most episodes run to their family's step limit);
+the families mix step limits of 4 and 14-16 steps, which gives the long tail. Each "update" is
+the real PPO learner step of trainer.ppo: the batch's turns scored (proximal log-probs, critic
+values, decoupled GAE), then a policy epoch and a critic epoch over every generated token, and
+the new weights broadcast. Both modes use the same worker processes (RolloutPool.set_mode), sync
+first: in sync mode the workers wait for the whole batch and for the update; in async mode they
+keep playing. Learner tokens/s counts generated tokens through one policy + one critic epoch.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+FAMILIES = ["click_button", "radio", "list_pick", "click_button", "radio", "form", "settings_chain", "scroll_find"]
+
+
+def learner_step(policy, critic, processor, trajs, opt_p, opt_c, cfg) -> int:
+    from trainer.ppo import build_turns, critic_step, policy_step, score
+
+    turns = build_turns(trajs, processor)
+    policy.eval()
+    score(policy, critic, trajs, turns, processor, cfg)
+    policy.train()
+    policy_step(policy, opt_p, turns, cfg)
+    critic_step(critic, opt_c, turns, cfg)
+    policy.eval()
+    return sum(int(tb.target.sum()) for tb in turns)
+
+
+def run(mode: str, pool, model, processor, updates: int, batch: int) -> dict:
+    import torch
+
+    from trainer.ppo import Critic, PPOConfig
+
+    cfg = PPOConfig(epochs=1, lr=1e-4)
+    critic = Critic(model)
+    opt_p = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    opt_c = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr)
+    pool.set_mode(mode)
+    pool.publish(model)
+    t0 = time.perf_counter()
+    episodes = steps = tokens = 0
+    learn_s = 0.0
+    dropped0 = pool.stats["dropped"]
+    for _ in range(updates):
+        trajs = pool.collect(batch, timeout=600)
+        episodes += len(trajs)
+        steps += sum(len(t.turns) for t in trajs)
+        t1 = time.perf_counter()
+        tokens += learner_step(model, critic, processor, trajs, opt_p, opt_c, cfg)
+        learn_s += time.perf_counter() - t1
+        pool.publish(model)
+    wall = time.perf_counter() - t0
+    lens = sorted(len(t.turns) for t in trajs)
+    return {"mode": mode, "episodes": episodes, "steps": steps, "wall_s": wall, "episodes_per_s": episodes / wall,
+            "steps_per_s": steps / wall, "learner_tokens_per_s": tokens / learn_s if learn_s else 0.0,
+            "learner_share": learn_s / wall, "dropped": pool.stats["dropped"] - dropped0, "last_batch_lengths": lens}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--updates", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    from agent.vlm import load_vlm
+    from trainer.rollout import RolloutPool, WorkerSpec
+    from trainer.tiny_model import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp) / "tiny")
+        model, processor = load_vlm(model_dir, device="cpu")
+        spec = WorkerSpec(str(model_dir), str(Path(tmp) / "w"), env_kw={"width": 224, "height": 168},
+                          actor_kw={"max_new_tokens": 24})
+        rows = []
+        with RolloutPool(spec, a.workers, mode="sync", max_staleness=2, families=FAMILIES).start(model) as pool:
+            pool.wait_ready()
+            for mode in ("sync", "async"):
+                model, processor = load_vlm(model_dir, device="cpu")  # each mode starts from the same weights
+                rows.append(run(mode, pool, model, processor, a.updates, a.batch))
+    print(f"{'mode':<6} {'episodes':>8} {'steps':>6} {'wall s':>7} {'ep/s':>6} {'steps/s':>7} {'learner tok/s':>13} {'learner %':>9} {'dropped':>7}  last batch lengths")
+    for r in rows:
+        print(f"{r['mode']:<6} {r['episodes']:>8} {r['steps']:>6} {r['wall_s']:>7.1f} {r['episodes_per_s']:>6.2f} "
+              f"{r['steps_per_s']:>7.2f} {r['learner_tokens_per_s']:>13.0f} {r['learner_share']:>9.0%} {r['dropped']:>7}  {r['last_batch_lengths']}")
+    print(f"async / sync throughput (steps/s): {rows[1]['steps_per_s'] / rows[0]['steps_per_s']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The Train page with pytest-qt on a real store: a registry, routed pools and a metrics file
+are shown; the button runs a real (tiny-budget) iteration as a child process with progress."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.factories import make_episode
+
+
+@pytest.fixture
+def flywheel_store(store):
+    from agent.schema import Outcome
+    from trainer.flywheel.registry import Registry
+    from trainer.flywheel.routing import Router
+
+    reg = Registry(store)
+    fams = {"click_button": {"success": 0.2}, "radio": {"success": 0.0}}
+    v0 = reg.register(store.root / "m0", metrics={"mean_success": 0.1, "families": fams, "eval_signature": "s"})
+    reg.decide(v0.version)
+    better = {"click_button": {"success": 0.6}, "radio": {"success": 0.2}}
+    v1 = reg.register(store.root / "m1", parent=v0.version, iteration=1,
+                      metrics={"mean_success": 0.4, "families": better, "eval_signature": "s"})
+    reg.decide(v1.version)
+    make_episode(store, 2)
+    failed = make_episode(store, 2, kind="rollout")
+    failed.outcome = Outcome(False, 0.0, "verifier")
+    store.save_episode(failed)
+    Router(store).route(iteration=1)
+    d = store.root / "flywheel"
+    d.mkdir(exist_ok=True)
+    rows = [{"step": k, "phase": "ppo", "reward": 0.1 * k, "entropy": 1.0 - 0.1 * k, "success_rate": 0.2 * k}
+            for k in range(4)] + [{"step": 0, "phase": "sft", "loss": 3.0}, {"step": 1, "phase": "sft", "loss": 2.0}]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    return store
+
+
+def test_train_page_shows_pools_versions_and_curves(qtbot, flywheel_store):
+    from app.train_view import TrainPage
+
+    page = TrainPage(flywheel_store)
+    qtbot.addWidget(page)
+    qtbot.waitUntil(lambda: page.status is not None, timeout=60_000)
+    assert "SFT 1 · CT 1 · rejected 0" in page.summary.text() and "current model: v0001" in page.summary.text()
+    headers = [page.table.horizontalHeaderItem(c).text() for c in range(page.table.columnCount())]
+    assert headers[:5] == ["version", "iteration", "status", "parent", "mean success"]
+    assert {"click_button", "radio"} <= set(headers)
+    assert page.table.rowCount() == 2
+    assert page.table.item(1, 2).text() == "current ★" and page.table.item(0, 2).text() == "retired"
+    assert page.table.item(1, headers.index("click_button")).text() == "60%"
+    # the curves: reward, entropy, success rate from PPO rows, the SFT loss; the bad line skipped
+    curves = page.curve_fig.axes
+    assert [len(ax.lines[0].get_xdata()) for ax in curves] == [4, 4, 4, 2]
+    assert list(curves[2].lines[0].get_ydata()) == pytest.approx([0, 0.2, 0.4, 0.6])
+    bars = page.pool_fig.axes[0].patches
+    assert sorted(b.get_height() for b in bars) == [0, 1, 1]
+
+
+def test_run_iteration_button_runs_a_real_iteration_with_progress(qtbot, store):
+    from trainer.sandbox.rollout import plan, run_many, to_episode
+
+    for result in run_many(plan(2, families=["click_button"]), "expert", record=True, width=224, height=168):
+        to_episode(result, store)
+    store.set_setting("flywheel.config", {"families": ["click_button"], "width": 224, "height": 168, "max_steps": 1,
+                                          "eval_seeds": 1, "rollouts": 1, "ct_steps": 1, "sft_steps": 2, "batch": 2,
+                                          "ppo_updates": 0, "max_new_tokens": 8})
+    from app.train_view import TrainPage
+
+    page = TrainPage(store)
+    qtbot.addWidget(page)
+    qtbot.waitUntil(lambda: page.status is not None, timeout=60_000)
+    assert page.table.rowCount() == 0 and "none yet" in page.summary.text()
+    seen = []
+    page.progress.valueChanged.connect(seen.append)
+    qtbot.mouseClick(page.run_btn, __import__("PySide6.QtCore", fromlist=["Qt"]).Qt.LeftButton)
+    assert not page.run_btn.isEnabled() and page.stop_btn.isEnabled()
+    qtbot.waitUntil(lambda: page.running is None, timeout=300_000)
+    assert page.message.text().startswith("Iteration 1: v0001"), page.message.text()
+    assert seen and seen[-1] == 100 and len(set(seen)) > 3  # it moved through the stages
+    qtbot.waitUntil(lambda: page.table.rowCount() == 2, timeout=60_000)  # v0000 (base) and v0001
+    assert page.run_btn.isEnabled()
+    assert "SFT 2" in page.summary.text()

@@ -1,0 +1,31 @@
+"""`python main.py train sft|ct`: real store, real steps, metrics JSONL and a PNG curve."""
+from __future__ import annotations
+
+import json
+
+from tests.factories import make_episode
+from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
+
+
+def test_train_sft_from_the_store_route_and_ct_with_an_empty_pool(store, tiny_vlm_dir, tmp_path, capsys, one_thread):  # noqa: F811
+    from main import main
+    from trainer.metrics import read_metrics
+
+    ep = make_episode(store, 2, width=224, height=168)
+    store.update_episode_fields(ep.id, route="sft")
+    data = str(store.root)
+    out = tmp_path / "run" / "sft1"
+    rc = main(["--data", data, "train", "sft", "--model", str(tiny_vlm_dir), "--out", str(out), "--max-steps", "2",
+               "--batch", "2"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["samples"] == 2 and res["steps"] == 2 and (out / "model.safetensors").is_file()
+    rows = read_metrics(tmp_path / "run" / "sft1-logs" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1] and all(r["phase"] == "sft" for r in rows)
+    png = tmp_path / "run" / "sft1-logs" / "sft_curves.png"
+    assert res["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert any((tmp_path / "run" / "sft1-logs" / "tb").iterdir())  # TensorBoard events
+
+    rc = main(["--data", data, "train", "ct", "--model", str(tiny_vlm_dir), "--out", str(tmp_path / "ct1")])
+    assert rc == 2
+    assert "no episodes routed 'ct'" in capsys.readouterr().err

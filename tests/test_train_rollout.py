@@ -1,0 +1,85 @@
+"""Rollouts: real episodes of the tiny VLM in the Qt sandbox, in-process and in two spawned
+worker processes; the staleness bound drops data from policies too many versions old."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
+
+ENV = {"width": 224, "height": 168, "families": ["click_button", "radio"]}
+
+
+def test_staleness_rule():
+    from trainer.rollout import RolloutError, staleness
+
+    assert staleness(5, 5, 0) == 1.0
+    assert staleness(4, 5, 1) == 1.0
+    assert staleness(3, 5, 1) is None  # two versions behind, bound 1: dropped
+    assert staleness(3, 5, 2, decay=0.5) == 0.25  # kept, down-weighted
+    with pytest.raises(RolloutError, match="newer"):
+        staleness(6, 5, 1)
+
+
+def test_run_episode_records_the_policys_tokens(tiny_vlm_dir, one_thread):  # noqa: F811
+    from trainer.actor import VLMActor
+    from trainer.rollout import run_episode
+    from trainer.sandbox.env import SandboxEnv
+
+    actor = VLMActor.load(tiny_vlm_dir, max_new_tokens=12)
+    env = SandboxEnv(**ENV)
+    try:
+        tr = run_episode(actor, env, 3, family="radio", max_steps=2)
+    finally:
+        env.close()
+    assert tr.family == "radio" and 1 <= len(tr.turns) <= 2
+    assert tr.terminated != tr.truncated or not (tr.terminated or tr.truncated)
+    t = tr.turns[0]
+    assert 1 <= len(t.response_ids) <= 12 and len(t.logprobs) == len(t.response_ids)
+    assert all(lp <= 0 for lp in t.logprobs)
+    assert any(isinstance(p, dict) and p.get("type") == "image" for m in t.messages if isinstance(m["content"], list)
+               for p in m["content"])
+    if tr.truncated:
+        assert tr.final_messages is not None  # the next state, to bootstrap from
+
+
+def test_two_workers_async_then_sync(tiny_vlm_dir, tmp_path):  # noqa: F811
+    """One pool (spawning workers costs seconds each): async first, then the same workers in
+    sync mode."""
+    from agent.vlm import load_vlm
+    from trainer.rollout import RolloutError, RolloutPool, WorkerSpec
+
+    with pytest.raises(RolloutError, match="mode"):
+        RolloutPool(WorkerSpec("x", "y"), 1, mode="later")
+    model, _ = load_vlm(tiny_vlm_dir, device="cpu")
+    spec = WorkerSpec(str(tiny_vlm_dir), str(tmp_path / "w"), env_kw={**ENV, "max_steps": 1},
+                      actor_kw={"max_new_tokens": 6})
+    with RolloutPool(spec, 2, mode="async", max_staleness=1, prefetch=2).start(model) as pool:
+        assert pool.wait_ready(timeout=300).ready == {0, 1}
+        # -- async: the workers keep playing while the learner holds its batch
+        first = pool.collect(4, timeout=300)
+        assert len(first) == 4 and all(t.version == 0 and t.turns for t in first)
+        assert {t.worker for t in first} == {0, 1}  # both workers played
+        assert pool.outstanding >= 2  # tickets were handed out beyond the batch
+        time.sleep(0.5)  # the workers are now inside episodes that use version 0
+        pool.publish(model)
+        pool.publish(model)  # the learner is two versions ahead: version-0 data is beyond the bound
+        later = pool.collect(2, timeout=300)
+        assert pool.stats["dropped"] >= 1
+        assert all(t.version >= 1 for t in later)
+        assert all(pool.version.value - t.version <= 1 for t in later)
+
+        # -- sync: exactly one batch of tickets per version, all played with that version
+        with pytest.raises(RolloutError, match="mode"):
+            pool.set_mode("later")
+        pool.set_mode("sync")
+        assert pool.outstanding == 0
+        pool.max_staleness = 0
+        dropped = pool.stats["dropped"]
+        v = pool.publish(model)
+        a = pool.collect(2, timeout=300)
+        assert pool.outstanding == 0 and [t.version for t in a] == [v, v]
+        v = pool.publish(model)
+        b = pool.collect(2, timeout=300)
+        assert [t.version for t in b] == [v, v] and pool.stats["dropped"] == dropped

@@ -1,0 +1,142 @@
+"""SFT/CT: the loss reads only the assistant's own tokens; a few real steps lower it; the
+checkpoint is a standard directory that agent.vlm reloads with identical logits."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.factories import make_episode
+from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
+
+
+def test_assistant_ce_ignores_everything_off_the_mask():
+    import torch
+
+    from trainer.sft import assistant_ce
+
+    torch.manual_seed(0)
+    logits = torch.randn(1, 6, 11)
+    ids = torch.tensor([[1, 4, 7, 2, 9, 3]])
+    mask = torch.tensor([[False, False, False, True, True, False]])
+    loss = assistant_ce(logits, ids, mask)
+    # by hand: tokens 3 and 4 are predicted by the logits at 2 and 3
+    lp = torch.log_softmax(logits[0], -1)
+    want = -(lp[2, 2] + lp[3, 9]) / 2
+    assert torch.allclose(loss, want)
+    # what the model predicts at prompt positions, and the prompt's own tokens, do not count
+    other = logits.clone()
+    other[0, 0] += 5.0
+    other[0, 4] -= 3.0  # position 4 predicts token 5, which is off the mask
+    other_ids = ids.clone()
+    other_ids[0, 1] = 0
+    other_ids[0, 5] = 10
+    assert torch.allclose(assistant_ce(other, other_ids, mask), loss)
+    # but a target token's own prediction does
+    moved = logits.clone()
+    moved[0, 2, 2] += 2.0
+    assert assistant_ce(moved, ids, mask) < loss
+
+
+def test_assistant_labels_and_empty_mask():
+    import torch
+
+    from trainer.sft import IGNORE, SFTError, assistant_ce, assistant_labels
+
+    ids = torch.tensor([[5, 6, 7]])
+    mask = torch.tensor([[False, True, True]])
+    assert assistant_labels(ids, mask).tolist() == [[IGNORE, 6, 7]]
+    with pytest.raises(SFTError, match="no target tokens"):
+        assistant_ce(torch.zeros(1, 3, 8), ids, torch.zeros_like(mask))
+
+
+def _samples(store, n=2):
+    from trainer.sft import runtime_samples
+
+    out = []
+    for k in range(n):
+        ep = make_episode(store, 3, width=224, height=168, instruction=f"Press OK then type hello {k}")
+        out += runtime_samples(ep, store.get_blob)
+    return out
+
+
+def test_mask_is_exactly_the_target_reply(store, tiny_vlm_dir):  # noqa: F811
+    from agent.vlm import load_processor
+    from trainer.sft import encode
+
+    proc = load_processor(tiny_vlm_dir)
+    samples = _samples(store, 1)
+    assert len(samples) == 3
+    s = samples[2]
+    inputs = encode(proc, s)
+    mask = inputs["assistant_mask"][0]
+    ids = inputs["input_ids"][0]
+    assert proc.tokenizer.decode(ids[mask]) == s.target + "<|im_end|>"
+    # the history's earlier replies are in the prompt but are context, not targets
+    prompt_text = proc.tokenizer.decode(ids[~mask])
+    assert "I should press OK." in prompt_text and "Scroll down" in s.target
+    assert not (mask & (inputs["mm_token_type_ids"][0] == 1)).any()
+
+
+def test_vlm_loss_equals_the_pure_loss(store, tiny_vlm_dir, one_thread):  # noqa: F811
+    import torch
+
+    from agent.vlm import load_vlm, sft_loss, to_model
+    from trainer.sft import assistant_ce, encode
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    inputs = encode(proc, _samples(store, 1)[1])
+    with torch.no_grad():
+        logits = model(**to_model(inputs, model)).logits
+        a = assistant_ce(logits, inputs["input_ids"], inputs["assistant_mask"])
+        b = sft_loss(model, inputs, inputs["assistant_mask"])
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_sft_lowers_the_loss_and_saves_a_reloadable_checkpoint(store, tiny_vlm_dir, tmp_path, one_thread):  # noqa: F811
+    import torch
+
+    from agent.vlm import load_vlm, to_model
+    from trainer.metrics import MetricsLog, read_metrics
+    from trainer.sft import SFTConfig, encode, train_sft
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    samples = _samples(store, 1)
+    log = MetricsLog(tmp_path / "run", tensorboard=False)
+    out = tmp_path / "ckpt"
+    res = train_sft(model, proc, samples, SFTConfig(lr=3e-3, max_steps=8, batch_size=3, seed=1), out, log=log,
+                    progress=False)
+    assert res["last_loss"] < res["first_loss"] * 0.8
+    rows = read_metrics(log.path)
+    assert len(rows) == 8 and rows[0]["phase"] == "sft" and rows[-1]["loss"] == pytest.approx(res["last_loss"])
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "processor_config.json").read_text())["processor_class"] == "Qwen2_5_VLProcessor"
+    again, proc2 = load_vlm(out, device="cpu")
+    inputs = encode(proc2, samples[0])
+    with torch.no_grad():
+        a = model(**to_model(inputs, model)).logits
+        b = again(**to_model(inputs, again)).logits
+    assert torch.equal(a, b)
+
+
+def test_export_jsonl_samples_train_like_runtime_ones(store, tiny_vlm_dir, tmp_path):  # noqa: F811
+    from agent.export import export_jsonl
+    from agent.vlm import load_processor
+    from trainer.sft import SFTError, encode, jsonl_samples, store_samples
+
+    make_episode(store, 2, width=224, height=168)
+    info = export_jsonl(store, tmp_path / "x" / "train.jsonl")
+    samples = jsonl_samples(info["path"])
+    assert len(samples) == 2 and samples[1].target.startswith("Thought: Now type the greeting.")
+    proc = load_processor(tiny_vlm_dir)
+    inputs = encode(proc, samples[1])
+    assert proc.tokenizer.decode(inputs["input_ids"][0][inputs["assistant_mask"][0]]).endswith("<|im_end|>")
+    assert int(inputs["image_grid_thw"].shape[0]) == 2  # both screenshots of the history
+    # the store route picks the pool: nothing is routed "ct" here
+    assert store_samples(store, route="ct") == []
+    assert len(store_samples(store, route=None, fmt="export")) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": []}\nnot json\n')
+    with pytest.raises(SFTError, match="bad.jsonl:2"):
+        jsonl_samples(bad)

@@ -1,0 +1,45 @@
+"""The acting side of a policy for rollouts: a local VLM that answers a chat with its raw text,
+the generated token ids and their log-probs (what PPO needs), and takes new weights from the
+learner. A thin layer over agent.vlm, so rollouts see the model exactly as the agent does."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ActorOutput:
+    text: str
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+class VLMActor:
+    def __init__(self, model, processor, *, temperature: float = 1.0, max_new_tokens: int = 64):
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for sampling rollouts, got {temperature}")
+        self.model, self.processor = model, processor
+        self.temperature, self.max_new_tokens = temperature, max_new_tokens
+
+    @classmethod
+    def load(cls, model_dir, **kw) -> "VLMActor":
+        from agent.vlm import load_vlm
+
+        model, processor = load_vlm(model_dir, device="cpu")
+        return cls(model, processor, **kw)
+
+    def generate(self, messages, *, greedy: bool = False) -> ActorOutput:
+        from agent.vlm import generate
+
+        g = generate(self.model, self.processor, messages, max_new_tokens=self.max_new_tokens,
+                     temperature=0.0 if greedy else self.temperature, details=True)
+        # agent.vlm.generate never emits vision placeholders, so every reply can be scored again
+        return ActorOutput(g.text, list(g.token_ids), list(g.logprobs))
+
+    def load_weights(self, path) -> None:
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if unexpected or [k for k in missing if "lm_head" not in k]:  # lm_head may be tied
+            raise RuntimeError(f"weights {path} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        self.model.eval()

@@ -1,0 +1,158 @@
+"""`python main.py train sft|ct|ppo|default`: training from the command line, with progress
+bars, per-update metrics in OUT/metrics.jsonl and TensorBoard (OUT/tb), and PNG curves.
+
+    python main.py train sft --model assets/default_model --out runs/sft1             # store, route "sft"
+    python main.py train ct  --model assets/default_model --out runs/ct1              # store, route "ct"
+    python main.py train sft --model M --jsonl export/train.jsonl --out runs/sft2     # an `export` file
+    python main.py train ppo --model runs/sft1 --out runs/ppo1 --updates 10 --workers 2
+    python main.py train default --out assets/default_model                           # the whole recipe
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser("train", help="train a policy: sft, ct, ppo, or the default model's whole recipe",
+                       description="Training (SFT, CT, PPO) of Qwen2.5-VL-class policies; see trainer/.")
+    ts = p.add_subparsers(dest="train_command", metavar="KIND", required=True)
+    for kind, help_ in (("sft", "supervised fine-tuning on the high-quality pool (route 'sft')"),
+                        ("ct", "continual pre-training on the lower-quality pool (route 'ct'): same loss, other data")):
+        s = ts.add_parser(kind, parents=[common], help=help_)
+        s.add_argument("--model", required=True, help="checkpoint directory to start from")
+        s.add_argument("--out", required=True, help="output checkpoint directory (metrics and curves go beside it)")
+        s.add_argument("--jsonl", help="train on an `export` JSONL file instead of the store")
+        s.add_argument("--route", default=kind, help=f"store route to read (default {kind})")
+        s.add_argument("--format", choices=("runtime", "export"), default="runtime",
+                       help="prompt layout for store episodes: the agent's own (default) or agent.export's")
+        s.add_argument("--epochs", type=float, default=1.0 if kind == "ct" else 3.0)
+        s.add_argument("--lr", type=float, default=5e-4 if kind == "ct" else 1e-3)
+        s.add_argument("--batch", type=int, default=8, help="samples per optimizer step (gradient accumulation)")
+        s.add_argument("--max-steps", type=int)
+        s.add_argument("--seed", type=int, default=0)
+        s.set_defaults(func=cmd_sft, phase=kind)
+
+    s = ts.add_parser("ppo", parents=[common], help="multi-turn PPO on the sandbox (critic, value pretraining)")
+    s.add_argument("--model", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--updates", type=int, default=10)
+    s.add_argument("--batch", type=int, default=8, help="episodes per update")
+    s.add_argument("--workers", type=int, default=2, help="rollout worker processes (0: in the learner's process)")
+    s.add_argument("--mode", choices=("async", "sync"), default="async")
+    s.add_argument("--max-staleness", type=int, default=1)
+    s.add_argument("--staleness-decay", type=float, default=1.0)
+    s.add_argument("--value-pretrain", type=int, default=2, metavar="K", help="critic-only iterations before PPO")
+    s.add_argument("--lr", type=float, default=2e-4)
+    s.add_argument("--families", help="comma-separated sandbox families (default: all)")
+    s.add_argument("--width", type=int, default=320)
+    s.add_argument("--height", type=int, default=240)
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_ppo)
+
+    s = ts.add_parser("default", parents=[common], help="build the small default model: tiny VLM, SFT on expert demos, PPO")
+    s.add_argument("--out", default="assets/default_model")
+    s.add_argument("--work", help="folder for intermediate checkpoints, metrics and plots (default: OUT-work)")
+    s.add_argument("--families", help="comma-separated sandbox families")
+    s.add_argument("--demos", type=int, help="expert episodes per family")
+    s.add_argument("--eval-seeds", type=int, help="held-out seeds per family")
+    s.add_argument("--updates", type=int, help="PPO updates")
+    s.add_argument("--workers", type=int, help="rollout worker processes")
+    s.add_argument("--sft-epochs", type=float, help="SFT epochs over the demonstrations")
+    s.add_argument("--ppo-minutes", type=float, help="wall-clock budget of the PPO phase (stops after that update)")
+    s.add_argument("--resume", action="store_true", help="reuse a finished SFT stage (checkpoint + eval) in the work folder")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_default)
+
+
+def _fail(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _plot(log, out_dir, phase, keys):
+    from trainer.metrics import plot_metrics
+
+    try:
+        return str(plot_metrics(log.path, out_dir / f"{phase}_curves.png", phase=phase, keys=keys, title=phase))
+    except ValueError:
+        return None
+
+
+def cmd_sft(args) -> int:
+    from pathlib import Path
+
+    from agent.vlm import VLMError, load_vlm
+    from trainer.metrics import MetricsLog
+    from trainer.sft import SFTConfig, SFTError, jsonl_samples, store_samples, train_sft
+
+    try:
+        model, processor = load_vlm(args.model, device="cpu")
+        if args.jsonl:
+            samples = jsonl_samples(args.jsonl)
+        else:
+            from agent.store import Store
+
+            with (Store(args.data) if args.data else Store()) as store:
+                samples = store_samples(store, route=args.route, fmt=args.format)
+        if not samples:
+            return _fail(f"no training samples: no episodes routed {args.route!r} in the store" if not args.jsonl
+                         else f"{args.jsonl} holds no samples")
+        out = Path(args.out)
+        log = MetricsLog(out.parent / (out.name + "-logs"))
+        cfg = SFTConfig(lr=args.lr, epochs=args.epochs, batch_size=args.batch, max_steps=args.max_steps, seed=args.seed)
+        res = train_sft(model, processor, samples, cfg, out, log=log, phase=args.phase)
+        log.close()
+        res["plot"] = _plot(log, log.dir, args.phase, ["loss", "grad_norm", "lr"])
+    except (VLMError, SFTError, OSError) as e:
+        return _fail(str(e))
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+def cmd_ppo(args) -> int:
+    from pathlib import Path
+
+    from agent.vlm import VLMError, load_vlm
+    from trainer.metrics import MetricsLog
+    from trainer.ppo import PPOConfig, train_ppo
+    from trainer.sft import save_checkpoint
+
+    families = [f.strip() for f in args.families.split(",")] if args.families else None
+    try:
+        model, processor = load_vlm(args.model, device="cpu")
+    except VLMError as e:
+        return _fail(str(e))
+    out = Path(args.out)
+    work = out.parent / (out.name + "-logs")
+    log = MetricsLog(work)
+    cfg = PPOConfig(updates=args.updates, batch_episodes=args.batch, n_workers=args.workers, mode=args.mode,
+                    max_staleness=args.max_staleness, staleness_decay=args.staleness_decay,
+                    value_pretrain_iters=args.value_pretrain, lr=args.lr, seed=args.seed)
+    res = train_ppo(model, processor, cfg, model_dir=args.model, work_dir=work, env_kw={"width": args.width, "height": args.height},
+                    families=families, log=log)
+    log.close()
+    save_checkpoint(model, processor, out, {"ppo": res["config"], "last": res["history"][-1] if res["history"] else None})
+    res["critic"].save(work / "critic")
+    plot = _plot(log, work, "ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "explained_variance",
+                                     "value_loss", "think_length", "episode_length"])
+    print(json.dumps({"out": str(out), "updates": res["updates"], "last": res["history"][-1] if res["history"] else None,
+                      "plot": plot}, indent=2, default=str))
+    return 0
+
+
+def cmd_default(args) -> int:
+    from trainer.recipe import RecipeConfig, run_recipe
+
+    cfg = RecipeConfig(seed=args.seed)
+    if args.families:
+        cfg.families = [f.strip() for f in args.families.split(",")]
+    for arg, attr in (("demos", "demo_episodes_per_family"), ("eval_seeds", "eval_seeds_per_family"),
+                      ("updates", "ppo_updates"), ("workers", "n_workers"), ("sft_epochs", "sft_epochs"),
+                      ("ppo_minutes", "ppo_max_minutes")):
+        if getattr(args, arg) is not None:
+            setattr(cfg, attr, getattr(args, arg))
+    report = run_recipe(args.out, cfg, work_dir=args.work, resume=args.resume)
+    print(json.dumps({k: report[k] for k in ("demos", "eval_sft", "eval_ppo", "plots", "seconds") if k in report},
+                     indent=2, default=str))
+    return 0

@@ -1,0 +1,74 @@
+"""Telling the apps about a new current model, through the backend.
+
+A running backend is reached over the sync protocol as an admin: `announce_model` makes the
+server store the version and push `model_version` to every connected client (apps switch to it
+from there). With no running backend but its data directory at hand, the announcement is
+written to the backend's store and every client hears it on its next connection.
+Where the backend is comes from arguments, the store's settings ("flywheel.backend_url",
+"flywheel.backend_token", "flywheel.backend_data") or $TANDEM_BACKEND_URL / $TANDEM_BACKEND_TOKEN.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+
+from trainer.flywheel import FlywheelError
+
+
+def backend_target(store=None, url: str | None = None, token: str | None = None, data: str | None = None) -> dict:
+    """{"url", "token", "data"} from the arguments, else the store's settings, else the environment."""
+    get = (lambda k: store.get_setting(k)) if store is not None else (lambda k: None)
+    return {"url": url or get("flywheel.backend_url") or os.environ.get("TANDEM_BACKEND_URL"),
+            "token": token or get("flywheel.backend_token") or os.environ.get("TANDEM_BACKEND_TOKEN"),
+            "data": data or get("flywheel.backend_data")}
+
+
+async def announce_over_wire(url: str, token: str, version: str, info: dict, timeout: float = 15.0) -> None:
+    """hello -> welcome -> announce_model -> ok, over agent.protocol (trainer never imports app)."""
+    from websockets.asyncio.client import connect
+
+    from agent import protocol as P
+
+    conn = P.ClientConnection(token, "tandem-flywheel")
+
+    async def until(ws, want):
+        while True:
+            frame = await asyncio.wait_for(ws.recv(), timeout)
+            for ev in (conn.receive_text(frame) if isinstance(frame, str) else conn.receive_bytes(frame)):
+                if isinstance(ev, (P.ErrorReceived, P.ProtocolError)):
+                    raise FlywheelError(f"the backend at {url} refused the announcement of {version}: {ev.reason}")
+                if want(ev):
+                    return ev
+
+    try:
+        async with connect(url, compression=None, open_timeout=timeout, max_size=conn.limits.max_frame + 1024) as ws:
+            for item in conn.data_to_send():
+                await ws.send(item)
+            await until(ws, lambda ev: isinstance(ev, P.Welcome))
+            ref = conn.request("announce_model", version=version, info=info)
+            for item in conn.data_to_send():
+                await ws.send(item)
+            await until(ws, lambda ev: isinstance(ev, P.Message) and ev.ref == ref)
+    except FlywheelError:
+        raise
+    except Exception as e:  # connection refused or closed, a bad URL, a timeout
+        raise FlywheelError(f"cannot announce {version} to {url}: {type(e).__name__}: {e}") from None
+
+
+def announce(version: str, info: dict, *, target: dict) -> str:
+    """Announce through whatever the target names; returns what was done, for the log."""
+    if target.get("url"):
+        if not target.get("token"):
+            raise FlywheelError(f"announcing to {target['url']} needs an admin token (flywheel.backend_token)")
+        asyncio.run(announce_over_wire(target["url"], target["token"], version, info))
+        return f"announced {version} to the backend at {target['url']}"
+    if target.get("data"):
+        from trainer.backend_store import BackendStore
+
+        bs = BackendStore(target["data"])
+        try:
+            bs.announce_model(version, info)
+        finally:
+            bs.close()
+        return f"recorded {version} in the backend store {target['data']} (clients hear it when they connect)"
+    return "no backend configured: not announced"

@@ -1,0 +1,270 @@
+"""`python main.py flywheel run | status | merge | undo | plot`: the data flywheel headless.
+
+    python main.py sandbox generate --episodes 120 --data D       # seed the store with expert demos
+    python main.py flywheel run --iterations 3 --data D           # score, route, CT -> SFT -> PPO, eval, promote
+    python main.py flywheel status --data D                       # pools, versions, current
+    python main.py flywheel merge --models v0002 v0003 --alphas 0.5 0.5 --data D
+    python main.py flywheel undo --iteration 2 --data D           # put iteration 2's routing back
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser("flywheel", help="the data flywheel: score, route, retrain, evaluate, promote",
+                       description="UI-TARS-2's data flywheel on this machine (see trainer/flywheel).")
+    fs = p.add_subparsers(dest="flywheel_command", metavar="SUBCOMMAND", required=True)
+
+    r = fs.add_parser("run", parents=[common], help="run flywheel iterations")
+    r.add_argument("--iterations", type=int, default=1)
+    for name, typ, help_ in (
+        ("eval-seeds", int, "held-out seeds per family"), ("rollouts", int, "on-policy episodes per iteration"),
+        ("ct-steps", int, "CT optimizer steps"), ("sft-steps", int, "SFT optimizer steps"),
+        ("ppo-updates", int, "PPO updates"), ("ppo-batch", int, "episodes per PPO update"),
+        ("ppo-workers", int, "PPO rollout processes (0: in-process)"), ("batch", int, "samples per CT/SFT step"),
+        ("min-gain", float, "promote only if held-out success rises by this much"), ("seed", int, "random seed"),
+        ("threads", int, "torch threads"),
+    ):
+        r.add_argument(f"--{name}", type=typ, help=help_)
+    r.add_argument("--families", help="comma-separated sandbox families")
+    r.add_argument("--save-config", action="store_true", help="save these settings as the store's flywheel config")
+    r.add_argument("--orm-model", metavar="DIR", help="outcome reward model: a local checkpoint directory")
+    r.add_argument("--orm-url", help="outcome reward model: an OpenAI-compatible base URL (with --orm-name)")
+    r.add_argument("--orm-name", help="the model name at --orm-url")
+    r.add_argument("--backend-url", help="announce promoted models to this backend (ws://...)")
+    r.add_argument("--backend-token", help="an admin token of that backend")
+    r.add_argument("--backend-data", help="or record the announcement in this backend data directory")
+    r.add_argument("--progress-json", action="store_true", help="progress as JSON lines on stdout (for the app)")
+    r.set_defaults(func=cmd_run)
+
+    s = fs.add_parser("status", parents=[common], help="pools, model versions and the current model")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_status)
+
+    m = fs.add_parser("merge", parents=[common], help="merge models by parameter interpolation and evaluate")
+    m.add_argument("--models", nargs="+", required=True, help="registry versions or checkpoint directories")
+    m.add_argument("--alphas", nargs="+", required=True, help="one weight per model, >= 0, summing to 1")
+    m.add_argument("--out", help="output directory (default: <data>/flywheel/models/<new version>)")
+    m.add_argument("--no-eval", action="store_true", help="skip evaluating the merge and its parents")
+    m.add_argument("--eval-seeds", type=int, help="held-out seeds per family (default: the flywheel config's)")
+    m.set_defaults(func=cmd_merge)
+
+    u = fs.add_parser("undo", parents=[common], help="undo one iteration's routing decisions")
+    u.add_argument("--iteration", type=int, required=True)
+    u.set_defaults(func=cmd_undo)
+
+    h = fs.add_parser("simulate-humans", parents=[common],
+                      help="add simulated human recordings and supervised runs (sandbox expert, relabelled)")
+    h.add_argument("--recordings", type=int, default=6)
+    h.add_argument("--supervised", type=int, default=2)
+    h.add_argument("--families", help="comma-separated sandbox families")
+    h.add_argument("--seed", type=int, default=0)
+    h.set_defaults(func=cmd_simulate)
+
+    pl = fs.add_parser("plot", parents=[common], help="PNG of held-out success by iteration and pool growth")
+    pl.add_argument("--out", help="PNG path (default: <data>/flywheel/flywheel.png)")
+    pl.set_defaults(func=cmd_plot)
+
+
+def _fail(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _store(args):
+    from agent.store import Store
+
+    return Store(args.data) if getattr(args, "data", None) else Store()
+
+
+def _orm(args):
+    from trainer.flywheel.scoring import OutcomeRewardModel
+
+    if args.orm_model:
+        return OutcomeRewardModel.local(args.orm_model)
+    if args.orm_url:
+        if not args.orm_name:
+            raise ValueError("--orm-url needs --orm-name")
+        return OutcomeRewardModel.endpoint(args.orm_url, args.orm_name)
+    return None
+
+
+def cmd_run(args) -> int:
+    from tqdm import tqdm
+
+    from trainer.flywheel import FlywheelError
+    from trainer.flywheel.announce import backend_target
+    from trainer.flywheel.iteration import CONFIG_KEY, FlywheelConfig, flywheel_dir, run_iteration
+    from trainer.flywheel.plots import plot_flywheel
+
+    if args.iterations < 1:
+        return _fail(f"--iterations must be at least 1, got {args.iterations}")
+    keys = ("eval_seeds", "rollouts", "ct_steps", "sft_steps", "ppo_updates", "ppo_batch", "ppo_workers", "batch",
+            "min_gain", "seed", "threads")
+    over = {k: getattr(args, k) for k in keys}
+    if args.families:
+        over["families"] = [f.strip() for f in args.families.split(",") if f.strip()]
+    store = _store(args)
+    try:
+        cfg = FlywheelConfig.load(store, **over)
+        orm = _orm(args)
+    except (FlywheelError, ValueError) as e:
+        store.close()
+        return _fail(str(e))
+    if args.save_config:
+        from dataclasses import asdict
+
+        store.set_setting(CONFIG_KEY, asdict(cfg))
+    target = backend_target(store, args.backend_url, args.backend_token, args.backend_data)
+    rc = 0
+    try:
+        for k in range(args.iterations):
+            if args.progress_json:
+                def progress(done, total, label, k=k):
+                    print(json.dumps({"iteration": k + 1, "of": args.iterations, "done": done, "total": total,
+                                      "stage": label}), flush=True)
+                rep = run_iteration(store, cfg, progress=progress, orm=orm, announce_target=target)
+            else:
+                bar = tqdm(total=100, desc=f"iteration {k + 1}/{args.iterations}", unit="%", file=sys.stderr)
+
+                def progress(done, total, label, bar=bar):
+                    bar.set_postfix_str(label)
+                    bar.update(done - bar.n)
+                try:
+                    rep = run_iteration(store, cfg, progress=progress, orm=orm, announce_target=target)
+                finally:
+                    bar.close()
+            m = rep.get("metrics") or {}
+            line = {"iteration": rep["iteration"], "candidate": rep["candidate"], "promoted": rep["promoted"],
+                    "current": rep["current"], "candidate_success": m.get("mean_success"),
+                    "parent_success": rep["parent_metrics"].get("mean_success"), "routed": rep["routed"],
+                    "pools": rep["pools"], "seconds": rep["seconds"], "decision": rep["decision"],
+                    "announce": rep.get("announce")}
+            print(json.dumps({"result": line} if args.progress_json else line, default=str), flush=True)
+            if rep.get("error"):
+                print(rep["error"], file=sys.stderr)
+                rc = 1
+        png = plot_flywheel(store, flywheel_dir(store) / "flywheel.png")
+        if not args.progress_json:
+            print(f"plot: {png}")
+    finally:
+        store.close()
+    return rc
+
+
+def cmd_status(args) -> int:
+    from trainer.flywheel.plots import summary
+
+    store = _store(args)
+    try:
+        s = summary(store)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps({"pools": s["pools"], "current": s["current"], "growth": s["growth"],
+                          "versions": [v.__dict__ for v in s["versions"]]}, default=str))
+        return 0
+    print("pools: " + ", ".join(f"{k} {v}" for k, v in s["pools"].items()))
+    for g in s["growth"]:
+        print(f"  iteration {g['iteration']}: +{g['sft']} sft, +{g['ct']} ct, +{g['rejected']} rejected")
+    print(f"current model: {s['current'] or 'none'}")
+    fams = sorted({f for v in s["versions"] for f in (v.metrics.get("families") or {})})
+    print(f"{'version':<8} {'it':>3} {'status':<9} {'parent':<7} {'mean':>5} " + " ".join(f"{f[:10]:>10}" for f in fams))
+    for v in s["versions"]:
+        fs = v.family_success()
+        mean = f"{v.mean_success:.2f}" if v.mean_success is not None else "-"
+        print(f"{v.version:<8} {v.iteration:>3} {v.status:<9} {v.parent or '-':<7} {mean:>5} "
+              + " ".join(f"{fs[f]:>10.2f}" if fs.get(f) is not None else f"{'-':>10}" for f in fams))
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from pathlib import Path
+
+    from trainer.flywheel import FlywheelError
+    from trainer.flywheel.evaluation import evaluate_model
+    from trainer.flywheel.iteration import FlywheelConfig, flywheel_dir
+    from trainer.flywheel.merge import check_alphas, merge_models
+    from trainer.flywheel.registry import Registry
+
+    store = _store(args)
+    try:
+        reg = Registry(store)
+        check_alphas(args.alphas, len(args.models))
+        parents, dirs = [], []
+        for m in args.models:
+            if Path(m).is_dir():
+                parents.append(None)
+                dirs.append(m)
+            else:
+                mv = reg.get(m)
+                parents.append(mv.version)
+                dirs.append(mv.path)
+        version = reg.next_version()
+        out = Path(args.out) if args.out else flywheel_dir(store) / "models" / version
+        merge_models(dirs, args.alphas, out)
+        result = {"out": str(out), "alphas": [float(a) for a in args.alphas], "models": args.models}
+        metrics = {}
+        if not args.no_eval:
+            cfg = FlywheelConfig.load(store, eval_seeds=args.eval_seeds)
+            kw = dict(env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens)
+            metrics = evaluate_model(out, cfg.families, cfg.eval_seeds, **kw)
+            result["merged"] = {"mean_success": metrics["mean_success"],
+                                "families": {k: v["success"] for k, v in metrics["families"].items()}}
+            result["parents"] = {}
+            for name, d in zip(args.models, dirs):
+                pm = evaluate_model(d, cfg.families, cfg.eval_seeds, **kw)
+                result["parents"][name] = {"mean_success": pm["mean_success"],
+                                           "families": {k: v["success"] for k, v in pm["families"].items()}}
+        known = [p for p in parents if p]
+        mv = reg.register(out, parent=known[0] if known else None, version=version if not args.out else None,
+                          iteration=max([reg.get(p).iteration for p in known] + [0]), metrics=metrics,
+                          lineage={"parents": args.models, "merge": {"alphas": [float(a) for a in args.alphas]}},
+                          note="merge (not promoted automatically)")
+        result["version"] = mv.version
+    except FlywheelError as e:
+        return _fail(str(e))
+    finally:
+        store.close()
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_undo(args) -> int:
+    from trainer.flywheel.routing import Router
+
+    store = _store(args)
+    try:
+        n = Router(store).undo(args.iteration)
+    finally:
+        store.close()
+    print(f"undid {n} routing decision(s) of iteration {args.iteration}")
+    return 0 if n else 1
+
+
+def cmd_simulate(args) -> int:
+    from trainer.flywheel.simulated import simulate
+
+    fams = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
+    store = _store(args)
+    try:
+        ids = simulate(store, recordings=args.recordings, supervised=args.supervised, families=fams, seed=args.seed)
+    finally:
+        store.close()
+    print(f"stored {len(ids['recording'])} simulated recordings and {len(ids['supervised'])} simulated supervised runs")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from trainer.flywheel.iteration import flywheel_dir
+    from trainer.flywheel.plots import plot_flywheel
+
+    store = _store(args)
+    try:
+        png = plot_flywheel(store, args.out or flywheel_dir(store) / "flywheel.png")
+    finally:
+        store.close()
+    print(png)
+    return 0

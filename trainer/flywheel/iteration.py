@@ -1,0 +1,339 @@
+"""One turn of the flywheel, top to bottom:
+
+  0. a current model: the registry's, or (first run) a tiny Qwen2.5-VL built for the store's data;
+  1. new on-policy data: the current model plays training-seed sandbox tasks, stored as episodes;
+  2. score and route every unscored episode (recorded, reversible); export corrections;
+  3. train from the current model: CT on the CT pool -> SFT on the SFT pool and the corrected
+     steps -> PPO on the sandbox, each stage with a small, configurable budget;
+  4. evaluate the candidate on held-out seeds, register it with metrics and lineage, promote it
+     only when it beats the current model (a failed or worse one is kept as "rejected");
+  5. announce a promoted model through the backend, when one is configured.
+
+Progress goes to `progress(done, total, label)` (0..100 over the whole iteration); metrics of
+every stage go to <data>/flywheel/metrics.jsonl with the iteration number on each row.
+"""
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trainer.flywheel import FlywheelError
+from trainer.flywheel.registry import Registry
+from trainer.flywheel.routing import Router, RoutingConfig, correction_samples, export_corrections, pool_samples
+
+CONFIG_KEY = "flywheel.config"
+ROLLOUT_SEED_BASE = 500_000  # on-policy data uses training seeds far from `sandbox generate`'s
+# share of the iteration's progress bar per stage
+STAGES = {"collect": 8, "route": 4, "ct": 8, "sft": 30, "ppo": 30, "eval": 20}
+
+
+def default_families() -> list[str]:
+    from trainer.recipe import RecipeConfig
+
+    return list(RecipeConfig().families)
+
+
+@dataclass
+class FlywheelConfig:
+    width: int = 320
+    height: int = 240
+    families: list[str] = field(default_factory=default_families)
+    eval_seeds: int = 5  # held-out seeds per family
+    rollouts: int = 12  # on-policy episodes the current model plays per iteration
+    rollout_temperature: float = 1.0
+    ct_steps: int = 15
+    ct_lr: float = 5e-4
+    sft_steps: int = 100
+    sft_lr: float = 2e-3
+    batch: int = 8  # samples per optimizer step (CT and SFT)
+    ppo_updates: int = 3
+    ppo_batch: int = 6
+    ppo_lr: float = 2e-4
+    ppo_workers: int = 0  # rollout processes for PPO (0: in this process; best on 2 cores)
+    max_new_tokens: int = 48
+    max_steps: int | None = None  # cap on an episode's steps (None: each family's own limit)
+    min_gain: float = 0.0  # >0: promote only when held-out success rises by this much
+    threads: int = 1  # torch threads (tiny models lose to thread wake-ups on 2 busy cores)
+    seed: int = 0
+    routing: dict = field(default_factory=dict)  # RoutingConfig fields
+
+    def __post_init__(self):
+        for name in ("eval_seeds", "batch"):
+            if int(getattr(self, name)) < 1:
+                raise FlywheelError(f"flywheel config: {name} must be at least 1, got {getattr(self, name)!r}")
+        for name in ("rollouts", "ct_steps", "sft_steps", "ppo_updates", "ppo_workers"):
+            if int(getattr(self, name)) < 0:
+                raise FlywheelError(f"flywheel config: {name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.families:
+            raise FlywheelError("flywheel config: families is empty")
+        from trainer.sandbox.families import FAMILIES
+
+        unknown = [f for f in self.families if f not in FAMILIES]
+        if unknown:
+            raise FlywheelError(f"flywheel config: unknown sandbox family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
+        RoutingConfig.from_dict(self.routing)
+
+    @property
+    def env_kw(self) -> dict:
+        kw = {"width": self.width, "height": self.height}
+        if self.max_steps:
+            kw["max_steps"] = self.max_steps
+        return kw
+
+    @classmethod
+    def load(cls, store, **overrides) -> "FlywheelConfig":
+        """The store's saved config (setting "flywheel.config") with overrides applied."""
+        d = dict(store.get_setting(CONFIG_KEY) or {})
+        d.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise FlywheelError(f"flywheel config: unknown setting(s) {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+
+class _Progress:
+    def __init__(self, fn):
+        self.fn, self.base = fn, 0
+
+    def stage(self, name: str, done: float, total: float) -> None:
+        if self.fn:
+            frac = min(1.0, done / total) if total else 1.0
+            self.fn(int(self.base + STAGES[name] * frac), 100, name)
+
+    def finish(self, name: str) -> None:
+        self.base += STAGES[name]
+        if self.fn:
+            self.fn(int(self.base), 100, name)
+
+
+class _StageLog:
+    """A MetricsLog front: steps continue across iterations per phase, rows carry the iteration,
+    and each row can report progress."""
+
+    def __init__(self, log, iteration: int, on_row=None):
+        from trainer.metrics import read_metrics
+
+        self.log_, self.iteration, self.on_row = log, iteration, on_row
+        self.offsets: dict[str, int] = {}
+        if log.path.exists():
+            for r in read_metrics(log.path):
+                self.offsets[r["phase"]] = max(self.offsets.get(r["phase"], 0), int(r["step"]) + 1)
+        self.start = dict(self.offsets)
+
+    def log(self, step: int, phase: str, **values) -> dict:
+        row = self.log_.log(self.start.get(phase, 0) + int(step), phase, iteration=self.iteration, **values)
+        if self.on_row:
+            self.on_row(int(step), phase)
+        return row
+
+
+def flywheel_dir(store) -> Path:
+    d = Path(store.root) / "flywheel"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+# ---------------------------------------------------------------- steps
+
+
+def bootstrap_model(store, cfg: FlywheelConfig, registry: Registry, *, progress=None):
+    """The first current model (v0000): a tiny Qwen2.5-VL whose tokenizer learned the store's
+    texts, evaluated on the held-out seeds. Only when the registry has no model at all."""
+    from agent import coords
+    from agent.grammar import format_normalized
+    from trainer.flywheel.evaluation import evaluate_model
+    from trainer.recipe import RecipeConfig, build_default_model
+
+    texts = []
+    for e in store.list_episodes():
+        ep = store.load_episode(e.id)
+        texts.append(ep.instruction)
+        for s in ep.steps:
+            try:
+                texts.append(format_normalized(s.thought, [s.action], coords.SMART_RESIZE, s.observation.width,
+                                               s.observation.height))
+            except Exception:  # a step that cannot be written only misses the tokenizer corpus
+                pass
+    version = registry.next_version()
+    out = flywheel_dir(store) / "models" / version
+    rc = RecipeConfig(width=cfg.width, height=cfg.height, seed=cfg.seed)
+    build_default_model(out, rc, texts)
+    metrics = evaluate_model(out, cfg.families, cfg.eval_seeds, env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens,
+                             progress=progress)
+    mv = registry.register(out, iteration=0, metrics=metrics, version=version,
+                           lineage={"parents": [], "built_from": "trainer.recipe.build_default_model",
+                                    "tokenizer_texts": len(texts)}, note="base model (random weights)")
+    registry.decide(mv.version)
+    return registry.get(mv.version)
+
+
+def collect_rollouts(store, model_dir, version: str, cfg: FlywheelConfig, iteration: int, *, progress=None) -> list[str]:
+    """The current model plays `cfg.rollouts` training-seed tasks; they are stored unscored."""
+    if cfg.rollouts <= 0:
+        return []
+    from agent.policies.local import LocalVLMPolicy
+    from trainer.sandbox.env import SandboxEnv
+    from trainer.sandbox.rollout import run_episode, to_episode
+
+    policy = LocalVLMPolicy(model_dir, platform="sandbox", max_new_tokens=cfg.max_new_tokens,
+                            temperature=cfg.rollout_temperature, seed=cfg.seed * 7919 + iteration, version=version)
+    env = SandboxEnv(**cfg.env_kw, coords_space=policy.space)
+    ids = []
+    try:
+        for k in range(cfg.rollouts):
+            fam = cfg.families[k % len(cfg.families)]
+            result = run_episode(env, policy, fam, ROLLOUT_SEED_BASE + iteration * 1000 + k, record=True)
+            ep = to_episode(result, store, producer=version, policy_version=version)
+            ids.append(ep.id)
+            if progress:
+                progress(k + 1, cfg.rollouts)
+    finally:
+        env.close()
+        policy.close()
+    return ids
+
+
+def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _StageLog, prog: _Progress) -> list[dict]:
+    """CT -> SFT -> PPO from the parent checkpoint; saves the candidate; returns stage summaries."""
+    from agent.vlm import load_vlm
+    from trainer.ppo import PPOConfig, train_ppo
+    from trainer.sft import SFTConfig, save_checkpoint, train_sft
+
+    model, processor = load_vlm(parent_dir, device="cpu")
+    stages = []
+    sft_ids = [e.id for e in store.list_episodes(route="sft")]
+    ct_ids = [e.id for e in store.list_episodes(route="ct")]
+    slog.on_row = lambda step, phase: prog.stage(phase, step + 1, {"ct": cfg.ct_steps, "sft": cfg.sft_steps}.get(phase, 1)) \
+        if phase in ("ct", "sft") else None
+
+    # -- CT: the lower-quality pool, lower learning rate
+    ct = pool_samples(store, "ct") if (cfg.ct_steps and ct_ids) else []
+    if ct:
+        r = train_sft(model, processor, ct, SFTConfig(lr=cfg.ct_lr, batch_size=cfg.batch, max_steps=cfg.ct_steps,
+                                                      seed=cfg.seed), log=slog, phase="ct", progress=False)
+        stages.append({k: r[k] for k in ("phase", "steps", "samples", "first_loss", "last_loss", "seconds")})
+    else:
+        stages.append({"phase": "ct", "skipped": "no CT data" if cfg.ct_steps else "ct_steps is 0"})
+    prog.finish("ct")
+
+    # -- SFT: the high-quality pool plus every corrected step
+    sft = (pool_samples(store, "sft") if sft_ids else []) + correction_samples(store, ct_ids)
+    if sft and cfg.sft_steps:
+        r = train_sft(model, processor, sft, SFTConfig(lr=cfg.sft_lr, batch_size=cfg.batch, max_steps=cfg.sft_steps,
+                                                       warmup_steps=5, seed=cfg.seed), log=slog, phase="sft", progress=False)
+        stages.append({k: r[k] for k in ("phase", "steps", "samples", "first_loss", "last_loss", "seconds")})
+    else:
+        stages.append({"phase": "sft", "skipped": "no SFT data" if cfg.sft_steps else "sft_steps is 0"})
+    prog.finish("sft")
+
+    # -- PPO on the sandbox's verifiable tasks
+    if cfg.ppo_updates:
+        pc = PPOConfig(updates=cfg.ppo_updates, batch_episodes=cfg.ppo_batch, lr=cfg.ppo_lr, n_workers=cfg.ppo_workers,
+                       value_pretrain_iters=1, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + slog.iteration)
+        work = Path(out_dir).parent / (Path(out_dir).name + "-ppo")
+        t0 = time.perf_counter()
+        res = train_ppo(model, processor, pc, model_dir=parent_dir, work_dir=work, env_kw=cfg.env_kw,
+                        families=cfg.families, log=slog, progress=False,
+                        on_update=lambda u, row: prog.stage("ppo", u + 1, cfg.ppo_updates))
+        last = res["history"][-1] if res["history"] else {}
+        stages.append({"phase": "ppo", "updates": res["updates"], "seconds": round(time.perf_counter() - t0, 1),
+                       **{k: last.get(k) for k in ("reward", "success_rate", "entropy", "approx_kl")}})
+    else:
+        stages.append({"phase": "ppo", "skipped": "ppo_updates is 0"})
+    prog.finish("ppo")
+    save_checkpoint(model, processor, out_dir, {"flywheel": stages})
+    return stages
+
+
+def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, orm=None, announce_target=None) -> dict:
+    """One iteration; returns a report (also written to <data>/flywheel/iteration-N.json)."""
+    import torch
+
+    from trainer.flywheel.announce import announce
+    from trainer.flywheel.evaluation import evaluate_model
+    from trainer.metrics import MetricsLog
+
+    cfg = cfg or FlywheelConfig.load(store)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    registry, router = Registry(store), Router(store, RoutingConfig.from_dict(cfg.routing), orm=orm)
+    prog = _Progress(progress)
+    fw = flywheel_dir(store)
+    log = MetricsLog(fw, tensorboard=False)
+    iteration = max([v.iteration for v in registry.versions()] + [0]) + 1
+    slog = _StageLog(log, iteration)
+    t0 = time.perf_counter()
+    report: dict = {"iteration": iteration, "started_at": time.time(), "config": asdict(cfg)}
+
+    # -- 0. the model to start from
+    current = registry.current()
+    if current is None:
+        current = bootstrap_model(store, cfg, registry)
+        report["bootstrapped"] = current.version
+    report["parent"] = current.version
+
+    # -- 1. new on-policy data from the current model
+    report["rollouts"] = collect_rollouts(store, current.path, current.version, cfg, iteration,
+                                          progress=lambda d, n: prog.stage("collect", d, n))
+    prog.finish("collect")
+
+    # -- 2. score and route what is new; corrections out as JSONL
+    report["routed"] = router.route(iteration, progress=lambda d, n: prog.stage("route", d, n))
+    report["pools"] = router.pools()
+    report["corrections"] = export_corrections(store, fw / f"iteration-{iteration}")
+    prog.finish("route")
+
+    # -- 3. train a candidate, 4. evaluate, register, decide
+    version = registry.next_version()
+    out_dir = fw / "models" / version
+    lineage = {"parents": [current.version], "iteration": iteration,
+               "pools": {"sft": [e.id for e in store.list_episodes(route="sft")],
+                         "ct": [e.id for e in store.list_episodes(route="ct")]},
+               "new_rollouts": report["rollouts"], "routed": report["routed"]}
+    metrics, note = {}, ""
+    try:
+        lineage["stages"] = train_candidate(store, cfg, current.path, out_dir, slog, prog)
+        if current.metrics.get("eval_signature") is None or current.metrics.get("eval_signature") != _signature(cfg):
+            registry.update(current.version, metrics=evaluate_model(current.path, cfg.families, cfg.eval_seeds,
+                                                                    env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens))
+        metrics = evaluate_model(out_dir, cfg.families, cfg.eval_seeds, env_kw=cfg.env_kw,
+                                 max_new_tokens=cfg.max_new_tokens, progress=lambda d, n: prog.stage("eval", d, n),
+                                 miniwob=True)
+    except Exception as e:  # a failed iteration is recorded and leaves the current model in place
+        note = f"failed: {type(e).__name__}: {e}"
+        report["error"] = traceback.format_exc()
+    prog.finish("eval")
+    registry.register(out_dir, parent=current.version, iteration=iteration, metrics=metrics, lineage=lineage,
+                      version=version, note=note)
+    promoted, why = registry.decide(version, min_gain=cfg.min_gain)
+    now = registry.current()
+    report.update(candidate=version, promoted=promoted, decision=why, current=now.version if now else None,
+                  metrics=metrics, parent_metrics=registry.get(current.version).metrics)
+    slog.log(0, "flywheel", promoted=float(promoted), candidate_success=metrics.get("mean_success", float("nan")),
+             current_success=now.mean_success if now else float("nan"),
+             **{f"pool_{k}": v for k, v in report["pools"].items()})
+
+    # -- 5. tell the apps
+    if promoted:
+        from trainer.flywheel.announce import backend_target
+
+        info = {"path": str(out_dir), "iteration": iteration, "parent": current.version,
+                "mean_success": metrics.get("mean_success"),
+                "families": {k: v["success"] for k, v in metrics.get("families", {}).items()}}
+        try:
+            report["announce"] = announce(version, info, target=announce_target or backend_target(store))
+        except FlywheelError as e:  # the model is promoted either way; the operator can announce again
+            report["announce"] = f"announcement failed: {e}"
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    log.close()
+    (fw / f"iteration-{iteration}.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    return report
+
+
+def _signature(cfg: FlywheelConfig) -> str:
+    from trainer.flywheel.evaluation import eval_signature
+
+    return eval_signature(cfg.families, cfg.eval_seeds, cfg.env_kw, cfg.max_new_tokens)

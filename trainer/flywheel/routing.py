@@ -1,0 +1,230 @@
+"""Routing: high-quality episodes to the SFT pool, the rest to the CT pool, the unusable ones to
+"rejected" (kept, never trained on). Every decision is a row of `flywheel_routes` in the store's
+database (episode, iteration, route, the route and outcome before, reasons, time), so an
+iteration's routing can be undone exactly.
+
+Corrections (steps a supervisor edited: provenance "corrected" with the agent's proposal kept)
+become SFT samples of the corrected step, whatever the episode's route, and preference pairs
+(the proposal rejected, the correction chosen), exported as JSONL.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agent.schema import Episode, Outcome
+from trainer.flywheel import FlywheelError
+from trainer.flywheel.scoring import Score, score_episode
+
+ROUTES_TABLE = "flywheel_routes"
+HUMAN_KINDS = ("recording", "supervised")
+
+
+@dataclass
+class RoutingConfig:
+    sft_min_quality: float = 1.0  # SFT takes only episodes whose every step passed the rule checks
+    sft_requires_success: bool = True  # ...and that were judged successful
+    trust_human: bool = True  # a person's unjudged recording counts as successful (they did the task)
+    reject_below_quality: float = 0.5  # fewer clean steps than this: rejected
+    failed_to: str = "ct"  # where judged failures go: "ct" (the report's default) or "rejected"
+
+    def __post_init__(self):
+        for name in ("sft_min_quality", "reject_below_quality"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                raise FlywheelError(f"routing: {name} must be between 0 and 1, got {v!r}")
+        if self.failed_to not in ("ct", "rejected"):
+            raise FlywheelError(f"routing: failed_to must be 'ct' or 'rejected', got {self.failed_to!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "RoutingConfig":
+        d = dict(d or {})
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise FlywheelError(f"routing: unknown setting(s) {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+
+def decide(ep: Episode, score: Score, cfg: RoutingConfig) -> tuple[str, list[str]]:
+    """(route, why) for a scored episode: pure, so tests can walk every branch."""
+    why = list(score.fatal)
+    if score.fatal:
+        return "rejected", why
+    if score.quality < cfg.reject_below_quality:
+        return "rejected", [f"quality {score.quality:.2f} < {cfg.reject_below_quality}"] + score.reasons
+    success = score.outcome.success
+    if success is None and cfg.trust_human and ep.kind in HUMAN_KINDS:
+        success, why = True, [f"unjudged {ep.kind}: a person did the task"]
+    if success is False:
+        return cfg.failed_to, [f"judged failed by {score.outcome.source}"] + score.reasons
+    if success is None and cfg.sft_requires_success:
+        return "ct", ["outcome unknown"] + score.reasons
+    if score.quality < cfg.sft_min_quality:
+        return "ct", [f"quality {score.quality:.2f} < {cfg.sft_min_quality}"] + score.reasons
+    return "sft", why + [f"judged successful by {score.outcome.source or 'trust'}, quality {score.quality:.2f}"]
+
+
+class Router:
+    """Scores and routes episodes of a Store, recording each decision."""
+
+    def __init__(self, store, cfg: RoutingConfig | None = None, *, orm=None):
+        self.store, self.cfg, self.orm = store, cfg or RoutingConfig(), orm
+        with store._lock:
+            if ROUTES_TABLE not in store.db.table_names():
+                store.db[ROUTES_TABLE].create(
+                    {"id": int, "episode_id": str, "iteration": int, "route": str, "previous_route": str,
+                     "outcome": str, "previous_outcome": str, "quality": float, "reasons": str, "time": float,
+                     "undone_at": float},
+                    pk="id")
+                store.db[ROUTES_TABLE].create_index(["iteration"])
+                store.db[ROUTES_TABLE].create_index(["episode_id"])
+
+    def unscored(self) -> list[str]:
+        return [e.id for e in reversed(self.store.list_episodes(route="unscored"))]  # oldest first
+
+    def route(self, iteration: int, episode_ids=None, *, progress=None) -> dict:
+        """Score and route `episode_ids` (default: every unscored episode); counts per route."""
+        ids = list(episode_ids) if episode_ids is not None else self.unscored()
+        counts = {"sft": 0, "ct": 0, "rejected": 0}
+        for k, eid in enumerate(ids):
+            ep = self.store.load_episode(eid)
+            score = score_episode(ep, image_of=self.store.get_blob, orm=self.orm)
+            route, why = decide(ep, score, self.cfg)
+            self._apply(ep, iteration, route, score, why)
+            counts[route] += 1
+            if progress:
+                progress(k + 1, len(ids))
+        return counts
+
+    def _apply(self, ep: Episode, iteration: int, route: str, score: Score, why: list[str]) -> None:
+        row = {"episode_id": ep.id, "iteration": int(iteration), "route": route, "previous_route": ep.route,
+               "outcome": json.dumps(score.outcome.to_dict()), "previous_outcome": json.dumps(ep.outcome.to_dict()),
+               "quality": score.quality, "reasons": json.dumps(why), "time": time.time(), "undone_at": None}
+        with self.store.transaction():  # the episode and its decision change together
+            self.store.update_episode_fields(ep.id, route=route, outcome=score.outcome)
+            self.store.db[ROUTES_TABLE].insert(row, pk="id")
+
+    def decisions(self, iteration: int | None = None, *, include_undone: bool = False) -> list[dict]:
+        sql, params = f"SELECT * FROM {ROUTES_TABLE}", []
+        where = [] if include_undone else ["undone_at IS NULL"]
+        if iteration is not None:
+            where.append("iteration = ?")
+            params.append(int(iteration))
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self.store._lock:
+            rows = list(self.store.db.query(sql + " ORDER BY id", params))
+        for r in rows:
+            r["reasons"] = json.loads(r["reasons"] or "[]")
+            r["outcome"], r["previous_outcome"] = json.loads(r["outcome"]), json.loads(r["previous_outcome"])
+        return rows
+
+    def undo(self, iteration: int) -> int:
+        """Put every episode routed by `iteration` back as it was (route and outcome); returns
+        how many decisions were undone. Undoing twice is a no-op."""
+        rows = self.decisions(iteration)
+        now = time.time()
+        with self.store.transaction():
+            for r in reversed(rows):
+                if self.store.has_episode(r["episode_id"]):  # a deleted episode has nothing to restore
+                    self.store.update_episode_fields(r["episode_id"], route=r["previous_route"],
+                                                     outcome=Outcome.from_dict(r["previous_outcome"]))
+                self.store.db.execute(f"UPDATE {ROUTES_TABLE} SET undone_at = ? WHERE id = ?", [now, r["id"]])
+        return len(rows)
+
+    def pools(self) -> dict:
+        """Episode counts per route now."""
+        c = self.store.counts()["by_route"]
+        return {r: c.get(r, 0) for r in ("sft", "ct", "rejected", "unscored")}
+
+    def growth(self) -> list[dict]:
+        """Per iteration, how many episodes it routed where (not undone): the pools' growth."""
+        with self.store._lock:
+            rows = list(self.store.db.query(
+                f"SELECT iteration, route, COUNT(*) AS n FROM {ROUTES_TABLE} WHERE undone_at IS NULL "
+                "GROUP BY iteration, route ORDER BY iteration"))
+        out: dict[int, dict] = {}
+        for r in rows:
+            out.setdefault(r["iteration"], {"iteration": r["iteration"], "sft": 0, "ct": 0, "rejected": 0})[r["route"]] = r["n"]
+        return list(out.values())
+
+    def config_dict(self) -> dict:
+        return asdict(self.cfg)
+
+
+# ---------------------------------------------------------------- corrections
+
+
+def corrected_steps(ep: Episode) -> list:
+    """Steps a person edited, with the agent's proposal kept beside the correction."""
+    return [s for s in ep.steps if s.provenance.source == "corrected" and s.provenance.proposal_action is not None]
+
+
+def pool_samples(store, route: str) -> list:
+    """SFT samples (trainer.sft.Sample) of a pool's episodes, prompted as the agent was, leaving
+    out the steps that failed the rule checks (an unparseable output must not become a target)."""
+    from trainer.flywheel.scoring import step_problems
+    from trainer.sft import runtime_samples
+
+    out = []
+    for e in store.list_episodes(route=route):
+        ep = store.load_episode(e.id)
+        if not ep.steps or not all(s.observation.screenshot for s in ep.steps):
+            continue
+        bad = step_problems(ep)
+        out += [smp for s, smp in zip(ep.steps, runtime_samples(ep, store.get_blob)) if s.index not in bad]
+    return out
+
+
+def correction_samples(store, episode_ids) -> list:
+    """SFT samples (trainer.sft.Sample) of the corrected steps only, prompted as the agent was."""
+    from trainer.sft import runtime_samples
+
+    out = []
+    for eid in episode_ids:
+        ep = store.load_episode(eid)
+        fixed = {s.index for s in corrected_steps(ep)}
+        if fixed and all(s.observation.screenshot for s in ep.steps):
+            out += [smp for s, smp in zip(ep.steps, runtime_samples(ep, store.get_blob)) if s.index in fixed]
+    return out
+
+
+def export_corrections(store, out_dir, episode_ids=None) -> dict:
+    """Write corrections.jsonl (the corrected step as an SFT sample) and preferences.jsonl
+    ({prompt messages, images, chosen, rejected}, the usual DPO layout) into out_dir."""
+    from agent import coords
+    from agent.export import episode_samples
+    from agent.grammar import format_normalized
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = list(episode_ids) if episode_ids is not None else store.episode_ids()
+    n_sft = n_pairs = 0
+    paths = {"corrections": out / "corrections.jsonl", "preferences": out / "preferences.jsonl"}
+    tmp = {k: p.with_suffix(".jsonl.tmp") for k, p in paths.items()}
+    with open(tmp["corrections"], "w", encoding="utf-8") as fs, open(tmp["preferences"], "w", encoding="utf-8") as fp:
+        for eid in ids:
+            ep = store.load_episode(eid)
+            fixed = {s.index: s for s in corrected_steps(ep)}
+            if not fixed:
+                continue
+            for sample in episode_samples(ep, space=coords.SMART_RESIZE):
+                s = fixed.get(sample["step"])
+                if s is None:
+                    continue
+                fs.write(json.dumps(sample, ensure_ascii=False) + "\n")
+                n_sft += 1
+                w, h = s.observation.width, s.observation.height
+                rejected = format_normalized(s.provenance.proposal_thought or "", [s.provenance.proposal_action],
+                                             coords.SMART_RESIZE, w, h)
+                pair = {"id": sample["id"], "episode_id": ep.id, "step": s.index, "messages": sample["messages"][:-1],
+                        "images": sample["images"], "chosen": sample["messages"][-1]["content"], "rejected": rejected,
+                        "decision": s.provenance.decision, "decided_by": s.provenance.decided_by}
+                fp.write(json.dumps(pair, ensure_ascii=False) + "\n")
+                n_pairs += 1
+    for k in paths:
+        os.replace(tmp[k], paths[k])
+    return {"sft_samples": n_sft, "preference_pairs": n_pairs, **{k: str(v) for k, v in paths.items()}}

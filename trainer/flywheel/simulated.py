@@ -1,0 +1,61 @@
+"""Simulated human data for trying the flywheel on a machine with no people at it: the sandbox
+expert's episodes re-labelled as a person's. Always marked as simulated (meta["simulated"]).
+
+  - recordings: kind "recording", provenance human, no outcome mark (a person's recording is
+    unjudged until someone marks it), click points jittered by a few pixels (hands are not
+    exact) and, now and then, a step whose thought was left empty (the rule checks catch it);
+  - supervised runs: kind "supervised", one step shown as a supervisor's correction of a wrong
+    proposal (a click elsewhere), so corrections and preference pairs have something to read.
+"""
+from __future__ import annotations
+
+import random
+
+from agent.schema import Action, Outcome, Provenance
+
+
+def _jitter(action: Action, rng: random.Random, px: float, w: int, h: int) -> Action:
+    def move(p):
+        return (min(1.0, max(0.0, p[0] + rng.gauss(0, px) / w)), min(1.0, max(0.0, p[1] + rng.gauss(0, px) / h)))
+
+    return action.map_points(move)
+
+
+def simulate(store, *, recordings: int = 0, supervised: int = 0, families=None, width: int = 320, height: int = 240,
+             jitter_px: float = 1.5, empty_thought_rate: float = 0.1, seed: int = 0, seed_start: int = 700_000) -> dict:
+    """Store `recordings` + `supervised` simulated human episodes; returns their ids by kind."""
+    from trainer.sandbox.families import FAMILIES
+    from trainer.sandbox.rollout import run_many, to_episode
+
+    fams = list(families or FAMILIES)
+    rng = random.Random(seed)
+    n = recordings + supervised
+    jobs = [(fams[k % len(fams)], seed_start + k) for k in range(n)]
+    out = {"recording": [], "supervised": []}
+    for k, result in enumerate(run_many(jobs, "expert", record=True, width=width, height=height)):
+        if not result["success"]:
+            continue  # a person would not submit a recording of a task they did not finish
+        ep = to_episode(result, store, producer="simulated-annotator")
+        kind = "recording" if k < recordings else "supervised"
+        ep.kind, ep.producer, ep.policy_version = kind, "simulated-annotator", None
+        ep.outcome = Outcome() if kind == "recording" else Outcome(True, 1.0, "supervisor")
+        ep.meta = {**ep.meta, "simulated": True}
+        for s in ep.steps:
+            w, h = s.observation.width, s.observation.height
+            if kind == "recording":
+                s.provenance = Provenance(source="human")
+                s.action = _jitter(s.action, rng, jitter_px, w, h)
+                if rng.random() < empty_thought_rate:
+                    s.thought = ""
+            else:
+                s.provenance = Provenance(source="agent", policy_version="simulated-policy", decision="approve",
+                                          decided_by="simulated-supervisor")
+        if kind == "supervised":
+            fix = ep.steps[rng.randrange(len(ep.steps))]
+            wrong = fix.action.map_points(lambda p: (1.0 - p[0], 1.0 - p[1])) if fix.action.points() else Action("wait")
+            fix.provenance = Provenance(source="corrected", proposal_thought="I will act here.", proposal_action=wrong,
+                                        policy_version="simulated-policy", decision="edit",
+                                        decided_by="simulated-supervisor")
+        store.save_episode(ep, bump_revision=True)
+        out[kind].append(ep.id)
+    return out

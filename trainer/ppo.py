@@ -1,0 +1,340 @@
+"""Multi-turn PPO for a Qwen2.5-VL-class policy with a separate critic, read top to bottom.
+
+An episode is a list of turns; each turn is a prompt (screenshot + history, never trained on)
+and the tokens the policy generated. Per trajectory the generated tokens of all its turns form one
+sequence: the turn's (shaped) reward sits on its last generated token, the critic gives a value
+before every generated token, and GAE runs over that sequence (trainer.rl.gae): the critic's
+targets use lambda = 1 (decoupled GAE), the policy's advantages a length-adaptive lambda
+1 - 1/(alpha * l). A truncated episode is bootstrapped from the value of the next prompt; a
+terminated one is not. The policy loss is PPO's clipped objective with clip-higher
+(eps_low < eps_high), token-mean over the batch (trainer.rl.losses).
+
+The critic is the same backbone class with a scalar head on the last hidden state, initialised
+from the policy's weights, and it is pretrained (fit to lambda = 1 returns of the frozen policy
+for `value_pretrain_iters` batches) before the first policy update.
+
+Rollouts come from trainer.rollout: worker processes (async or sync) or, with n_workers = 0, the
+learner's own process.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainer.rl import gae as rl_gae
+from trainer.rl import losses as rl_losses
+from trainer.rl import rewards as rl_rewards
+
+
+@dataclass
+class PPOConfig:
+    updates: int = 10
+    batch_episodes: int = 8
+    epochs: int = 2  # passes over each batch
+    minibatch_turns: int = 8
+    lr: float = 2e-4
+    critic_lr: float = 1e-3
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    value_clip: float | None = 0.5
+    ent_coef: float = 0.0
+    kl_coef: float = 0.0  # to the frozen start policy; 0 turns it off (no reference model kept)
+    gamma: float = 1.0
+    critic_lambda: float = 1.0
+    policy_alpha: float = 0.05  # length-adaptive lambda = 1 - 1/(alpha * l)
+    value_pretrain_iters: int = 2
+    value_pretrain_epochs: int = 4
+    temperature: float = 1.0
+    max_new_tokens: int = 64
+    format_penalty: float = 0.1  # an unparseable turn costs this
+    step_penalty: float = 0.0
+    max_grad_norm: float = 1.0
+    n_workers: int = 2  # 0: rollouts in the learner's process
+    mode: str = "async"
+    max_staleness: int = 1
+    staleness_decay: float = 1.0
+    seed: int = 0
+    max_seconds: float | None = None  # stop after the update that crosses this wall-clock budget
+
+
+# ---------------------------------------------------------------- the critic
+
+
+class Critic(nn.Module):
+    """The policy's backbone (a copy) plus a scalar head on the last hidden state."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.backbone = copy.deepcopy(policy.model)  # Qwen2_5_VLModel: vision tower + language model
+        hidden = policy.config.text_config.hidden_size
+        self.head = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, inputs: dict) -> torch.Tensor:
+        """Values [B, T]: V at position t is the value of the context up to and including t."""
+        keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
+        out = self.backbone(**{k: inputs[k] for k in keys if k in inputs}, use_cache=False)
+        return self.head(out.last_hidden_state).squeeze(-1).float()
+
+    def save(self, out_dir) -> Path:
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(out / "critic.safetensors"))
+        return out
+
+
+# ---------------------------------------------------------------- turning trajectories into tensors
+
+
+@dataclass
+class TurnBatch:
+    inputs: dict  # prompt + generated tokens
+    target: torch.Tensor  # bool [1, T]: the generated tokens
+    behaviour_lp: torch.Tensor  # [n] log-probs under the policy that acted
+    traj: int  # index of its trajectory in the batch
+    weight: float = 1.0
+    old_lp: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    adv: torch.Tensor | None = None
+    ret: torch.Tensor | None = None
+
+
+def build_turns(trajs, processor) -> list[TurnBatch]:
+    from agent.vlm import build_inputs, extend_inputs
+
+    out = []
+    for i, tr in enumerate(trajs):
+        for turn in tr.turns:
+            if not turn.response_ids:
+                continue  # nothing was generated: nothing to score
+            prompt = build_inputs(processor, turn.messages, add_generation_prompt=True)
+            full, target = extend_inputs(prompt, turn.response_ids)
+            out.append(TurnBatch(full, target, torch.tensor(turn.logprobs, dtype=torch.float32), i, tr.weight))
+    return out
+
+
+def turn_values(critic, tb: TurnBatch) -> torch.Tensor:
+    """The critic's value before each generated token (read at the position that predicts it)."""
+    v = critic(tb.inputs)
+    before = torch.zeros_like(tb.target)
+    before[:, :-1] = tb.target[:, 1:]
+    return v[before]
+
+
+@torch.no_grad()
+def bootstrap_value(critic, traj, processor) -> float:
+    if not traj.truncated or traj.final_messages is None:
+        return 0.0
+    from agent.vlm import build_inputs
+
+    return float(critic(build_inputs(processor, traj.final_messages, add_generation_prompt=True))[0, -1])
+
+
+def shaped_turn_rewards(traj, cfg: PPOConfig) -> list[float]:
+    return [rl_rewards.shape_turn_reward(t.reward, parsed=t.parse_error is None, format_penalty=cfg.format_penalty,
+                                         step_penalty=cfg.step_penalty) for t in traj.turns if t.response_ids]
+
+
+@torch.no_grad()
+def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConfig) -> dict:
+    """Proximal log-probs, values, then decoupled GAE per trajectory; fills the TurnBatches."""
+    from agent.vlm import action_logprobs
+
+    for tb in turns:
+        tb.old_lp = action_logprobs(policy, tb.inputs, tb.target, temperature=cfg.temperature)[tb.target]
+        tb.values = turn_values(critic, tb)
+    stats = {"returns": [], "values": []}
+    for i, tr in enumerate(trajs):
+        mine = [tb for tb in turns if tb.traj == i]
+        if not mine:
+            continue
+        lengths = [int(tb.target.sum()) for tb in mine]
+        rewards = torch.zeros(sum(lengths))
+        ends = torch.tensor(lengths).cumsum(0) - 1
+        rewards[ends] = torch.tensor(shaped_turn_rewards(tr, cfg), dtype=torch.float32)
+        values = torch.cat([tb.values for tb in mine])
+        last = bootstrap_value(critic, tr, processor)
+        adv_p, _ = rl_gae.gae(rewards, values, gamma=cfg.gamma, lam=rl_gae.adaptive_lambda(len(rewards), cfg.policy_alpha),
+                              last_value=last, terminated=tr.terminated)
+        _, ret_c = rl_gae.gae(rewards, values, gamma=cfg.gamma, lam=cfg.critic_lambda, last_value=last,
+                              terminated=tr.terminated)
+        for tb, a, r in zip(mine, adv_p.split(lengths), ret_c.split(lengths)):
+            tb.adv, tb.ret = a, r
+        stats["returns"].append(ret_c)
+        stats["values"].append(values)
+    all_adv = torch.cat([tb.adv for tb in turns])
+    mean, std = all_adv.mean(), all_adv.std().clamp(min=1e-6) if all_adv.numel() > 1 else torch.tensor(1.0)
+    for tb in turns:  # whiten over the batch
+        tb.adv = (tb.adv - mean) / std
+    ret, val = torch.cat(stats["returns"]), torch.cat(stats["values"])
+    return {"explained_variance": float(rl_losses.explained_variance(val, ret))}
+
+
+# ---------------------------------------------------------------- the updates
+
+
+def critic_step(critic, opt, turns, cfg: PPOConfig, clip: bool = True) -> float:
+    """One pass of value regression over `turns` in minibatches; returns the mean loss."""
+    losses = []
+    for mb in _minibatches(turns, cfg.minibatch_turns):
+        n = sum(int(tb.target.sum()) for tb in mb)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for tb in mb:
+            v = turn_values(critic, tb)
+            loss = rl_losses.value_loss(v, tb.ret, tb.values, clip=cfg.value_clip if clip else None, reduction="sum") / n
+            loss.backward()
+            total += float(loss.detach())
+        nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
+        opt.step()
+        losses.append(total)
+    return sum(losses) / max(1, len(losses))
+
+
+def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
+    from agent.vlm import action_logprobs
+
+    m = {"policy_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
+    for mb in _minibatches(turns, cfg.minibatch_turns):
+        n = sum(int(tb.target.sum()) for tb in mb)  # token-mean over the minibatch
+        opt.zero_grad(set_to_none=True)
+        for tb in mb:
+            lp, ent = action_logprobs(policy, tb.inputs, tb.target, temperature=cfg.temperature, return_entropy=True)
+            lp, ent = lp[tb.target], ent[tb.target]
+            out = rl_losses.ppo_policy_loss(lp, tb.old_lp, tb.adv, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                            reduction="sum")
+            loss = (out["loss"] - cfg.ent_coef * ent.sum()) * tb.weight / n
+            loss.backward()
+            m["policy_loss"].append(float(out["loss"].detach()) / lp.numel())
+            m["entropy"].append(float(ent.detach().mean()))
+            m["approx_kl"].append(float(rl_losses.approx_kl(lp.detach(), tb.old_lp)))
+            m["clipfrac"].append(float(out["clipfrac"]))
+        nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+        opt.step()
+    return {k: sum(v) / max(1, len(v)) for k, v in m.items()}
+
+
+def _minibatches(items, size):
+    import random
+
+    items = list(items)
+    random.shuffle(items)
+    for k in range(0, len(items), max(1, size)):
+        yield items[k : k + size]
+
+
+def batch_metrics(trajs) -> dict:
+    import re
+
+    turns = [t for tr in trajs for t in tr.turns]
+    thoughts = [len(re.split(r"\nAction", t.text)[0].split()) for t in turns]
+    return {
+        "reward": sum(sum(t.reward for t in tr.turns) for tr in trajs) / len(trajs),
+        "success_rate": sum(tr.success for tr in trajs) / len(trajs),
+        "episode_length": sum(len(tr.turns) for tr in trajs) / len(trajs),
+        "think_length": sum(thoughts) / max(1, len(thoughts)),
+        "tokens_per_turn": sum(len(t.response_ids) for t in turns) / max(1, len(turns)),
+        "parse_error_rate": sum(t.parse_error is not None for t in turns) / max(1, len(turns)),
+        "truncated_rate": sum(tr.truncated for tr in trajs) / len(trajs),
+    }
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw: dict, families=None, log=None,
+              memory_kw=None, progress: bool = True, on_update=None) -> dict:
+    """Value pretraining, then `cfg.updates` PPO updates. Returns the critic and a summary."""
+    from tqdm import tqdm
+
+    from trainer.actor import VLMActor
+    from trainer.rollout import RolloutPool, WorkerSpec, run_episode
+
+    torch.manual_seed(cfg.seed)
+    work_dir = Path(work_dir)
+    critic = Critic(policy)
+    opt_p = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
+    opt_c = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
+    actor_kw = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
+
+    # -- rollouts: worker processes, or this process
+    pool = None
+    if cfg.n_workers > 0:
+        spec = WorkerSpec(str(model_dir), str(work_dir / "weights"), env_kw=dict(env_kw), memory_kw=dict(memory_kw or {}),
+                          actor_kw=actor_kw)
+        pool = RolloutPool(spec, cfg.n_workers, mode=cfg.mode, max_staleness=cfg.max_staleness,
+                           staleness_decay=cfg.staleness_decay, seed_start=cfg.seed * 100_000, families=families).start(policy)
+        collect = lambda: pool.collect(cfg.batch_episodes)  # noqa: E731
+    else:
+        from trainer.sandbox.env import SandboxEnv
+
+        env, local = SandboxEnv(**env_kw), VLMActor(policy, processor, **actor_kw)
+        seeds = iter(range(cfg.seed * 100_000, 10**9))
+
+        def collect():
+            policy.eval()
+            fams = families or [None]
+            return [run_episode(local, env, s, family=fams[s % len(fams)], memory_kw=memory_kw) for s in
+                    (next(seeds) for _ in range(cfg.batch_episodes))]
+
+    history = []
+    step = 0
+    t_start = time.perf_counter()
+    try:
+        # -- value pretraining: fit the critic to lambda=1 returns of the frozen policy
+        for k in tqdm(range(cfg.value_pretrain_iters), desc="value pretraining", disable=not progress or None):
+            trajs = collect()
+            turns = build_turns(trajs, processor)
+            ev_before = score(policy, critic, trajs, turns, processor, cfg)["explained_variance"]
+            vl = [critic_step(critic, opt_c, turns, cfg, clip=False) for _ in range(cfg.value_pretrain_epochs)]
+            row = {"value_loss": vl[-1], "explained_variance": ev_before, **batch_metrics(trajs)}
+            if log is not None:
+                log.log(k, "value_pretrain", **row)
+            history.append({"phase": "value_pretrain", **row})
+
+        # -- PPO updates
+        for update in tqdm(range(cfg.updates), desc="ppo", disable=not progress or None):
+            t0 = time.perf_counter()
+            trajs = collect()
+            t_roll = time.perf_counter() - t0
+            turns = build_turns(trajs, processor)
+            policy.eval()
+            ev = score(policy, critic, trajs, turns, processor, cfg)["explained_variance"]
+            policy.train()
+            t1 = time.perf_counter()
+            for _ in range(cfg.epochs):
+                pm = policy_step(policy, opt_p, turns, cfg)
+                vl = critic_step(critic, opt_c, turns, cfg)
+            policy.eval()
+            n_tok = sum(int(tb.target.sum()) for tb in turns)
+            t_learn = time.perf_counter() - t1
+            row = {**batch_metrics(trajs), **pm, "value_loss": vl, "explained_variance": ev,
+                   "rollout_seconds": t_roll, "learner_seconds": t_learn,
+                   "learner_tokens_per_s": n_tok * cfg.epochs / max(t_learn, 1e-9)}
+            if pool is not None:
+                row["version"] = pool.publish(policy)
+                row["dropped_stale"] = pool.stats["dropped"]
+                lags = pool.stats["lags"][-len(trajs):]
+                row["mean_lag"] = sum(lags) / max(1, len(lags))
+            step = update
+            if log is not None:
+                log.log(update, "ppo", **row)
+            history.append({"phase": "ppo", **row})
+            if on_update is not None:
+                on_update(update, row)
+            if cfg.max_seconds is not None and time.perf_counter() - t_start > cfg.max_seconds:
+                break
+    finally:
+        if pool is not None:
+            pool.close()
+        else:
+            env.close()
+    return {"critic": critic, "history": history, "updates": step + 1, "config": asdict(cfg)}

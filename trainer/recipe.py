@@ -1,0 +1,294 @@
+"""The default small model, end to end: build a tiny Qwen2.5-VL, SFT on the sandbox expert's
+demonstrations, evaluate on held-out seeds, PPO on the sandbox, evaluate again, save.
+
+    python main.py train default --out assets/default_model [--work DIR] [--ppo-minutes 14] [--resume]
+
+OUT gets the checkpoint (a standard transformers directory, about 6 MB), eval.json (held-out
+success per family after SFT and after PPO) and training_curves.png; the work folder (default
+OUT-work) keeps the base and SFT checkpoints, metrics.jsonl, TensorBoard events, more plots and
+report.json. --resume reuses a finished SFT stage there (stage_sft.json + sft/) and runs PPO again.
+
+The model sees screenshots at exactly agent.coords' smart_resize size (its image processor's
+min/max pixels are set so), so the coordinates it writes mean the same thing to the sandbox,
+to agent.memory's history and to LocalVLMPolicy, and the checkpoint runs in the agent as is.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from agent import coords
+
+
+@dataclass
+class RecipeConfig:
+    width: int = 320  # the sandbox screen (the model sees it smart-resized: 336x252, 108 image tokens)
+    height: int = 240
+    families: list[str] = field(default_factory=lambda: ["click_button", "radio", "list_pick", "check_boxes", "dropdown",
+                                                         "tabs"])
+    demo_episodes_per_family: int = 60
+    eval_seeds_per_family: int = 10
+    hidden: int = 128
+    layers: int = 2
+    vision_depth: int = 2
+    sft_epochs: float = 6.0
+    sft_lr: float = 2e-3
+    sft_batch: int = 8
+    ppo_updates: int = 40
+    ppo_batch: int = 16
+    ppo_lr: float = 1e-4  # 5e-4 drove approx_kl to 0.3-0.6 per update and the parse rate down (measured)
+    ppo_epochs: int = 1
+    ppo_temperature: float = 0.5  # sampling (and scoring) temperature of the rollouts; evaluation is greedy
+    ppo_max_new_tokens: int = 48  # the expert's replies take about 30
+    ppo_max_steps: int = 5  # rollouts are cut (and bootstrapped) here; evaluation keeps each family's limit
+    ppo_max_minutes: float | None = None  # wall-clock budget of the PPO phase
+    n_workers: int = 2
+    threads: int = 1  # torch threads of the learner (ops this small lose to thread wake-ups)
+    seed: int = 0
+
+
+class ExpertActor:
+    """The sandbox's scripted expert behind the actor interface, so demonstrations are prompted
+    exactly like the policy's own rollouts."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def generate(self, messages, *, greedy: bool = False):
+        from trainer.actor import ActorOutput
+
+        return ActorOutput(self.env.expert_response())
+
+
+def demonstrations(families, per_family: int, *, width: int, height: int, seed_start: int = 0, memory_kw=None,
+                   progress: bool = True):
+    """Expert trajectories on training seeds, and the SFT samples they give."""
+    from tqdm import tqdm
+
+    from trainer.rollout import run_episode
+    from trainer.sandbox.env import SandboxEnv
+    from trainer.sft import Sample
+
+    env = SandboxEnv(width=width, height=height)
+    expert = ExpertActor(env)
+    trajs, samples = [], []
+    try:
+        for k in tqdm(range(per_family * len(families)), desc="expert demos", disable=not progress or None):
+            fam = families[k % len(families)]
+            tr = run_episode(expert, env, seed_start + k, family=fam, memory_kw=memory_kw)
+            trajs.append(tr)
+            if tr.success:  # only demonstrations that reached the goal are worth imitating
+                samples += [Sample(t.messages, t.text, f"{fam}:{tr.seed}#{i}") for i, t in enumerate(tr.turns)]
+    finally:
+        env.close()
+    return trajs, samples
+
+
+def build_default_model(out_dir, cfg: RecipeConfig, demo_texts: list[str]) -> Path:
+    """The tiny model with a tokenizer that also learned the sandbox's words, and an image
+    processor that resizes screenshots exactly as agent.coords.smart_resize does."""
+    from agent.vlm import load_processor
+    from trainer.tiny_model import build_tiny_model, default_corpus
+
+    h, w = coords.smart_resize(cfg.height, cfg.width)
+    side = int((h * w) ** 0.5) + 1
+    out = build_tiny_model(out_dir, default_corpus(cfg.seed) + demo_texts, hidden=cfg.hidden, layers=cfg.layers,
+                           vision_depth=cfg.vision_depth, image_size=side, seed=cfg.seed)
+    proc = load_processor(out)
+    ip = proc.image_processor
+    ip.size = {"shortest_edge": coords.MIN_PIXELS, "longest_edge": max(side * side, coords.MIN_PIXELS)}
+    proc.save_pretrained(str(out))
+    from agent.vlm import resized_image_size
+
+    rw, rh = resized_image_size(load_processor(out), cfg.width, cfg.height)
+    if (rh, rw) != (h, w):
+        raise RuntimeError(f"the processor resizes {cfg.width}x{cfg.height} to {rw}x{rh}, not smart_resize's {w}x{h}")
+    return out
+
+
+def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = True, resume: bool = False) -> dict:
+    """The whole recipe; with resume, a finished SFT stage in the work folder is reused."""
+    import torch
+
+    from agent.vlm import load_vlm
+    from trainer.actor import VLMActor
+    from trainer.metrics import MetricsLog, plot_metrics
+    from trainer.rollout import evaluate
+    from trainer.sft import SFTConfig, save_checkpoint, train_sft
+
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    out = Path(out_dir)
+    work = Path(work_dir) if work_dir else out.parent / (out.name + "-work")
+    work.mkdir(parents=True, exist_ok=True)
+    log = MetricsLog(work)
+    env_kw = {"width": cfg.width, "height": cfg.height}
+    report: dict = {"config": asdict(cfg)}
+    t0 = time.perf_counter()
+
+    def heldout(tag):
+        actor = VLMActor(model, processor, max_new_tokens=64)
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cfg.families) * cfg.eval_seeds_per_family, desc=f"eval {tag}", disable=not progress or None)
+        res = evaluate(actor, cfg.families, cfg.eval_seeds_per_family, env_kw=env_kw, progress=lambda: bar.update(1))
+        bar.close()
+        log.log(0, f"eval_{tag}", mean_success=res["mean_success"],
+                **{f"success_{k}": v["success"] for k, v in res["families"].items()})
+        return res
+
+    stage = work / "stage_sft.json"  # the SFT stage's report, written once its checkpoint and eval are done
+    if resume and stage.is_file() and (work / "sft" / "model.safetensors").is_file():
+        # -- 1+2 done before: the SFT checkpoint and its held-out numbers are in the work folder
+        done = json.loads(stage.read_text(encoding="utf-8"))
+        report.update({k: done[k] for k in ("demos", "params", "sft", "eval_sft")})
+        report["resumed_from"] = str(work / "sft")
+        model, processor = load_vlm(work / "sft", device="cpu")
+    else:
+        # -- 1. expert demonstrations and the model
+        trajs, samples = demonstrations(cfg.families, cfg.demo_episodes_per_family, width=cfg.width,
+                                        height=cfg.height, progress=progress)
+        report["demos"] = {"episodes": len(trajs), "successful": sum(t.success for t in trajs), "samples": len(samples)}
+        texts = [s.target for s in samples] + [t.instruction for t in trajs]
+        base = build_default_model(work / "base", cfg, texts)
+        model, processor = load_vlm(base, device="cpu")
+        report["params"] = sum(p.numel() for p in model.parameters())
+
+        # -- 2. SFT on the demonstrations, then the held-out numbers
+        sft_cfg = SFTConfig(lr=cfg.sft_lr, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch, warmup_steps=5,
+                            seed=cfg.seed)
+        report["sft"] = train_sft(model, processor, samples, sft_cfg, work / "sft", log=log, progress=progress)
+        report["eval_sft"] = heldout("sft")
+        stage.write_text(json.dumps(_slim({k: report[k] for k in ("demos", "params", "sft", "eval_sft")}), indent=2)
+                         + "\n", encoding="utf-8")
+
+    # -- 3. PPO on the sandbox, from the SFT model
+    from trainer.ppo import PPOConfig, train_ppo
+
+    ppo_cfg = PPOConfig(updates=cfg.ppo_updates, batch_episodes=cfg.ppo_batch, lr=cfg.ppo_lr, n_workers=cfg.n_workers,
+                        epochs=cfg.ppo_epochs, temperature=cfg.ppo_temperature, max_new_tokens=cfg.ppo_max_new_tokens,
+                        value_pretrain_iters=1, value_pretrain_epochs=3, seed=cfg.seed,
+                        max_seconds=cfg.ppo_max_minutes * 60 if cfg.ppo_max_minutes else None)
+    res = train_ppo(model, processor, ppo_cfg, model_dir=work / "sft", work_dir=work / "ppo",
+                    env_kw={**env_kw, "max_steps": cfg.ppo_max_steps},
+                    families=cfg.families, log=log, progress=progress)
+    res["critic"].save(work / "critic")
+    report["ppo"] = {"updates": res["updates"], "last": res["history"][-1] if res["history"] else None}
+    report["eval_ppo"] = heldout("ppo")
+
+    # -- 4. save, plot, report
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    if out.exists():
+        shutil.rmtree(out)
+    save_checkpoint(model, processor, out, {"recipe": "trainer.recipe", "report": _slim(report)})
+    log.close()
+    plots = {}
+    for phase, keys in (("sft", ["loss", "grad_norm"]),
+                        ("ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "explained_variance",
+                                 "value_loss", "think_length", "episode_length", "policy_loss", "learner_tokens_per_s"])):
+        try:
+            plots[phase] = str(plot_metrics(log.path, work / f"{phase}_curves.png", phase=phase, keys=keys,
+                                            title=f"default model: {phase}"))
+        except ValueError:
+            pass
+    plots["eval"] = str(plot_eval(report, work / "eval_per_family.png"))
+    # what ships beside the weights: the held-out numbers and one figure of the whole run
+    plots["summary"] = str(plot_summary(log.path, report, out / "training_curves.png"))
+    report["plots"] = plots
+    (out / "eval.json").write_text(json.dumps(eval_summary(report), indent=2) + "\n", encoding="utf-8")
+    (work / "report.json").write_text(json.dumps(_slim(report), indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def eval_summary(report: dict) -> dict:
+    """Held-out success per family after SFT and after PPO, and how they were measured."""
+    fams = list(report["eval_sft"]["families"])
+    sft, ppo = report["eval_sft"], report["eval_ppo"]
+    return {
+        "split": "heldout (task seeds from trainer.sandbox.task.HELDOUT_START), greedy decoding",
+        "episodes_per_family": report["config"]["eval_seeds_per_family"],
+        "families": {f: {"sft": sft["families"][f]["success"], "ppo": ppo["families"][f]["success"],
+                         "delta": round(ppo["families"][f]["success"] - sft["families"][f]["success"], 4)} for f in fams},
+        "mean": {"sft": sft["mean_success"], "ppo": ppo["mean_success"],
+                 "delta": round(ppo["mean_success"] - sft["mean_success"], 4)},
+        "demos": report.get("demos"), "ppo_updates": report.get("ppo", {}).get("updates"),
+        "seconds": report.get("seconds"), "config": report["config"],
+        "reproduce": "python main.py train default --out assets/default_model"
+                     + (f" --ppo-minutes {report['config']['ppo_max_minutes']:g}" if report["config"].get("ppo_max_minutes") else ""),
+        "resumed_from": report.get("resumed_from"),
+    }
+
+
+def plot_summary(metrics_path, report: dict, out_png) -> Path:
+    """One small PNG: SFT loss; PPO reward, success rate and entropy per update; held-out
+    success per family after SFT and after PPO."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trainer.metrics import read_metrics
+
+    rows = read_metrics(metrics_path)
+    sft = [r for r in rows if r["phase"] == "sft"]
+    ppo = [r for r in rows if r["phase"] == "ppo"]
+    fig, axes = plt.subplots(1, 5, figsize=(17, 3.1))
+    panels = [(sft, "loss", "SFT loss (assistant tokens)"), (ppo, "reward", "PPO reward / episode"),
+              (ppo, "success_rate", "PPO rollout success rate"), (ppo, "entropy", "PPO policy entropy")]
+    for ax, (data, key, title) in zip(axes, panels):
+        xs = [r["step"] for r in data if isinstance(r.get(key), float)]
+        ys = [r[key] for r in data if isinstance(r.get(key), float)]
+        ax.plot(xs, ys, lw=1, alpha=0.5 if len(ys) > 20 else 1.0)
+        if len(ys) > 5:  # a running mean shows the trend through the batch noise
+            k = max(3, len(ys) // 10)
+            sm = [sum(ys[max(0, i - k + 1): i + 1]) / len(ys[max(0, i - k + 1): i + 1]) for i in range(len(ys))]
+            ax.plot(xs, sm, lw=2)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("SFT step" if data is sft else "PPO update", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    ax = axes[4]
+    fams = list(report["eval_sft"]["families"])
+    x = range(len(fams))
+    for off, tag in ((-0.2, "sft"), (0.2, "ppo")):
+        ev = report[f"eval_{tag}"]
+        ax.bar([i + off for i in x], [ev["families"][f]["success"] for f in fams], 0.4,
+               label=f"after {tag.upper()} (mean {ev['mean_success']:.0%})")
+    ax.set_xticks(list(x), fams, rotation=30, ha="right", fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.set_title("held-out success per family", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=80)
+    plt.close(fig)
+    return Path(out_png)
+
+
+def _slim(report: dict) -> dict:
+    return json.loads(json.dumps(report, default=str))
+
+
+def plot_eval(report: dict, out_png) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fams = list(report["eval_sft"]["families"])
+    a = [report["eval_sft"]["families"][f]["success"] for f in fams]
+    b = [report["eval_ppo"]["families"][f]["success"] for f in fams]
+    x = range(len(fams))
+    fig, ax = plt.subplots(figsize=(1.2 * len(fams) + 2, 3.2))
+    ax.bar([i - 0.2 for i in x], a, 0.4, label=f"after SFT (mean {report['eval_sft']['mean_success']:.0%})")
+    ax.bar([i + 0.2 for i in x], b, 0.4, label=f"after PPO (mean {report['eval_ppo']['mean_success']:.0%})")
+    ax.set_xticks(list(x), fams, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("held-out success")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=90)
+    plt.close(fig)
+    return Path(out_png)

@@ -1,0 +1,274 @@
+"""SFT and CT: cross-entropy on the assistant's own tokens only (its thought and action).
+
+A sample is (messages, target): the chat the model saw and the reply it should write. The loss
+covers exactly the target's tokens and its closing <|im_end|> (agent.vlm.assistant_token_mask
+with last_only): the system prompt, the instruction, the screenshots, the history and the role
+header are context, never targets.
+
+SFT and CT are the same objective on different data, as in the UI-TARS-2 flywheel: SFT reads the
+high-quality pool (episodes routed "sft"), CT (continual pre-training) the larger, lower-quality
+pool (routed "ct"), usually first and at a lower learning rate. The route picks the data; the
+`--ct` flag only changes the defaults (see cli_train).
+
+Samples come from three places, all giving the same message layout the agent prompts with:
+  - `runtime_samples(episode, image_of)`: the agent's own prompt and hierarchical memory
+    (agent.memory), rebuilt step by step; what Tandem's policies see at run time (default);
+  - `export_samples(...)`: agent.export's UI-TARS chat samples (system prompt, <image> turns);
+  - rollouts: `Trajectory.turns` (messages + text) from trainer.rollout.
+Checkpoints are standard transformers directories (safetensors + processor) that
+agent.vlm.load_vlm reloads.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+IGNORE = -100
+
+
+class SFTError(ValueError):
+    """Unusable training data or settings; the message names what and where."""
+
+
+@dataclass
+class Sample:
+    messages: list  # agent.memory's neutral chat form, ending before the target reply
+    target: str  # the assistant reply to learn: "Thought: ...\nAction: ..."
+    source: str = ""  # where it came from (episode id and step), for error messages
+
+
+# ---------------------------------------------------------------- the loss (pure)
+
+
+def assistant_ce(logits, input_ids, mask):
+    """Mean cross-entropy of the masked tokens. logits [B, T, V] at every position, input_ids
+    and mask [B, T]; the logits at t-1 predict token t, so only positions with mask[t] count."""
+    import torch.nn.functional as F
+
+    pred = mask[:, 1:].bool()
+    if not pred.any():
+        raise SFTError("the mask selects no target tokens")
+    return F.cross_entropy(logits[:, :-1][pred].float(), input_ids[:, 1:][pred])
+
+
+def assistant_labels(input_ids, mask):
+    """transformers-style labels: the token where the mask is set, IGNORE elsewhere."""
+    labels = input_ids.clone()
+    labels[~mask.bool()] = IGNORE
+    return labels
+
+
+# ---------------------------------------------------------------- samples
+
+
+def runtime_samples(ep, image_of, *, memory_kw: dict | None = None, space: str | None = None,
+                    platform: str | None = None) -> list[Sample]:
+    """One sample per step of a schema Episode, prompted exactly as the agent would have been:
+    agent.policies' prompt plus agent.memory's messages built from the earlier steps.
+    image_of(hash) -> PNG/JPEG bytes (e.g. store.get_blob)."""
+    from agent import coords
+    from agent.executors.base import Frame
+    from agent.grammar import format_normalized
+    from agent.memory import Memory, MemoryStep
+    from agent.policies.base import build_prompt
+
+    space = space or coords.SMART_RESIZE
+    platform = platform or ("android" if ep.platform == "android" else ep.platform if ep.platform == "sandbox" else "desktop")
+    prompt = build_prompt(ep.instruction, (platform,))
+    memory = Memory(**(memory_kw or {}))
+    out = []
+    for step in ep.steps:
+        if not step.observation.screenshot:
+            raise SFTError(f"episode {ep.id} step {step.index}: no screenshot; runtime samples need one per step")
+        frame = Frame(geometry=step.observation.geometry, encoded=image_of(step.observation.screenshot))
+        w, h = step.observation.width, step.observation.height
+        messages = memory.build_messages(prompt, frame, space=space)
+        actions = [step.action] + [_action(a) for a in (step.info.get("more_actions") or [])]
+        out.append(Sample(messages, format_normalized(step.thought, actions, space, w, h), f"{ep.id}#{step.index}"))
+        memory.add(MemoryStep(step.thought, actions, frame, source=step.provenance.source))
+    return out
+
+
+def _action(d):
+    from agent.schema import Action
+
+    return Action.from_dict(d)
+
+
+def export_samples(samples, image_of) -> list[Sample]:
+    """agent.export sample dicts -> Samples. Each user "<image>" turn takes the next entry of
+    the sample's `images`; image_of(ref) -> bytes or a PIL image."""
+    from agent.export import IMAGE_TOKEN
+
+    out = []
+    for k, s in enumerate(samples):
+        where = s.get("id", f"sample {k}") if isinstance(s, dict) else f"sample {k}"
+        try:
+            msgs, images = s["messages"], list(s.get("images") or [])
+        except (TypeError, KeyError):
+            raise SFTError(f"{where}: not an export sample (needs 'messages' and 'images')") from None
+        if not msgs or msgs[-1].get("role") != "assistant":
+            raise SFTError(f"{where}: the last message must be the assistant's target")
+        conv, it = [], iter(images)
+        for m in msgs[:-1]:
+            if m["role"] == "user" and m["content"] == IMAGE_TOKEN:
+                ref = next(it, None)
+                if ref is None:
+                    raise SFTError(f"{where}: more <image> turns than images")
+                conv.append({"role": "user", "content": [{"type": "image", "image": _pil(image_of(ref))}]})
+            else:
+                conv.append({"role": m["role"], "content": m["content"]})
+        out.append(Sample(conv, msgs[-1]["content"], where))
+    return out
+
+
+def _pil(x):
+    from PIL import Image
+
+    if isinstance(x, (bytes, bytearray)):
+        return Image.open(io.BytesIO(x)).convert("RGB")
+    return x
+
+
+def store_samples(store, *, route: str | None = "sft", fmt: str = "runtime", episode_ids=None, memory_kw=None) -> list[Sample]:
+    """Samples from the store's episodes of one route ("sft" for SFT, "ct" for CT)."""
+    from agent.export import episode_samples
+
+    ids = list(episode_ids) if episode_ids else [e.id for e in store.list_episodes(route=route)]
+    out: list[Sample] = []
+    for eid in ids:
+        ep = store.load_episode(eid)
+        if fmt == "runtime":
+            out += runtime_samples(ep, store.get_blob, memory_kw=memory_kw)
+        elif fmt == "export":
+            out += export_samples(list(episode_samples(ep)), store.get_blob)
+        else:
+            raise SFTError(f"unknown sample format {fmt!r}; expected runtime or export")
+    return out
+
+
+def jsonl_samples(path) -> list[Sample]:
+    """Samples from an `export` JSONL file (images resolved beside it)."""
+    path = Path(path)
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SFTError(f"{path}:{n}: not JSON ({e.msg})") from None
+    return export_samples(rows, lambda ref: (path.parent / ref).read_bytes())
+
+
+def encode(processor, sample: Sample) -> dict:
+    """Model inputs of messages + target, with "assistant_mask" on the target's tokens only."""
+    from agent.vlm import build_inputs
+
+    msgs = list(sample.messages) + [{"role": "assistant", "content": sample.target}]
+    inputs = build_inputs(processor, msgs, add_generation_prompt=False, assistant_mask=True, last_only=True)
+    if not inputs["assistant_mask"].any():
+        raise SFTError(f"{sample.source}: the target has no tokens")
+    return inputs
+
+
+# ---------------------------------------------------------------- training
+
+
+@dataclass
+class SFTConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    epochs: float = 1.0
+    batch_size: int = 8  # samples per optimizer step (gradient accumulation, one sample at a time)
+    max_steps: int | None = None
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 1
+    save_every: int | None = None  # optimizer steps between checkpoints (None: only at the end)
+
+
+def save_checkpoint(model, processor, out_dir, extra: dict | None = None) -> Path:
+    """A standard transformers directory: config, safetensors weights, tokenizer, processor."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True)
+    processor.save_pretrained(str(out))
+    for name in ("processor_config.json", "tokenizer_config.json", "preprocessor_config.json"):
+        p = out / name  # name the stock class, as UI-TARS's files do; our subclass is a loading detail
+        if p.is_file():
+            data = json.loads(p.read_text(encoding="utf-8"))
+            if "processor_class" in data:
+                data["processor_class"] = "Qwen2_5_VLProcessor"
+                p.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    if extra is not None:
+        (out / "tandem_training.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def train_sft(model, processor, samples: list[Sample], cfg: SFTConfig, out_dir=None, *, log=None, phase: str = "sft",
+              progress: bool = True) -> dict:
+    """Train on samples; returns {"steps", "first_loss", "last_loss", "tokens", "seconds"}.
+    log: a trainer.metrics.MetricsLog (optional). Saves to out_dir when given."""
+    import torch
+    from tqdm import tqdm
+
+    from agent.vlm import sft_loss
+
+    if not samples:
+        raise SFTError("no training samples")
+    if cfg.batch_size < 1 or cfg.lr <= 0:
+        raise SFTError(f"batch_size must be >= 1 and lr > 0, got {cfg.batch_size} and {cfg.lr}")
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    encoded = [encode(processor, s) for s in samples]  # tokenize once; errors surface before training
+    steps_per_epoch = math.ceil(len(encoded) / cfg.batch_size)
+    total = cfg.max_steps or max(1, math.ceil(steps_per_epoch * cfg.epochs))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * (0.1 + 0.9 * max(0.0, 1 - s / total)))
+    model.train()
+    order: list[int] = []
+    first = last = None
+    tokens = 0
+    t0 = time.perf_counter()
+    bar = tqdm(range(total), desc=phase, unit="step", disable=not progress or None)
+    for step in bar:
+        # -- one batch: a token-mean over its samples (each weighted by its target tokens)
+        batch = []
+        for _ in range(min(cfg.batch_size, len(encoded))):
+            if not order:
+                order = list(range(len(encoded)))
+                rng.shuffle(order)
+            batch.append(encoded[order.pop()])
+        n_tok = sum(int(b["assistant_mask"].sum()) for b in batch)
+        opt.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for b in batch:
+            mask = b["assistant_mask"]
+            loss = sft_loss(model, b, mask) * (int(mask.sum()) / n_tok)
+            loss.backward()
+            loss_sum += float(loss.detach())
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        tokens += n_tok
+        first = loss_sum if first is None else first
+        last = loss_sum
+        bar.set_postfix(loss=f"{loss_sum:.3f}")
+        if log is not None and (step % cfg.log_every == 0 or step == total - 1):
+            log.log(step, phase, loss=loss_sum, grad_norm=float(gnorm), lr=sched.get_last_lr()[0], tokens=tokens)
+        if out_dir and cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total:
+            save_checkpoint(model, processor, out_dir)
+    bar.close()
+    model.eval()
+    result = {"phase": phase, "steps": total, "samples": len(samples), "first_loss": first, "last_loss": last,
+              "tokens": tokens, "seconds": round(time.perf_counter() - t0, 2), "config": asdict(cfg)}
+    if out_dir:
+        save_checkpoint(model, processor, out_dir, {"last": result})
+    return result

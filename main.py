@@ -16,7 +16,7 @@ COMMANDS = [
     "app.recorder.cli",  # record: record a demonstration headless, re-reduce, transcribe
     "trainer.sandbox.cli",  # sandbox: show, families, generate, eval
     "trainer.cli_backend",  # backend: the sync server; backend user add|list|revoke
-    "app.sync.cli",  # submit, sync
+    "app.sync.cli",  # submit, sync; the sync client behind `agent --publish`
     "trainer.cli_train",  # train: sft, ct, ppo, default
     "trainer.flywheel.cli",  # flywheel: run, status, merge, undo, plot
 ]

@@ -5,8 +5,10 @@ Examples:
     python main.py agent --instruction "..." --policy endpoint --base-url http://127.0.0.1:8000/v1 --model ui-tars-1.5-7b --gate risky
     python main.py agent --instruction "..." --policy local --model-dir ./ui-tars-1.5-7b --gate all
 
-Gate questions are answered in this terminal. The kill switch (Ctrl+Alt+Shift+K by default)
-stops the agent at once; so does Ctrl+C. The episode lands in the store either way.
+Gate questions are answered in this terminal, or, with --publish, by remote supervisors through
+the sync backend (Supervise -> Watch a run, with the printed run id). The kill switch
+(Ctrl+Alt+Shift+K by default) stops the agent at once; so does Ctrl+C. The episode lands in the
+store either way.
 """
 from __future__ import annotations
 
@@ -17,6 +19,12 @@ import sys
 from agent import coords
 from agent.gate import GATE_MODES
 from agent.killswitch import DEFAULT_HOTKEY
+
+
+# How --publish reaches remote supervisors: agent/ has no network client, so the sync client's
+# CLI module (app.sync.cli, loaded by main.py beside this one) sets this to
+# (url, token, run_id, decision_timeout) -> a started publisher with .supervisor, .run_id, .end(reason).
+publish_hook = None
 
 
 def register(sub, common) -> None:
@@ -42,6 +50,14 @@ def register(sub, common) -> None:
     p.add_argument("--image-format", choices=("png", "jpeg"), default="jpeg", help="screenshots in the store (default jpeg q90; png is lossless and about 10x slower)")
     p.add_argument("--hotkey", default=DEFAULT_HOTKEY, help=f"kill-switch hotkey in pynput notation (default {DEFAULT_HOTKEY})")
     p.add_argument("--no-kill-switch", action="store_true", help="do not listen for the kill-switch hotkey")
+    p.add_argument("--publish", action="store_true",
+                   help="remote supervisors answer the gate: publish this run through the sync backend "
+                        "(the one `sync --save` set up, or --server/--token)")
+    p.add_argument("--server", help="--publish: backend URL (default: the saved sync server)")
+    p.add_argument("--token", help="--publish: token (default: the saved sync token)")
+    p.add_argument("--run-id", help="--publish: the run id supervisors open (default: a new random one)")
+    p.add_argument("--decision-timeout", type=float,
+                   help="--publish: seconds to wait for a supervisor's decision before stopping (default: no limit)")
     p.set_defaults(func=cmd_agent)
 
 
@@ -112,11 +128,35 @@ def cmd_agent(args) -> int:
             tools = TerminalExecutor(args.tools_root)
         except ExecutionError as e:
             return _fail(str(e))
-    supervisor = TerminalSupervisor() if args.gate != "auto" else None
     store = Store(args.data) if args.data else Store()
+    publisher = None
+    if args.publish:
+        if args.gate == "auto":
+            store.close()
+            return _fail("--publish needs --gate risky or all: with auto nobody is asked")
+        url = args.server or store.get_setting("sync.server_url")
+        token = args.token or store.get_setting("sync.token")
+        if not url or not token:
+            store.close()
+            return _fail("--publish needs a backend: run `python main.py sync --server URL --token T --save` or pass "
+                         "--server and --token")
+        if publish_hook is None:
+            store.close()
+            return _fail("--publish needs the sync client (app.sync), which is not loaded")
+        try:
+            publisher = publish_hook(url, token, args.run_id, args.decision_timeout)
+        except Exception as e:  # noqa: BLE001 - any failure to connect or log in is reported, not raised
+            store.close()
+            return _fail(f"cannot publish the run to {url}: {e}")
+        supervisor = publisher.supervisor
+        print(f"run id: {publisher.run_id} (open it in Supervise -> Watch a run)", flush=True)
+    else:
+        supervisor = TerminalSupervisor() if args.gate != "auto" else None
     loop = AgentLoop(policy, executor, store=store, gate=Gate(args.gate, supervisor), tools=tools,
                      config=LoopConfig(max_steps=args.max_steps, max_seconds=args.max_seconds, image_format=args.image_format),
                      on_step=_print_step, on_control=lambda on: print("[agent has control]" if on else "[agent idle]", flush=True))
+    if publisher is not None:
+        supervisor.stop_event = loop.stop_event  # a stop (kill switch, Ctrl+C) also ends the wait for a decision
     switch = KillSwitch(loop, hotkey=args.hotkey)
     if not args.no_kill_switch and args.platform == "desktop":
         try:
@@ -125,12 +165,15 @@ def cmd_agent(args) -> int:
         except KillSwitchError as e:
             print(f"warning: {e}; use Ctrl+C to stop", file=sys.stderr)
     old = signal.signal(signal.SIGINT, lambda *a: loop.stop("interrupted (Ctrl+C)"))
+    res = None
     try:
         res = loop.run(args.instruction)
     except ExecutionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
+        if publisher is not None:
+            publisher.end(res.reason if res is not None else "error")
         signal.signal(signal.SIGINT, old)
         switch.stop()
         executor.close()

@@ -73,6 +73,7 @@ class ScreenshotCanvas(QWidget):
 
     pointsEdited = Signal(object)  # {param_name: (x, y) normalized}
     navigate = Signal(int)  # -1 / +1 from the Up/Down keys
+    regionSelected = Signal(object)  # (x0, y0, x1, y1) normalized, in region mode; None: Esc cancelled it
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -89,8 +90,19 @@ class ScreenshotCanvas(QWidget):
         self._press: tuple[float, float] | None = None  # widget position of the current press
         self._pending_start: tuple[float, float] | None = None  # drag: start chosen, end awaited
         self._dragging = False
+        self._region_mode = False  # press-drag-release selects a rectangle instead of moving points
+        self._region: tuple[tuple[float, float], tuple[float, float]] | None = None  # widget corners
 
     # ------------------------------------------------------------ state
+    def set_region_mode(self, on: bool) -> None:
+        """In region mode a press-drag-release on the screenshot emits regionSelected."""
+        self._region_mode, self._region = bool(on), None
+        self.setCursor(Qt.CrossCursor if on or self._editable_points() else Qt.ArrowCursor)
+        self.update()
+
+    def region_mode(self) -> bool:
+        return self._region_mode
+
     def set_observation(self, pixmap: QPixmap | None, image_w: int, image_h: int, missing: str = "") -> None:
         """Show a screenshot of image_w x image_h pixels; with no pixmap, an empty frame of
         that aspect and the `missing` message (points stay editable)."""
@@ -139,6 +151,11 @@ class ScreenshotCanvas(QWidget):
     def mousePressEvent(self, event):
         names = self._editable_points()
         pos = (event.position().x(), event.position().y())
+        if self._region_mode:
+            if event.button() == Qt.LeftButton and self._normalized(pos) is not None:
+                self._region = (pos, pos)
+                event.accept()
+            return
         if event.button() != Qt.LeftButton or not names or self._normalized(pos) is None:
             return super().mousePressEvent(event)
         self.setFocus(Qt.MouseFocusReason)
@@ -148,6 +165,10 @@ class ScreenshotCanvas(QWidget):
         event.accept()
 
     def mouseMoveEvent(self, event):
+        if self._region is not None:
+            self._region = (self._region[0], (event.position().x(), event.position().y()))
+            self.update()
+            return
         if self._press is None:
             return
         pos = (event.position().x(), event.position().y())
@@ -163,6 +184,14 @@ class ScreenshotCanvas(QWidget):
             self._pending_start = None
 
     def mouseReleaseEvent(self, event):
+        if self._region is not None:
+            start, _ = self._region
+            self._region = None
+            self.update()
+            rect = self._normalized_rect(start, (event.position().x(), event.position().y()))
+            if rect is not None:
+                self.regionSelected.emit(rect)
+            return
         if self._press is None:
             return super().mouseReleaseEvent(event)
         press, self._press = self._press, None
@@ -181,8 +210,23 @@ class ScreenshotCanvas(QWidget):
         self._dragging = False
         self.update()
 
+    def _normalized_rect(self, a, b) -> tuple[float, float, float, float] | None:
+        """Two widget corners -> a normalized (x0, y0, x1, y1) clamped to the image; None when
+        smaller than DRAG_THRESHOLD (a click, not a rectangle)."""
+        if abs(a[0] - b[0]) < DRAG_THRESHOLD or abs(a[1] - b[1]) < DRAG_THRESHOLD:
+            return None
+        x, y, w, h = self.image_rect()
+        xs = sorted(min(max((v - x) / w, 0.0), 1.0) for v in (a[0], b[0]))
+        ys = sorted(min(max((v - y) / h, 0.0), 1.0) for v in (a[1], b[1]))
+        if xs[0] >= xs[1] or ys[0] >= ys[1]:
+            return None
+        return (xs[0], ys[0], xs[1], ys[1])
+
     def keyPressEvent(self, event):
-        if event.key() in (Qt.Key_Up, Qt.Key_Down) and not event.modifiers():
+        if event.key() == Qt.Key_Escape and self._region_mode:
+            self.set_region_mode(False)
+            self.regionSelected.emit(None)
+        elif event.key() in (Qt.Key_Up, Qt.Key_Down) and not event.modifiers():
             self.navigate.emit(-1 if event.key() == Qt.Key_Up else 1)
         elif event.key() == Qt.Key_Escape and self._pending_start is not None:
             self._pending_start = None
@@ -216,6 +260,15 @@ class ScreenshotCanvas(QWidget):
             self._draw_proposal(p, self._proposal)
         if self._action is not None:
             self._draw_action(p, self._action, target)
+        if self._region is not None:
+            (ax, ay), (bx, by) = self._region
+            p.setPen(QPen(QColor("#c92a2a"), 2, Qt.DashLine))
+            p.setBrush(QColor(201, 42, 42, 50))
+            p.drawRect(QRectF(QPointF(min(ax, bx), min(ay, by)), QPointF(max(ax, bx), max(ay, by))))
+            p.setBrush(Qt.NoBrush)
+        elif self._region_mode:
+            self._label(p, target, "Drag a rectangle over what to hide", QPointF(target.center().x(), target.top() + 14),
+                        "#c92a2a")
         if self._pending_start is not None:
             self._marker(p, QPointF(*self._pending_start), COLORS["drag"], 8)
             self._label(p, target, "Now click the drag's end point (Esc cancels)", QPointF(target.center().x(), target.top() + 14), "#1f7ae0")

@@ -155,6 +155,7 @@ class StepViewer(QWidget):
         self.canvas = ScreenshotCanvas()
         self.canvas.pointsEdited.connect(self._points_from_canvas)
         self.canvas.navigate.connect(self.move)
+        self.canvas.regionSelected.connect(self._region_selected)
         self.hint = QLabel()
         self.hint.setObjectName("muted")
         centre = QWidget()
@@ -186,6 +187,10 @@ class StepViewer(QWidget):
         self.delete_btn = QPushButton("Delete step…")
         self.delete_btn.setObjectName("danger")
         self.delete_btn.clicked.connect(lambda: self.delete_step())
+        self.blur_btn = QPushButton("Blur region")
+        self.blur_btn.setCheckable(True)
+        self.blur_btn.setToolTip("Drag a rectangle on the screenshot to hide what is in it, for good (Esc cancels)")
+        self.blur_btn.toggled.connect(self._blur_toggled)
 
         thought_box = QGroupBox("Thought")
         QVBoxLayout(thought_box).addWidget(self.thought)
@@ -195,6 +200,7 @@ class StepViewer(QWidget):
         QVBoxLayout(prov_box).addWidget(self.provenance)
         buttons = QHBoxLayout()
         buttons.addWidget(self.delete_btn)
+        buttons.addWidget(self.blur_btn)
         buttons.addStretch(1)
         buttons.addWidget(self.revert_btn)
         buttons.addWidget(self.save_btn)
@@ -321,7 +327,8 @@ class StepViewer(QWidget):
     def _show_step(self, step: Step | None) -> None:
         self._loading = True
         self.error.hide()
-        for w in (self.thought, self.action_editor, self.save_btn, self.revert_btn, self.delete_btn):
+        self.blur_btn.setChecked(False)
+        for w in (self.thought, self.action_editor, self.save_btn, self.revert_btn, self.delete_btn, self.blur_btn):
             w.setEnabled(step is not None)
         if step is None:
             self.thought.setPlainText("")
@@ -449,6 +456,10 @@ class StepViewer(QWidget):
         return False
 
     def delete_step(self, confirm: bool = True) -> bool:
+        """Delete the current step; in a recording its raw input goes too, so re-reducing the
+        recording cannot bring it back (app.recorder.review)."""
+        from app.recorder.review import delete_step
+
         step = self.current_step()
         if step is None:
             return False
@@ -457,13 +468,51 @@ class StepViewer(QWidget):
             QMessageBox.Yes | QMessageBox.No, QMessageBox.No,
         ) != QMessageBox.Yes:
             return False
+        return self._change_store(lambda: delete_step(self.store, self.episode.id, step.index),
+                                  f"Deleted step {step.index}", "Not deleted")
+
+    def _blur_toggled(self, on: bool) -> None:
+        if on and self.is_dirty():
+            self.blur_btn.setChecked(False)
+            self._show_error("Save or revert this step's edits before blurring its screenshot.")
+            return
+        self.canvas.set_region_mode(on)
+        if on:
+            self.canvas.setFocus(Qt.OtherFocusReason)
+
+    def _region_selected(self, rect) -> None:
+        self.blur_btn.setChecked(False)
+        if rect is not None:
+            self.blur_region(rect)
+
+    def blur_region(self, rect, confirm: bool = True) -> bool:
+        """Blur a normalized rect of the current step's screenshot in the store: the image is
+        replaced everywhere this episode uses it and the original is deleted."""
+        from app.recorder.review import blur_region
+
+        step = self.current_step()
+        if step is None or not step.observation.screenshot:
+            self._show_error("This step has no screenshot to blur.")
+            return False
+        if confirm and QMessageBox.question(
+            self, "Blur region", f"Blur this region of step {step.index}'s screenshot? The original image is replaced "
+            "and cannot be restored.", QMessageBox.Yes | QMessageBox.No, QMessageBox.Yes,
+        ) != QMessageBox.Yes:
+            return False
+        return self._change_store(lambda: blur_region(self.store, self.episode.id, step.index, rect, "pre"),
+                                  f"Blurred a region of step {step.index}", "Not blurred")
+
+    def _change_store(self, change, done: str, failed: str) -> bool:
+        """Run a review change on the store, then show the episode as stored (or why not)."""
+        from app.recorder.errors import RecorderError
+
         try:
-            self.store.delete_step(self.episode.id, step.index)
-        except (StoreError, ValueError) as e:
-            self._show_error(f"Not deleted: {e}")
+            change()
+        except (StoreError, RecorderError, ValueError) as e:
+            self._show_error(f"{failed}: {e}")
             return False
         self._reload(self._row)
-        self._notify(f"Deleted step {step.index}")
+        self._notify(done)
         return True
 
     def mark_outcome(self, success: bool | None) -> None:

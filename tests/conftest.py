@@ -46,12 +46,27 @@ def xdisplay():
     os.environ["DISPLAY"] = display
     os.environ["XDG_SESSION_TYPE"] = "x11"
     yield display
+    _wake_stopped_listeners(display)
     proc.terminate()
     proc.wait(5)
     if old is None:
         os.environ.pop("DISPLAY", None)
     else:
         os.environ["DISPLAY"] = old
+
+
+def _wake_stopped_listeners(display: str) -> None:
+    """A stopped pynput listener's thread returns only at the next X input event (see
+    app/recorder/input.py); give them one before the display goes, so none dies on a closed
+    connection."""
+    import threading
+
+    if shutil.which("xdotool"):  # a mouse listener wakes on a motion, a keyboard listener on a key
+        for cmd in (["mousemove_relative", "--", "1", "0"], ["key", "shift"]):
+            subprocess.run(["xdotool", *cmd], env={**os.environ, "DISPLAY": display}, capture_output=True, timeout=5)
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and "pynput" in type(t).__module__:
+            t.join(timeout=2)
 
 
 @pytest.fixture

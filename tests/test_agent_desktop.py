@@ -203,3 +203,63 @@ def test_hotkey_names_map_to_pyautogui():
     assert hotkey_keys("ctrl shift t") == ["ctrl", "shift", "t"]
     assert hotkey_keys("Control+Return") == ["ctrl", "enter"]
     assert hotkey_keys("escape") == ["esc"] and hotkey_keys("super") == ["win"]
+
+
+def test_cli_publish_lets_a_remote_supervisor_edit_the_click(target, xdisplay, tmp_path):
+    """`agent --publish`: the headless agent's gate is answered through a real backend on
+    loopback; the supervisor moves the click from Alpha to Beta and the window shows it."""
+    import queue
+
+    from agent.protocol import ProposalReceived
+    from agent.store import Store
+    from app.live_link import RunWatcher
+    from trainer.server import start_in_thread
+
+    b = start_in_thread(tmp_path / "backend")
+    robot, alice = b.store.add_user("robot", "annotator"), b.store.add_user("alice", "supervisor")
+    st = read_state(target, settle=0)
+    width, height = st["screen"]
+    a = model_point(st, "alpha", width, height)
+    responses = tmp_path / "r.jsonl"
+    responses.write_text(json.dumps(f"Thought: Press Alpha.\nAction: click(start_box='({a[0]},{a[1]})')") + "\n"
+                         + json.dumps("Thought: Done.\nAction: finished(content='ok')") + "\n")
+    data = tmp_path / "data"
+    env = {**os.environ, "DISPLAY": xdisplay, "XDG_SESSION_TYPE": "x11"}
+    proc = subprocess.Popen(
+        [sys.executable, "main.py", "agent", "--data", str(data), "--instruction", "Press Beta", "--policy", "replay",
+         "--responses", str(responses), "--gate", "all", "--no-kill-switch", "--publish", "--server", b.url,
+         "--token", robot, "--run-id", "cli-run", "--decision-timeout", "60"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    events: queue.Queue = queue.Queue()
+    watcher = RunWatcher(b.url, alice, "cli-run", on_event=events.put).start()
+    try:
+        watcher.claim()
+        bx, by, bw, bh = st["widgets"]["beta"]
+        beta = ((bx + bw / 2) / width, (by + bh / 2) / height)
+        seen = []
+        while len(seen) < 2:
+            ev = events.get(timeout=60)
+            if not isinstance(ev, ProposalReceived):
+                continue
+            seen.append(ev.step["actions"][0]["name"])
+            if len(seen) == 1:
+                watcher.decide(ev.proposal_id, Decision.edit([Action("click", {"start_box": beta})]))
+            else:
+                watcher.decide(ev.proposal_id, Decision.approve())
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        watcher.close()
+        b.stop()
+    assert proc.returncode == 0, out + err
+    assert seen == ["click", "finished"]
+    assert "run id: cli-run" in out and "ended: finished" in out
+    assert read_state(target)["clicks"] == {"alpha": 0, "beta": 1}
+    with Store(data) as s:
+        (ep,) = s.list_episodes()
+        ep = s.load_episode(ep.id)
+    assert ep.kind == "supervised"
+    s0 = ep.steps[0]
+    assert s0.provenance.source == "corrected" and s0.provenance.decided_by == "alice"
+    assert s0.provenance.proposal_action.name == "click"

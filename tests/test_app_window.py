@@ -218,6 +218,50 @@ def test_delete_step_and_mark_outcome(win, qtbot, store, monkeypatch):
     assert viewer.outcome.currentText() == "success"
 
 
+def test_blur_region_by_dragging_on_the_screenshot(win, qtbot, store, monkeypatch):
+    """Review's privacy tool: drag a rectangle, the stored screenshot is blurred there (only
+    there); the same image in other episodes is left alone; Esc leaves the tool without a change."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    ep = win.episodes[0]
+    page, viewer = open_step(win, ep, 0)
+    old = store.load_episode(ep.id).steps[0].observation.screenshot
+    before = np.asarray(Image.open(io.BytesIO(store.get_blob(old))).convert("RGB")).astype(int)
+    canvas = viewer.canvas
+
+    qtbot.mouseClick(viewer.blur_btn, Qt.LeftButton)  # Esc cancels: nothing changes
+    assert canvas.region_mode()
+    qtbot.keyClick(canvas, Qt.Key_Escape)
+    assert not canvas.region_mode() and not viewer.blur_btn.isChecked()
+    assert store.load_episode(ep.id).steps[0].observation.screenshot == old
+
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Yes)
+    qtbot.mouseClick(viewer.blur_btn, Qt.LeftButton)
+    # the "OK" button of the factory's screen: pixels 20..120 x 20..60 of 320x200
+    a = QPoint(*map(round, canvas.point_to_widget((10 / W, 10 / H))))
+    b = QPoint(*map(round, canvas.point_to_widget((130 / W, 70 / H))))
+    qtbot.mousePress(canvas, Qt.LeftButton, pos=a)
+    qtbot.mouseMove(canvas, pos=(a + b) / 2)
+    qtbot.mouseMove(canvas, pos=b)
+    qtbot.mouseRelease(canvas, Qt.LeftButton, pos=b)
+
+    new = store.load_episode(ep.id).steps[0].observation.screenshot
+    assert new != old
+    # the factory's episodes share this image: theirs is untouched, so the original stays on disk
+    assert store.load_episode(win.episodes[1].id).steps[0].observation.screenshot == old
+    assert store.blob_path(old).exists()
+    after = np.asarray(Image.open(io.BytesIO(store.get_blob(new))).convert("RGB")).astype(int)
+    inside = (slice(22, 58), slice(22, 118))
+    assert np.abs(after[inside] - before[inside]).mean() > 3  # the button's outline and text are smeared
+    assert after[inside].std() < before[inside].std()
+    outside = (slice(100, 170), slice(160, 300))
+    assert np.abs(after[outside] - before[outside]).max() == 0  # PNG in, PNG out: untouched elsewhere
+    assert not canvas.region_mode() and viewer.current_step().observation.screenshot == new
+
+
 def test_delete_episode_asks_and_removes_blobs(win, qtbot, store, monkeypatch):
     ep = make_episode(store, n_steps=2, width=330, instruction="Own screenshots")  # blobs no other episode shares
     shared = win.episodes[0].blob_hashes()

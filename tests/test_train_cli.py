@@ -29,3 +29,21 @@ def test_train_sft_from_the_store_route_and_ct_with_an_empty_pool(store, tiny_vl
     rc = main(["--data", data, "train", "ct", "--model", str(tiny_vlm_dir), "--out", str(tmp_path / "ct1")])
     assert rc == 2
     assert "no episodes routed 'ct'" in capsys.readouterr().err
+
+
+def test_the_reproduce_command_of_a_run_asks_for_the_same_recipe():
+    """eval.json's `reproduce` line, fed back to `train default`, must rebuild the same config."""
+    import shlex
+    from dataclasses import asdict
+
+    import main
+    from trainer.cli_train import recipe_config
+    from trainer.recipe import RecipeConfig, reproduce_command
+
+    cfg = RecipeConfig(families=["radio", "tabs"], eval_seeds_per_family=20, ppo_max_minutes=30.0, ppo_lr=2e-4,
+                       ppo_batch=24, ppo_temperature=0.7, ppo_policy_alpha=1.0, seed=3)
+    line = reproduce_command(asdict(cfg))
+    assert "--ppo-lr 0.0002" in line and "--temperature 0.7" in line and "--demos" not in line
+    args = main.build_parser().parse_args(shlex.split(line)[2:])
+    assert asdict(recipe_config(args)) == asdict(cfg)
+    assert reproduce_command(asdict(RecipeConfig())) == "python main.py train default --out assets/default_model"

@@ -83,3 +83,20 @@ def test_two_workers_async_then_sync(tiny_vlm_dir, tmp_path):  # noqa: F811
         v = pool.publish(model)
         b = pool.collect(2, timeout=300)
         assert [t.version for t in b] == [v, v] and pool.stats["dropped"] == dropped
+
+
+def test_env_latency_delays_each_step_and_leaves_the_env_as_is():
+    """WorkerSpec.env_latency_s (the benchmark's remote-sandbox knob) adds its delay to every step."""
+    from trainer.rollout import _Delayed
+    from trainer.sandbox.env import SandboxEnv
+
+    env = _Delayed(SandboxEnv(width=224, height=168), 0.15)
+    try:
+        obs, info = env.reset(seed=4, options={"family": "click_button"})
+        assert env.coords_space == env.env.coords_space  # attributes pass through
+        t0 = time.perf_counter()
+        _, reward, terminated, truncated, info = env.step("Thought: wait.\nAction: wait()")
+        assert time.perf_counter() - t0 >= 0.15
+        assert not terminated and info["family"] == "click_button"
+    finally:
+        env.close()

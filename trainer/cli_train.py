@@ -60,6 +60,11 @@ def register(sub, common) -> None:
     s.add_argument("--workers", type=int, help="rollout worker processes")
     s.add_argument("--sft-epochs", type=float, help="SFT epochs over the demonstrations")
     s.add_argument("--ppo-minutes", type=float, help="wall-clock budget of the PPO phase (stops after that update)")
+    s.add_argument("--ppo-lr", type=float, help="PPO learning rate")
+    s.add_argument("--ppo-batch", type=int, help="episodes per PPO update")
+    s.add_argument("--ppo-epochs", type=int, help="PPO passes over each batch")
+    s.add_argument("--temperature", type=float, help="sampling temperature of the PPO rollouts")
+    s.add_argument("--policy-alpha", type=float, help="alpha of the length-adaptive policy lambda 1 - 1/(alpha*l)")
     s.add_argument("--resume", action="store_true", help="reuse a finished SFT stage (checkpoint + eval) in the work folder")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_default)
@@ -141,17 +146,27 @@ def cmd_ppo(args) -> int:
     return 0
 
 
-def cmd_default(args) -> int:
-    from trainer.recipe import RecipeConfig, run_recipe
+def recipe_config(args):
+    """The RecipeConfig that `train default`'s flags ask for."""
+    from trainer.recipe import RecipeConfig
 
     cfg = RecipeConfig(seed=args.seed)
     if args.families:
         cfg.families = [f.strip() for f in args.families.split(",")]
     for arg, attr in (("demos", "demo_episodes_per_family"), ("eval_seeds", "eval_seeds_per_family"),
                       ("updates", "ppo_updates"), ("workers", "n_workers"), ("sft_epochs", "sft_epochs"),
-                      ("ppo_minutes", "ppo_max_minutes")):
+                      ("ppo_minutes", "ppo_max_minutes"), ("ppo_lr", "ppo_lr"), ("ppo_batch", "ppo_batch"),
+                      ("ppo_epochs", "ppo_epochs"), ("temperature", "ppo_temperature"),
+                      ("policy_alpha", "ppo_policy_alpha")):
         if getattr(args, arg) is not None:
             setattr(cfg, attr, getattr(args, arg))
+    return cfg
+
+
+def cmd_default(args) -> int:
+    from trainer.recipe import run_recipe
+
+    cfg = recipe_config(args)
     report = run_recipe(args.out, cfg, work_dir=args.work, resume=args.resume)
     print(json.dumps({k: report[k] for k in ("demos", "eval_sft", "eval_ppo", "plots", "seconds") if k in report},
                      indent=2, default=str))

@@ -41,6 +41,7 @@ class RecipeConfig:
     ppo_batch: int = 16
     ppo_lr: float = 1e-4  # 5e-4 drove approx_kl to 0.3-0.6 per update and the parse rate down (measured)
     ppo_epochs: int = 1
+    ppo_policy_alpha: float = 0.05  # length-adaptive GAE: policy lambda = 1 - 1/(alpha * generated tokens)
     ppo_temperature: float = 0.5  # sampling (and scoring) temperature of the rollouts; evaluation is greedy
     ppo_max_new_tokens: int = 48  # the expert's replies take about 30
     ppo_max_steps: int = 5  # rollouts are cut (and bootstrapped) here; evaluation keeps each family's limit
@@ -170,7 +171,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
 
     ppo_cfg = PPOConfig(updates=cfg.ppo_updates, batch_episodes=cfg.ppo_batch, lr=cfg.ppo_lr, n_workers=cfg.n_workers,
                         epochs=cfg.ppo_epochs, temperature=cfg.ppo_temperature, max_new_tokens=cfg.ppo_max_new_tokens,
-                        value_pretrain_iters=1, value_pretrain_epochs=3, seed=cfg.seed,
+                        policy_alpha=cfg.ppo_policy_alpha, value_pretrain_iters=1, value_pretrain_epochs=3, seed=cfg.seed,
                         max_seconds=cfg.ppo_max_minutes * 60 if cfg.ppo_max_minutes else None)
     res = train_ppo(model, processor, ppo_cfg, model_dir=work / "sft", work_dir=work / "ppo",
                     env_kw={**env_kw, "max_steps": cfg.ppo_max_steps},
@@ -216,10 +217,29 @@ def eval_summary(report: dict) -> dict:
                  "delta": round(ppo["mean_success"] - sft["mean_success"], 4)},
         "demos": report.get("demos"), "ppo_updates": report.get("ppo", {}).get("updates"),
         "seconds": report.get("seconds"), "config": report["config"],
-        "reproduce": "python main.py train default --out assets/default_model"
-                     + (f" --ppo-minutes {report['config']['ppo_max_minutes']:g}" if report["config"].get("ppo_max_minutes") else ""),
+        "reproduce": reproduce_command(report["config"]),
         "resumed_from": report.get("resumed_from"),
     }
+
+
+# RecipeConfig field -> `train default` flag, for the command that reproduces a run
+CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "eval_seeds_per_family": "--eval-seeds",
+             "ppo_updates": "--updates", "n_workers": "--workers", "sft_epochs": "--sft-epochs",
+             "ppo_max_minutes": "--ppo-minutes", "ppo_lr": "--ppo-lr", "ppo_batch": "--ppo-batch",
+             "ppo_epochs": "--ppo-epochs", "ppo_temperature": "--temperature", "ppo_policy_alpha": "--policy-alpha",
+             "seed": "--seed"}
+
+
+def reproduce_command(config: dict) -> str:
+    """`python main.py train default ...` with every flag whose value differs from the default."""
+    default = asdict(RecipeConfig())
+    parts = ["python main.py train default --out assets/default_model"]
+    for key, flag in CLI_FLAGS.items():
+        v = config.get(key)
+        if v is None or v == default.get(key):
+            continue
+        parts.append(f"{flag} {','.join(v) if isinstance(v, list) else format(v, 'g') if isinstance(v, float) else v}")
+    return " ".join(parts)
 
 
 def plot_summary(metrics_path, report: dict, out_png) -> Path:

@@ -171,6 +171,9 @@ class WorkerSpec:
     memory_kw: dict = field(default_factory=dict)
     actor_kw: dict = field(default_factory=dict)  # temperature, max_new_tokens
     threads: int = 1  # torch threads per worker
+    # seconds added to every env step: a sandbox in a VM or a remote browser waits on its screen
+    # this long per action, the regime asynchronous rollouts are built for (the benchmark's knob)
+    env_latency_s: float = 0.0
 
 
 def _worker_main(rank: int, spec: WorkerSpec, version_value, tickets, results, stop_event) -> None:
@@ -184,6 +187,8 @@ def _worker_main(rank: int, spec: WorkerSpec, version_value, tickets, results, s
 
         actor = VLMActor.load(spec.model_dir, **spec.actor_kw)
         env = SandboxEnv(**spec.env_kw)
+        if spec.env_latency_s > 0:
+            env = _Delayed(env, spec.env_latency_s)
         results.put(("ready", rank))
         have = -1
         while not stop_event.is_set():
@@ -203,6 +208,20 @@ def _worker_main(rank: int, spec: WorkerSpec, version_value, tickets, results, s
         env.close()
     except BaseException:  # the learner must hear about it, not hang on an empty queue
         results.put(("error", f"worker {rank}: {traceback.format_exc()}"))
+
+
+class _Delayed:
+    """An env whose every step takes `latency` seconds longer, sleeping (no CPU), like a remote one."""
+
+    def __init__(self, env, latency: float):
+        self.env, self.latency = env, latency
+
+    def step(self, action):
+        time.sleep(self.latency)
+        return self.env.step(action)
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
 
 
 class RolloutPool:

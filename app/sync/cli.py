@@ -14,7 +14,17 @@ def _store(args):
     return Store(args.data) if getattr(args, "data", None) else Store()
 
 
+def publish_run(url: str, token: str, run_id: str | None, decision_timeout: float | None):
+    """`agent --publish`: a started RunPublisher, whose supervisor is answered by remote supervisors."""
+    from app.live_link import RunPublisher
+
+    return RunPublisher(url, token, run_id, timeout=decision_timeout).start()
+
+
 def register(sub, common) -> None:
+    import agent.cli_agent
+
+    agent.cli_agent.publish_hook = publish_run
     p = sub.add_parser("submit", parents=[common], help="queue episodes for upload to the sync server",
                        description="Queues the episodes' current versions in the outbox; `sync` sends them.")
     p.add_argument("episodes", nargs="*", metavar="EPISODE_ID")

@@ -1,7 +1,7 @@
 """Rollout throughput, asynchronous vs synchronous, in one run, with long-tail episode lengths;
 and the learner's tokens per second.
 
-    python tests/bench/bench_rollouts.py [--updates 4 --batch 8 --workers 2]
+    python tests/bench/bench_rollouts.py [--updates 4 --batch 8 --workers 2 --latency 0.3 --remote-workers 8]
 
 The policy is the tiny VLM (random weights, so most episodes run to their family's step limit);
 the families mix step limits of 4 and 14-16 steps, which gives the long tail. Each "update" is
@@ -10,6 +10,13 @@ values, decoupled GAE), then a policy epoch and a critic epoch over every genera
 the new weights broadcast. Both modes use the same worker processes (RolloutPool.set_mode), sync
 first: in sync mode the workers wait for the whole batch and for the update; in async mode they
 keep playing. Learner tokens/s counts generated tokens through one policy + one critic epoch.
+
+Two scenarios, each sync then async: the local Qt sandbox (every step costs CPU, on the same
+cores as the learner), and a remote sandbox where every step also waits `--latency` seconds on
+the environment (a VM or a browser, as in UI-TARS-2's and AReaL's setups; WorkerSpec.env_latency_s
+sleeps, using no CPU) with `--remote-workers` workers. `--latency 0` skips the second.
+Each scenario also runs "no learner" rows (no update, no new weights): the rollout system alone,
+where sync waits for each batch's longest episode and async does not.
 """
 from __future__ import annotations
 
@@ -37,7 +44,7 @@ def learner_step(policy, critic, processor, trajs, opt_p, opt_c, cfg) -> int:
     return sum(int(tb.target.sum()) for tb in turns)
 
 
-def run(mode: str, pool, model, processor, updates: int, batch: int) -> dict:
+def run(mode: str, pool, model, processor, updates: int, batch: int, learn: bool = True) -> dict:
     import torch
 
     from trainer.ppo import Critic, PPOConfig
@@ -56,13 +63,15 @@ def run(mode: str, pool, model, processor, updates: int, batch: int) -> dict:
         trajs = pool.collect(batch, timeout=600)
         episodes += len(trajs)
         steps += sum(len(t.turns) for t in trajs)
-        t1 = time.perf_counter()
-        tokens += learner_step(model, critic, processor, trajs, opt_p, opt_c, cfg)
-        learn_s += time.perf_counter() - t1
-        pool.publish(model)
+        if learn:
+            t1 = time.perf_counter()
+            tokens += learner_step(model, critic, processor, trajs, opt_p, opt_c, cfg)
+            learn_s += time.perf_counter() - t1
+        if learn:
+            pool.publish(model)
     wall = time.perf_counter() - t0
     lens = sorted(len(t.turns) for t in trajs)
-    return {"mode": mode, "episodes": episodes, "steps": steps, "wall_s": wall, "episodes_per_s": episodes / wall,
+    return {"mode": mode + ("" if learn else " (no learner)"), "episodes": episodes, "steps": steps, "wall_s": wall, "episodes_per_s": episodes / wall,
             "steps_per_s": steps / wall, "learner_tokens_per_s": tokens / learn_s if learn_s else 0.0,
             "learner_share": learn_s / wall, "dropped": pool.stats["dropped"] - dropped0, "last_batch_lengths": lens}
 
@@ -71,7 +80,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--updates", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=2, help="workers of the local scenario")
+    ap.add_argument("--latency", type=float, default=0.3, help="seconds per step of the remote scenario (0: skip it)")
+    ap.add_argument("--remote-workers", type=int, default=8)
     a = ap.parse_args(argv)
     import torch
 
@@ -80,22 +91,32 @@ def main(argv=None) -> int:
     from trainer.rollout import RolloutPool, WorkerSpec
     from trainer.tiny_model import build_tiny_model
 
+    scenarios = [("local", a.workers, 0.0)] + ([("remote", a.remote_workers, a.latency)] if a.latency > 0 else [])
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny")
-        model, processor = load_vlm(model_dir, device="cpu")
-        spec = WorkerSpec(str(model_dir), str(Path(tmp) / "w"), env_kw={"width": 224, "height": 168},
-                          actor_kw={"max_new_tokens": 24})
-        rows = []
-        with RolloutPool(spec, a.workers, mode="sync", max_staleness=2, families=FAMILIES).start(model) as pool:
-            pool.wait_ready()
-            for mode in ("sync", "async"):
-                model, processor = load_vlm(model_dir, device="cpu")  # each mode starts from the same weights
-                rows.append(run(mode, pool, model, processor, a.updates, a.batch))
-    print(f"{'mode':<6} {'episodes':>8} {'steps':>6} {'wall s':>7} {'ep/s':>6} {'steps/s':>7} {'learner tok/s':>13} {'learner %':>9} {'dropped':>7}  last batch lengths")
-    for r in rows:
-        print(f"{r['mode']:<6} {r['episodes']:>8} {r['steps']:>6} {r['wall_s']:>7.1f} {r['episodes_per_s']:>6.2f} "
-              f"{r['steps_per_s']:>7.2f} {r['learner_tokens_per_s']:>13.0f} {r['learner_share']:>9.0%} {r['dropped']:>7}  {r['last_batch_lengths']}")
-    print(f"async / sync throughput (steps/s): {rows[1]['steps_per_s'] / rows[0]['steps_per_s']:.2f}x")
+        for name, workers, latency in scenarios:
+            spec = WorkerSpec(str(model_dir), str(Path(tmp) / f"w-{name}"), env_kw={"width": 224, "height": 168},
+                              actor_kw={"max_new_tokens": 24}, env_latency_s=latency)
+            rows = []
+            with RolloutPool(spec, workers, mode="sync", max_staleness=2, families=FAMILIES).start(
+                    load_vlm(model_dir, device="cpu")[0]) as pool:
+                pool.wait_ready()
+                for learn in (True, False):
+                    for mode in ("sync", "async"):
+                        model, processor = load_vlm(model_dir, device="cpu")  # each mode starts from the same weights
+                        rows.append(run(mode, pool, model, processor, a.updates, a.batch, learn))
+            results.append((f"{name} sandbox, {workers} workers, +{latency:g} s/step", rows))
+    for title, rows in results:
+        print(f"\n{title}")
+        print(f"{'mode':<20} {'episodes':>8} {'steps':>6} {'wall s':>7} {'ep/s':>6} {'steps/s':>7} {'learner tok/s':>13} "
+              f"{'learner %':>9} {'dropped':>7}  last batch lengths")
+        for r in rows:
+            print(f"{r['mode']:<20} {r['episodes']:>8} {r['steps']:>6} {r['wall_s']:>7.1f} {r['episodes_per_s']:>6.2f} "
+                  f"{r['steps_per_s']:>7.2f} {r['learner_tokens_per_s']:>13.0f} {r['learner_share']:>9.0%} "
+                  f"{r['dropped']:>7}  {r['last_batch_lengths']}")
+        print(f"async / sync throughput (steps/s): with the learner {rows[1]['steps_per_s'] / rows[0]['steps_per_s']:.2f}x, "
+              f"rollouts alone {rows[3]['steps_per_s'] / rows[2]['steps_per_s']:.2f}x")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Rollout throughput, asynchronous vs synchronous, in one run, with long-tail episode lengths;
 and the learner's tokens per second.
 
-    python tests/bench/bench_rollouts.py [--updates 4 --batch 8 --workers 2 --latency 0.3 --remote-workers 8]
+    python tests/bench/bench_rollouts.py [--updates 4 --batch 8 --workers 2 --latency 1.0 --remote-workers 8]
 
 The policy is the tiny VLM (random weights, so most episodes run to their family's step limit);
 the families mix step limits of 4 and 14-16 steps, which gives the long tail. Each "update" is
@@ -81,7 +81,9 @@ def main(argv=None) -> int:
     ap.add_argument("--updates", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2, help="workers of the local scenario")
-    ap.add_argument("--latency", type=float, default=0.3, help="seconds per step of the remote scenario (0: skip it)")
+    ap.add_argument("--latency", type=float, default=1.0,
+                    help="seconds per step of the remote scenario (0: skip it); VM sandboxes such as OSWorld's "
+                         "wait a second or more per step for the screen to settle")
     ap.add_argument("--remote-workers", type=int, default=8)
     a = ap.parse_args(argv)
     import torch

@@ -133,7 +133,7 @@ class LibraryPage(QWidget):
         self.splitter.addWidget(self.viewer)
         self.splitter.setStretchFactor(0, 1)
         self.splitter.setStretchFactor(1, 3)
-        self.splitter.setSizes([190, 800])
+        self.splitter.setSizes([300, 600])  # about ten rows of episodes above the viewer
         self.splitter.setCollapsible(1, False)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 8, 8, 8)

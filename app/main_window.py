@@ -108,6 +108,7 @@ class MainWindow(QMainWindow):
             self.stack.removeWidget(old)
             old.deleteLater()
             self.pages[name] = page
+            self._restore_splitter(name, page)
         self.stack.setCurrentIndex(row)
         if self.sidebar.currentRow() != row:
             self.sidebar.setCurrentRow(row)
@@ -171,6 +172,13 @@ class MainWindow(QMainWindow):
         avail = screen.availableGeometry()
         self.resize(min(1600, int(avail.width() * 0.9)), min(1000, int(avail.height() * 0.9)))
 
+    def _restore_splitter(self, name: str, page: QWidget) -> None:
+        """A page's main splitter (its `splitter` attribute) comes back as the user left it."""
+        splitter = getattr(page, "splitter", None)
+        state = self.settings.value(f"pages/{name}/splitter") if self.settings is not None else None
+        if splitter is not None and state is not None:
+            splitter.restoreState(state)
+
     def closeEvent(self, event) -> None:
         for page in self.pages.values():
             viewer = getattr(page, "viewer", None)
@@ -179,6 +187,10 @@ class MainWindow(QMainWindow):
                 return
         if self.settings is not None:
             self.settings.setValue("main_window/geometry", self.saveGeometry())
+            for name, page in self.pages.items():
+                splitter = getattr(page, "splitter", None)
+                if splitter is not None:
+                    self.settings.setValue(f"pages/{name}/splitter", splitter.saveState())
         self.notify("Waiting for background tasks to finish…")
         for page in self.pages.values():  # a running agent is stopped; its episode is already saved
             shutdown = getattr(page, "shutdown", None)

@@ -54,6 +54,28 @@ def test_every_listed_page_builds(win):
     assert any(str(win.store.root) in t for t in labels)
 
 
+def test_the_library_splitter_comes_back_as_left(qtbot, store, tmp_path):
+    from PySide6.QtCore import QSettings
+
+    settings = QSettings(str(tmp_path / "tandem.ini"), QSettings.IniFormat)
+    w = MainWindow(store, settings=settings)
+    w.resize(1100, 800)
+    w.show()
+    qtbot.waitExposed(w)
+    w.page("Library").splitter.setSizes([500, 250])
+    top, bottom = w.page("Library").splitter.sizes()
+    w.close()
+    w.deleteLater()
+
+    again = MainWindow(store, settings=QSettings(str(tmp_path / "tandem.ini"), QSettings.IniFormat))
+    again.show()
+    qtbot.waitExposed(again)
+    a, b = again.page("Library").splitter.sizes()  # the window may come back a little smaller: compare shares
+    assert abs(a / (a + b) - top / (top + bottom)) < 0.05 and a / (a + b) > 0.5  # the default gives the list 1/3
+    again.close()
+    again.deleteLater()
+
+
 def test_library_lists_sorts_and_filters(win, qtbot):
     page = win.page("Library")
     assert page.proxy.rowCount() == 3

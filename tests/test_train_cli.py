@@ -47,3 +47,24 @@ def test_the_reproduce_command_of_a_run_asks_for_the_same_recipe():
     args = main.build_parser().parse_args(shlex.split(line)[2:])
     assert asdict(recipe_config(args)) == asdict(cfg)
     assert reproduce_command(asdict(RecipeConfig())) == "python main.py train default --out assets/default_model"
+
+
+def test_train_ppo_from_the_cli_with_the_recipe_knobs(tiny_vlm_dir, tmp_path, capsys, one_thread):  # noqa: F811
+    from main import main
+    from trainer.metrics import read_metrics
+
+    data, out = str(tmp_path / "data"), tmp_path / "run" / "ppo1"
+    rc = main(["--data", data, "train", "ppo", "--model", str(tiny_vlm_dir), "--out", str(out), "--families", "bogus,radio"])
+    assert rc == 2 and "unknown sandbox families: bogus" in capsys.readouterr().err
+    rc = main(["--data", data, "train", "ppo", "--model", str(tiny_vlm_dir), "--out", str(out), "--updates", "1",
+               "--batch", "2", "--workers", "0", "--value-pretrain", "1", "--epochs", "1", "--temperature", "0.7",
+               "--max-new-tokens", "10", "--max-steps", "2", "--families", "click_button", "--width", "224",
+               "--height", "168"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["updates"] == 1 and (out / "model.safetensors").is_file()
+    rows = read_metrics(tmp_path / "run" / "ppo1-logs" / "metrics.jsonl")
+    ppo = [r for r in rows if r["phase"] == "ppo"]
+    assert len(ppo) == 1 and ppo[0]["episode_length"] <= 2  # --max-steps reached the environment
+    assert ppo[0]["tokens_per_turn"] <= 10  # --max-new-tokens reached the actor
+    assert json.loads((out / "tandem_training.json").read_text())["ppo"]["temperature"] == 0.7

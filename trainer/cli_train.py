@@ -44,6 +44,12 @@ def register(sub, common) -> None:
     s.add_argument("--staleness-decay", type=float, default=1.0)
     s.add_argument("--value-pretrain", type=int, default=2, metavar="K", help="critic-only iterations before PPO")
     s.add_argument("--lr", type=float, default=2e-4)
+    s.add_argument("--epochs", type=int, default=2, help="passes over each batch")
+    s.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rollouts")
+    s.add_argument("--max-new-tokens", type=int, default=64, help="tokens the policy may generate per turn")
+    s.add_argument("--max-steps", type=int, help="cap on an episode's steps (default: each family's own limit)")
+    s.add_argument("--policy-alpha", type=float, default=0.05, help="length-adaptive lambda = 1 - 1/(alpha * l)")
+    s.add_argument("--minutes", type=float, help="wall-clock budget (stops after the update that crosses it)")
     s.add_argument("--families", help="comma-separated sandbox families (default: all)")
     s.add_argument("--width", type=int, default=320)
     s.add_argument("--height", type=int, default=240)
@@ -123,7 +129,15 @@ def cmd_ppo(args) -> int:
     from trainer.ppo import PPOConfig, train_ppo
     from trainer.sft import save_checkpoint
 
-    families = [f.strip() for f in args.families.split(",")] if args.families else None
+    families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
+    if families:
+        from trainer.sandbox.families import FAMILIES
+
+        unknown = [f for f in families if f not in FAMILIES]
+        if unknown:
+            return _fail(f"unknown sandbox families: {', '.join(unknown)} (see `python main.py sandbox families`)")
+    if args.temperature <= 0 or args.max_new_tokens < 1 or args.updates < 1:
+        return _fail("--temperature must be > 0, --max-new-tokens and --updates at least 1")
     try:
         model, processor = load_vlm(args.model, device="cpu")
     except VLMError as e:
@@ -133,9 +147,13 @@ def cmd_ppo(args) -> int:
     log = MetricsLog(work)
     cfg = PPOConfig(updates=args.updates, batch_episodes=args.batch, n_workers=args.workers, mode=args.mode,
                     max_staleness=args.max_staleness, staleness_decay=args.staleness_decay,
-                    value_pretrain_iters=args.value_pretrain, lr=args.lr, seed=args.seed)
-    res = train_ppo(model, processor, cfg, model_dir=args.model, work_dir=work, env_kw={"width": args.width, "height": args.height},
-                    families=families, log=log)
+                    value_pretrain_iters=args.value_pretrain, lr=args.lr, epochs=args.epochs,
+                    temperature=args.temperature, max_new_tokens=args.max_new_tokens, policy_alpha=args.policy_alpha,
+                    seed=args.seed, max_seconds=args.minutes * 60 if args.minutes else None)
+    env_kw = {"width": args.width, "height": args.height}
+    if args.max_steps:
+        env_kw["max_steps"] = args.max_steps
+    res = train_ppo(model, processor, cfg, model_dir=args.model, work_dir=work, env_kw=env_kw, families=families, log=log)
     log.close()
     save_checkpoint(model, processor, out, {"ppo": res["config"], "last": res["history"][-1] if res["history"] else None})
     res["critic"].save(work / "critic")

@@ -40,6 +40,7 @@ QLabel#muted { color: palette(placeholder-text); }
 QLabel#title { font-size: 12pt; font-weight: 600; }
 QLabel#error { color: #c92a2a; font-weight: 600; }
 QPushButton#danger { color: #c92a2a; }
+QPushButton#danger:disabled { color: palette(placeholder-text); }
 QGroupBox { font-weight: 600; }
 """
 

@@ -90,7 +90,8 @@ class RunForm(QWidget):
         wl.setContentsMargins(0, 0, 0, 0)
         wl.addWidget(self.executor)
         wl.addWidget(self.family)
-        wl.addWidget(QLabel("seed"))
+        self.seed_label = QLabel("seed")
+        wl.addWidget(self.seed_label)
         wl.addWidget(self.seed)
         self.executor.currentIndexChanged.connect(self._executor_changed)
         if executors:
@@ -109,6 +110,7 @@ class RunForm(QWidget):
         sandbox = self.executor.currentData() == "sandbox"
         self.family.setVisible(sandbox)
         self.seed.setVisible(sandbox)
+        self.seed_label.setVisible(sandbox)
 
     def _browse_replay(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Replay responses", "", "JSON lines (*.jsonl);;All files (*)")

@@ -122,6 +122,7 @@ class SupervisePage(QWidget):
 
         # -- the proposal, the steps, the decisions
         self.panel = ProposalPanel(self.name)
+        self.panel.clear("No run yet: start one above, or watch a run on another machine.")
         self.panel.answered.connect(self._answered)
         self.panel.displayed.connect(lambda p, t: self.displays.append((p, t)))
         self.steps = QListWidget()
@@ -173,6 +174,7 @@ class SupervisePage(QWidget):
         if self.run is not None and self.run.running:
             raise RuntimeError("a run is already going; stop it first")
         self.steps.clear()
+        self.panel.clear()  # "Waiting for the agent…"
         supervisor = None
         if publish:
             from app.live_link import RunPublisher

@@ -40,7 +40,10 @@ class SyncPage(QWidget):
         form.addRow("URL", self.url)
         form.addRow("Token", self.token)
         form.addRow("", self.current)
-        form.addRow("", apply)
+        apply_row = QHBoxLayout()  # a button, not a bar across the form
+        apply_row.addWidget(apply)
+        apply_row.addStretch(1)
+        form.addRow("", apply_row)
 
         buttons = QHBoxLayout()
         self.submit_all = QPushButton("Submit all unsynced episodes")

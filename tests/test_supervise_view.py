@@ -178,7 +178,10 @@ def test_start_from_the_form_with_a_replay_file(qtbot, page, store, tmp_path):
 
 def test_bad_choices_are_named_not_raised(qtbot, page):
     f = page.form
+    f.set_choice(f.executor, "desktop")
+    assert f.seed_label.isHidden() and f.family.isHidden()  # the sandbox's choices show only for the sandbox
     f.set_choice(f.policy, "endpoint")
     f.set_choice(f.executor, "sandbox")
+    assert not f.seed_label.isHidden() and not f.seed.isHidden()
     page.start_from_form()
     assert "base URL" in page.run_label.text() and page.run is None

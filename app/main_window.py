@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QMainWindow,
     QPlainTextEdit,
+    QPushButton,
     QStackedWidget,
     QWidget,
 )
@@ -85,6 +86,14 @@ class MainWindow(QMainWindow):
         if server:
             self.statusBar().addPermanentWidget(QLabel(f"Server: {server}"))
 
+        # a model version the backend announced, offered until the user switches to it
+        self.announced: tuple[str, dict] | None = None
+        self.model_btn = QPushButton()
+        self.model_btn.setFlat(True)
+        self.model_btn.hide()
+        self.model_btn.clicked.connect(self.use_announced_model)
+        self.statusBar().addPermanentWidget(self.model_btn)
+
         self.sync = None  # SyncBridge, when sync runs (start_sync)
         self.sync_url: str | None = None
         self._stop_embedded = None
@@ -128,6 +137,56 @@ class MainWindow(QMainWindow):
     def notify(self, text: str, ms: int = 6000) -> None:
         self.statusBar().showMessage(text, ms)
 
+    # ------------------------------------------------------------ announced models
+    def model_announced(self, version: str, info) -> None:
+        """The backend has a new current model (the flywheel promoted it). When its folder is
+        on this machine, a status-bar button offers to switch Supervise and Drive to it."""
+        from pathlib import Path
+
+        info = dict(info or {})
+        if self.store.get_setting("models.in_use") == version:
+            return  # announced again on reconnect: already in use
+        self.announced = (version, info)
+        success = info.get("mean_success")
+        about = f" (held-out success {100 * success:.0f}%)" if isinstance(success, (int, float)) else ""
+        path = info.get("path")
+        if path and Path(path).is_dir():
+            self.model_btn.setText(f"Use model {version}")
+            self.model_btn.setToolTip(f"Switch Supervise and Drive to {path}{about}")
+            self.model_btn.show()
+            self.notify(f"New model version {version}{about}: 'Use model {version}' switches the agent to it", 15000)
+        else:
+            self.model_btn.hide()
+            self.notify(f"New model version {version}{about} on the backend; its folder {path or '?'} is not on "
+                        "this machine", 15000)
+
+    def use_announced_model(self) -> None:
+        """Supervise and Drive run the announced model from now on (their forms and settings)."""
+        if self.announced is None:
+            return
+        version, info = self.announced
+        path = info["path"]
+        for prefix in ("supervise", "drive"):  # pages not built yet read these when they are
+            self.store.set_setting(f"{prefix}.policy", "local")
+            self.store.set_setting(f"{prefix}.model_dir", path)
+        for page in self.pages.values():
+            form = getattr(page, "form", None)
+            if form is not None and hasattr(form, "use_model"):
+                form.use_model(path)
+        self.store.set_setting("models.in_use", version)
+        self.model_btn.hide()
+        self.notify(f"Supervise and Drive now use model {version} ({path})", 10000)
+
+    def announce_target(self) -> tuple[str, str] | None:
+        """(url, admin token) of the embedded backend, for the flywheel to announce to; None
+        when syncing to a remote server (announcing there takes that server's admin token)."""
+        if self._stop_embedded is None or not self.sync_url:
+            return None
+        from app.sync.embedded import EMBEDDED_TOKEN_KEY
+
+        token = self.store.get_setting(EMBEDDED_TOKEN_KEY)
+        return (self.sync_url, token) if token else None
+
     # ------------------------------------------------------------ sync
     def start_sync(self) -> None:
         """Sync to the configured server, or to an embedded backend on loopback when none is."""
@@ -144,7 +203,7 @@ class MainWindow(QMainWindow):
         self.sync.connection_changed.connect(
             lambda up, detail: self.notify(f"Sync: {'connected as ' + detail if up else 'offline: ' + detail}")
         )
-        self.sync.model_announced.connect(lambda v, info: self.notify(f"New model version available: {v}", 15000))
+        self.sync.model_announced.connect(self.model_announced)
         self.sync.start()
 
     def stop_sync(self) -> None:

@@ -132,6 +132,12 @@ class RunForm(QWidget):
                            api_key=self.api_key.text().strip() or None, model_dir=self.model_dir.text().strip(),
                            platform=platform)
 
+    def use_model(self, model_dir: str) -> None:
+        """Run a local model folder from now on (an announced flywheel version)."""
+        self.set_choice(self.policy, "local")
+        self.model_dir.setText(model_dir)
+        self.remember()
+
     # ------------------------------------------------------------ settings
     def _fields(self):
         return {"policy": self.policy, "executor": self.executor, "gate": self.gate, "replay": self.replay_path,

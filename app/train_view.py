@@ -70,8 +70,13 @@ def read_curves(data_dir) -> dict:
 class IterationRun:
     """One `flywheel run` child process; `run(progress)` blocks until it ends (call it in a worker)."""
 
-    def __init__(self, data_dir, iterations: int = 1):
+    def __init__(self, data_dir, iterations: int = 1, announce_to: tuple[str, str] | None = None):
         self.cmd = flywheel_command(data_dir, "run", "--iterations", str(iterations), "--progress-json")
+        self.env = None
+        if announce_to is not None:  # the token goes by environment, not argv (ps shows argv)
+            import os
+
+            self.env = {**os.environ, "TANDEM_BACKEND_URL": announce_to[0], "TANDEM_BACKEND_TOKEN": announce_to[1]}
         self.proc: subprocess.Popen | None = None
         self.stopped = False
 
@@ -80,7 +85,7 @@ class IterationRun:
 
         # stderr to a file: a pipe nobody reads while stdout is followed could fill and stall the child
         with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errf:
-            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=errf, text=True)
+            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=errf, text=True, env=self.env)
             result = None
             for line in self.proc.stdout:
                 try:
@@ -224,7 +229,8 @@ class TrainPage(QWidget):
     def run_iteration(self) -> None:
         if self.running is not None:
             return
-        self.running = IterationRun(self.store.root, 1)
+        target = getattr(self.window, "announce_target", None)
+        self.running = IterationRun(self.store.root, 1, announce_to=target() if target else None)
         self.run_btn.setEnabled(False)
         self.stop_btn.setEnabled(True)
         self.progress.setValue(0)

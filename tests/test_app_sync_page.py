@@ -46,3 +46,42 @@ def test_sync_page_saves_server_settings(qtbot, store):
         assert "Connected to ws://127.0.0.1" in page.current.text()
     finally:
         win.stop_sync()
+
+
+def test_an_announced_model_reaches_the_idle_app_and_switches_the_agent(qtbot, store, tmp_path):
+    """The flywheel announces a promoted model to the embedded backend; the app, connected but
+    with nothing to upload, hears it, offers it, and one click makes Supervise and Drive run it."""
+    import asyncio
+
+    from app.main_window import MainWindow
+    from app.train_view import IterationRun
+    from trainer.flywheel.announce import announce_over_wire
+
+    model_dir = tmp_path / "v0002"
+    model_dir.mkdir()
+    win = MainWindow(store)
+    qtbot.addWidget(win)
+    supervise = win.page("Supervise")  # built before the switch: its form must follow
+    win.start_sync()
+    try:
+        url, token = win.announce_target()
+        assert url == win.sync_url
+        run = IterationRun(store.root, 1, announce_to=(url, token))
+        assert run.env["TANDEM_BACKEND_URL"] == url and token not in " ".join(run.cmd)
+        qtbot.waitUntil(lambda: "Sync: connected" in win.statusBar().currentMessage(), timeout=10000)
+        asyncio.run(announce_over_wire(url, token, "v0002", {"path": str(model_dir), "mean_success": 0.4}))
+        qtbot.waitUntil(lambda: not win.model_btn.isHidden(), timeout=10000)
+        assert win.model_btn.text() == "Use model v0002" and "40%" in win.model_btn.toolTip()
+        win.model_btn.click()
+        assert win.model_btn.isHidden()
+        assert supervise.form.policy.currentData() == "local" and supervise.form.model_dir.text() == str(model_dir)
+        drive = win.page("Drive")  # built after: it reads the settings
+        assert drive.form.policy.currentData() == "local" and drive.form.model_dir.text() == str(model_dir)
+        assert store.get_setting("models.in_use") == "v0002"
+        # on reconnect the backend repeats its current model; the one in use is not offered again
+        win.stop_sync()
+        win.start_sync()
+        qtbot.wait(1500)
+        assert win.model_btn.isHidden()
+    finally:
+        win.stop_sync()

@@ -74,6 +74,10 @@ def test_target_comes_from_settings_then_environment(store, monkeypatch):
     store.set_setting("flywheel.backend_url", "ws://set:2")
     assert backend_target(store)["url"] == "ws://set:2"
     assert backend_target(store, url="ws://arg:3")["url"] == "ws://arg:3"
+    # the environment's token never goes to the settings' server
+    assert backend_target(store)["token"] is None
+    store.set_setting("flywheel.backend_token", "settok")
+    assert backend_target(store) == {"url": "ws://set:2", "token": "settok", "data": None}
 
 
 def test_an_iteration_that_promotes_announces_to_connected_apps(backend, store, tiny_vlm_dir):  # noqa: F811

@@ -205,13 +205,57 @@ class SyncClient:
             self.on_connection(up, detail)
 
     async def run_forever(self, stop: asyncio.Event, wake: asyncio.Event, poll: float = 5.0) -> None:
-        """The app's loop: sync whenever something is queued (wake is set on submit), until stop."""
+        """The app's loop, until `stop`: stay connected, so that model versions the backend
+        announces arrive as they happen; send the outbox whenever something is queued (`wake`
+        is set on submit, and the queue is looked at every `poll` seconds); reconnect with backoff.
+        A refused token waits for `wake` (new settings restart the bridge anyway)."""
         while not stop.is_set():
-            if self.outbox.pending():
-                await self.sync(stop=stop)
-            wake.clear()
-            waiter = asyncio.ensure_future(wake.wait())
-            stopper = asyncio.ensure_future(stop.wait())
-            await asyncio.wait([waiter, stopper], timeout=poll, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            stopper.cancel()
+            self.outbox.recover()
+            try:
+                session = await Session.open(self.url, self.token, ssl=self.ssl, timeout=10.0)
+            except SyncError as e:
+                if not await self._after_failure(e, stop, wake):
+                    return
+                continue
+            self.backoff.reset()
+            self._connection(True, f"{session.user} ({session.role})")
+            try:
+                while not stop.is_set():
+                    wake.clear()
+                    if self.outbox.pending():
+                        await self.upload_pending(session, SyncReport())
+                    await self._idle(session, stop, wake, poll)
+            except SyncError as e:
+                if not await self._after_failure(e, stop, wake):
+                    return
+            finally:
+                await session.close()
+
+    async def _after_failure(self, e: SyncError, stop: asyncio.Event, wake: asyncio.Event) -> bool:
+        """Report the failure and wait before the next try; False when stop was set."""
+        self._connection(False, str(e))
+        if e.permanent:  # retrying the same token cannot help: wait for new settings (or a minute)
+            await self._idle(None, stop, wake, 60.0)
+            return not stop.is_set()
+        return await self._wait(None, stop)
+
+    async def _idle(self, session: Session | None, stop: asyncio.Event, wake: asyncio.Event, timeout: float) -> None:
+        """Wait for wake, stop, `timeout`, or (with a session) the server's next event, which
+        is handled here: a model version is reported, the session's end raises SyncError."""
+        tasks = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
+        if session is not None:
+            tasks.append(asyncio.ensure_future(session.next_event()))
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                if t.done() and not t.cancelled():
+                    t.exception()  # retrieved: a session's end is seen again by the next read
+                t.cancel()
+        if session is not None and tasks[2] in done:
+            ev = tasks[2].result()  # raises SyncError when the connection has ended
+            if isinstance(ev, P.ModelVersion) and self.on_model_version:
+                self.on_model_version(ev.version, ev.info)
+            elif isinstance(ev, P.ErrorReceived) and ev.fatal:
+                raise SyncError(f"the server ended the session: {ev.reason}", code=ev.code,
+                                permanent=ev.code in ("auth_failed",))

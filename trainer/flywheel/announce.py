@@ -18,9 +18,12 @@ from trainer.flywheel import FlywheelError
 def backend_target(store=None, url: str | None = None, token: str | None = None, data: str | None = None) -> dict:
     """{"url", "token", "data"} from the arguments, else the store's settings, else the environment."""
     get = (lambda k: store.get_setting(k)) if store is not None else (lambda k: None)
-    return {"url": url or get("flywheel.backend_url") or os.environ.get("TANDEM_BACKEND_URL"),
-            "token": token or get("flywheel.backend_token") or os.environ.get("TANDEM_BACKEND_TOKEN"),
-            "data": data or get("flywheel.backend_data")}
+    # a URL and its token come from the same place: a token is never sent to another source's server
+    for src_url, src_token in ((url, token), (get("flywheel.backend_url"), get("flywheel.backend_token")),
+                               (os.environ.get("TANDEM_BACKEND_URL"), os.environ.get("TANDEM_BACKEND_TOKEN"))):
+        if src_url:
+            return {"url": src_url, "token": token or src_token, "data": data or get("flywheel.backend_data")}
+    return {"url": None, "token": token, "data": data or get("flywheel.backend_data")}
 
 
 async def announce_over_wire(url: str, token: str, version: str, info: dict, timeout: float = 15.0) -> None:

@@ -11,7 +11,8 @@ SUDO=""
 
 # Qt's xcb platform plugin and audio need these system libraries.
 debs=(libxcb-icccm4 libxcb-keysyms1 libxcb-xinerama0 libxcb-cursor0 libxkbcommon-x11-0 libegl1 libgl1
-      libfontconfig1 libdbus-1-3 libpulse0 libportaudio2 xdotool scrot)
+      libfontconfig1 libdbus-1-3 libpulse0 libportaudio2 xdotool scrot
+      dbus-daemon at-spi2-core)  # the accessibility bus: the recorder asks it whether a password field is focused
 [ $want_test -eq 1 ] && debs+=(xvfb espeak-ng sox pulseaudio pulseaudio-utils libasound2-plugins)
 if command -v apt-get >/dev/null; then
   missing=()

@@ -50,6 +50,7 @@ class RecorderConfig:
     hotkeys: dict = field(default_factory=lambda: dict(DEFAULT_HOTKEYS))
     thresholds: Thresholds = field(default_factory=Thresholds)
     producer: str | None = None
+    password_fields: bool = True  # mask keys while the platform says a password field is focused
 
 
 class RecordingSession:
@@ -74,6 +75,8 @@ class RecordingSession:
         # consumer thread gets to it, so a click queued before a resume stays private
         self._pause_log: list[tuple[float, bool]] = []
         self.secret = False
+        self.password = None  # PasswordFocus, when the platform can tell
+        self.in_password = False
         self.denied: str | None = None  # the denylist entry matching the focused window
         self.event_count = 0
         self.dropped_private = 0
@@ -111,6 +114,10 @@ class RecordingSession:
         self.screen = ScreenCapture(self.ring, cfg.fps, allowed=lambda: not (self.paused or self.denied))
         self.screen.start_and_wait()  # refuses (RecorderError) before anything is stored
         self.encoder = FrameEncoder(self.store, self._frame_encoded, cfg.image_format, cfg.quality)
+        if cfg.password_fields:
+            from app.recorder.password_focus import PasswordFocus
+
+            self.password = PasswordFocus().start(timeout=2.0)
         self.focus = None
         dpi = xft_dpi() if self.screen.geometry and FocusedWindow().available else None
         self.episode = Episode(self.instruction, kind="recording", producer=cfg.producer)
@@ -124,7 +131,9 @@ class RecordingSession:
             "monitors": self.screen.monitors,
             "ui_scale": round(dpi / 96.0, 3) if dpi else None,
             "privacy": {"denylist": list(self.denylist.entries), "denylist_active": FocusedWindow().available,
-                        "hotkeys": dict(cfg.hotkeys)},
+                        "hotkeys": dict(cfg.hotkeys),
+                        "password_fields": {"watched": bool(self.password and self.password.available),
+                                            "how": self.password.reason if self.password else "off"}},
         }
         try:
             self.store.save_episode(self.episode)
@@ -172,7 +181,7 @@ class RecordingSession:
         return ep
 
     def _teardown(self) -> None:
-        for part in (self.input, self.audio):
+        for part in (self.input, self.audio, self.password):
             if part is not None:
                 try:
                     part.stop()
@@ -225,7 +234,7 @@ class RecordingSession:
             "events": self.event_count,
             "frames_kept": len(self._kept),
             "audio_level": self.audio.level if self.audio else None,
-            "paused": self.paused, "secret": self.secret, "denied": self.denied,
+            "paused": self.paused, "secret": self.secret or self.in_password, "denied": self.denied,
             "elapsed_s": round(monotonic() - self.episode.meta["recording"]["started"], 1) if self.episode else 0.0,
         }
 
@@ -269,6 +278,9 @@ class RecordingSession:
             self.focus.close()
 
     def _check_focus(self, now: float) -> None:
+        if self.password is not None and self.password.active != self.in_password:
+            self.in_password = not self.in_password  # a marker for review; keys are masked by their own time
+            self._emit({"t": now, "kind": "password_on" if self.in_password else "password_off"})
         title, app = self.focus.get()
         hit = self.denylist.match(title, app)
         if hit and not self.denied:
@@ -306,7 +318,8 @@ class RecordingSession:
                 self.dropped_private += 1
                 return
             ev = {"t": t, "kind": kind, "key": key}
-            if self.secret and (key == "space" or (len(key) == 1 and key.isprintable())):
+            masked = self.secret or (self.password is not None and self.password.active_at(t))
+            if masked and (key == "space" or (len(key) == 1 and key.isprintable())):
                 ev.update(key=MASK_CHAR, secret=True)
             if kind == "key_down":
                 # a key that continues a typing run needs no frame of its own: the run's first has it

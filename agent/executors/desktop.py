@@ -48,9 +48,12 @@ class DesktopExecutor:
     platform = "desktop"
 
     def __init__(self, *, monitor: int = 1, display: str | None = None, settle: float = 0.15, wait_seconds: float = 5.0,
-                 drag_seconds: float = 0.2, scroll_clicks: int = 5, text_backend: str = "auto", stop_event=None):
+                 drag_seconds: float = 0.2, scroll_clicks: int = 5, text_backend: str = "auto", stop_event=None,
+                 password_fields: bool = True):
         """monitor: mss monitor index (1 = primary, 0 = all monitors as one image).
-        settle: seconds to let the screen update after an action before the next screenshot."""
+        settle: seconds to let the screen update after an action before the next screenshot.
+        password_fields: watch the accessibility bus and mark observations taken while a password
+        field is focused (the gate then asks before typing)."""
         self.monitor = monitor
         self.display = display or os.environ.get("DISPLAY")
         self.settle = settle
@@ -64,6 +67,8 @@ class DesktopExecutor:
         self._pg = None
         self._typing: subprocess.Popen | None = None
         self._last: Frame | None = None
+        self.password_fields = password_fields
+        self._password = None  # agent.password_focus.PasswordFocus, started with the first observation
 
     # ---------------------------------------------------------------- lazy back ends
     def _pyautogui(self):
@@ -117,6 +122,13 @@ class DesktopExecutor:
             pixels = bgra[:, :, :3]  # a view; encode_pixels copies it
         geometry = self.geometry_for(mon, grab.width, grab.height)
         self._last = Frame(geometry=geometry, pixels=pixels, bgr=True, time=t)
+        if self.password_fields:
+            if self._password is None:
+                from agent.password_focus import PasswordFocus
+
+                self._password = PasswordFocus().start(timeout=2.0)
+            if self._password.active_at(t):
+                self._last.extra["password_focused"] = True
         return self._last
 
     def reset(self, *, seed=None, options=None):
@@ -299,6 +311,9 @@ class DesktopExecutor:
                 pass
 
     def close(self) -> None:
+        if self._password is not None:
+            self._password.stop()
+            self._password = None
         if self._sct is not None:
             try:
                 self._sct.close()

@@ -115,7 +115,7 @@ class RecordingSession:
         self.screen.start_and_wait()  # refuses (RecorderError) before anything is stored
         self.encoder = FrameEncoder(self.store, self._frame_encoded, cfg.image_format, cfg.quality)
         if cfg.password_fields:
-            from app.recorder.password_focus import PasswordFocus
+            from agent.password_focus import PasswordFocus
 
             self.password = PasswordFocus().start(timeout=2.0)
         self.focus = None

@@ -1,6 +1,7 @@
 """Password fields, where the platform tells: a real accessibility bus (a private D-Bus session
 with at-spi2-core), a real Qt login window on Xvfb, real input by xdotool. What is typed into
-the password field is stored only as a placeholder; what is typed elsewhere is kept."""
+the password field is stored only as a placeholder, what is typed elsewhere is kept; and the
+agent's gate asks before the agent types while a password field is focused."""
 from __future__ import annotations
 
 import json
@@ -58,10 +59,8 @@ def test_keys_typed_into_a_password_field_are_stored_as_a_placeholder(xdisplay, 
 
     session = RecordingSession(store, "log in", RecorderConfig(fps=10))
     session.start()  # watches the accessibility bus and turns applications' bridges on
-    login = subprocess.Popen([sys.executable, "-c", LOGIN], env={**os.environ, "QT_QPA_PLATFORM": "xcb"},
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    login, spots = login_window()
     try:
-        spots = json.loads(login.stdout.readline())
         xdo("mousemove", *spots["user"], "click", "--delay", 0, 1)
         time.sleep(0.4)
         xdo("type", "--delay", 20, "alice")
@@ -92,8 +91,49 @@ def test_keys_typed_into_a_password_field_are_stored_as_a_placeholder(xdisplay, 
     assert typed == ["alice", SECRET_PLACEHOLDER, "x"]
 
 
+def login_window():
+    proc = subprocess.Popen([sys.executable, "-c", LOGIN], env={**os.environ, "QT_QPA_PLATFORM": "xcb"},
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return proc, json.loads(proc.stdout.readline())
+
+
+def observe_until(executor, want: bool, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        frame = executor.observe()
+        if bool(frame.extra.get("password_focused")) == want or time.monotonic() > deadline:
+            return frame
+        time.sleep(0.05)
+
+
+def test_the_gate_asks_before_the_agent_types_into_a_password_field(xdisplay, a11y_session):
+    from types import SimpleNamespace
+
+    from agent.executors.desktop import DesktopExecutor
+    from agent.gate import Gate
+    from agent.schema import Action
+
+    ex = DesktopExecutor()
+    assert "password_focused" not in ex.observe().extra and ex._password.available, ex._password.reason
+    login, spots = login_window()
+    try:
+        gate = Gate("risky", supervisor=object())
+        typing = SimpleNamespace(actions=[Action("type", {"content": "hunter2"})])
+        xdo("mousemove", *spots["pw"], "click", "--delay", 0, 1)
+        frame = observe_until(ex, True)
+        assert frame.extra.get("password_focused") is True
+        assert gate.why_ask(typing, frame) == "typing into a password field"
+        xdo("mousemove", *spots["user"], "click", "--delay", 0, 1)
+        frame = observe_until(ex, False)
+        assert "password_focused" not in frame.extra and gate.why_ask(typing, frame) is None
+    finally:
+        ex.close()
+        login.terminate()
+        login.wait(5)
+
+
 def test_without_an_accessibility_bus_the_recording_says_so(monkeypatch):
-    from app.recorder.password_focus import PasswordFocus
+    from agent.password_focus import PasswordFocus
 
     monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
     monkeypatch.delenv("AT_SPI_BUS_ADDRESS", raising=False)
@@ -105,7 +145,7 @@ def test_without_an_accessibility_bus_the_recording_says_so(monkeypatch):
 
 def test_password_state_is_answered_for_the_time_of_each_key():
     """A key typed before the focus left the field is masked even if it is handled later."""
-    from app.recorder.password_focus import PasswordFocus
+    from agent.password_focus import PasswordFocus
 
     pf = PasswordFocus()
     pf._set(True, 5.0)

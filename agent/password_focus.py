@@ -3,7 +3,8 @@
 On Linux that is AT-SPI 2, over D-Bus (jeepney): toolkits with an accessibility bridge (GTK, Qt,
 Chromium, Firefox, LibreOffice) announce focus changes on the accessibility bus, and the
 focused object's role tells a password entry (ROLE_PASSWORD_TEXT) from any other. While one has
-the focus, the recorder stores keystrokes only as a placeholder, as with secret typing.
+the focus, the recorder stores keystrokes only as a placeholder, as with secret typing, and the
+desktop executor marks its observation (`password_focused`), so the gate asks before the agent types.
 
 Starting the watcher also sets org.a11y.Status.IsEnabled, which is what a screen reader does:
 applications started afterwards turn their accessibility bridges on (most read it at start-up).

@@ -1,7 +1,8 @@
 """Rollout throughput, asynchronous vs synchronous, in one run, with long-tail episode lengths;
 and the learner's tokens per second.
 
-    python tests/bench/bench_rollouts.py [--updates 4 --batch 8 --workers 2 --latency 1.0 --remote-workers 8]
+    python tests/bench/bench_rollouts.py [--updates 4 --batch 8 --workers 2 --latency 1.0 --remote-workers 8
+                                          --scenarios local,remote]
 
 The policy is the tiny VLM (random weights, so most episodes run to their family's step limit);
 the families mix step limits of 4 and 14-16 steps, which gives the long tail. Each "update" is
@@ -15,6 +16,8 @@ Two scenarios, each sync then async: the local Qt sandbox (every step costs CPU,
 cores as the learner), and a remote sandbox where every step also waits `--latency` seconds on
 the environment (a VM or a browser, as in UI-TARS-2's and AReaL's setups; WorkerSpec.env_latency_s
 sleeps, using no CPU) with `--remote-workers` workers. `--latency 0` skips the second.
+"steady" is steps/s from the end of the first update to the end of the last: the pipeline full,
+as a long run sees it (async cannot overlap anything before its first batch is in).
 Each scenario also runs "no learner" rows (no update, no new weights): the rollout system alone,
 where sync waits for each batch's longest episode and async does not.
 """
@@ -59,20 +62,26 @@ def run(mode: str, pool, model, processor, updates: int, batch: int, learn: bool
     episodes = steps = tokens = 0
     learn_s = 0.0
     dropped0 = pool.stats["dropped"]
+    ends, batch_steps = [], []  # when each update finished, and the steps of its batch
     for _ in range(updates):
         trajs = pool.collect(batch, timeout=600)
         episodes += len(trajs)
-        steps += sum(len(t.turns) for t in trajs)
+        batch_steps.append(sum(len(t.turns) for t in trajs))
+        steps += batch_steps[-1]
         if learn:
             t1 = time.perf_counter()
             tokens += learner_step(model, critic, processor, trajs, opt_p, opt_c, cfg)
             learn_s += time.perf_counter() - t1
         if learn:
             pool.publish(model)
+        ends.append(time.perf_counter())
     wall = time.perf_counter() - t0
+    # steady state: after the first update, once the pipeline is full (async has nothing to
+    # overlap before its first batch is in)
+    steady = sum(batch_steps[1:]) / (ends[-1] - ends[0]) if len(ends) > 1 else float("nan")
     lens = sorted(len(t.turns) for t in trajs)
     return {"mode": mode + ("" if learn else " (no learner)"), "episodes": episodes, "steps": steps, "wall_s": wall, "episodes_per_s": episodes / wall,
-            "steps_per_s": steps / wall, "learner_tokens_per_s": tokens / learn_s if learn_s else 0.0,
+            "steps_per_s": steps / wall, "steady_steps_per_s": steady, "learner_tokens_per_s": tokens / learn_s if learn_s else 0.0,
             "learner_share": learn_s / wall, "dropped": pool.stats["dropped"] - dropped0, "last_batch_lengths": lens}
 
 
@@ -85,7 +94,11 @@ def main(argv=None) -> int:
                     help="seconds per step of the remote scenario (0: skip it); VM sandboxes such as OSWorld's "
                          "wait a second or more per step for the screen to settle")
     ap.add_argument("--remote-workers", type=int, default=8)
+    ap.add_argument("--scenarios", default="local,remote", help="which to run: local, remote or both")
     a = ap.parse_args(argv)
+    wanted = {x.strip() for x in a.scenarios.split(",") if x.strip()}
+    if not wanted or wanted - {"local", "remote"}:
+        ap.error(f"--scenarios takes local and/or remote, got {a.scenarios!r}")
     import torch
 
     torch.set_num_threads(1)
@@ -93,7 +106,8 @@ def main(argv=None) -> int:
     from trainer.rollout import RolloutPool, WorkerSpec
     from trainer.tiny_model import build_tiny_model
 
-    scenarios = [("local", a.workers, 0.0)] + ([("remote", a.remote_workers, a.latency)] if a.latency > 0 else [])
+    scenarios = ([("local", a.workers, 0.0)] if "local" in wanted else []) + (
+        [("remote", a.remote_workers, a.latency)] if a.latency > 0 and "remote" in wanted else [])
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny")
@@ -111,14 +125,16 @@ def main(argv=None) -> int:
             results.append((f"{name} sandbox, {workers} workers, +{latency:g} s/step", rows))
     for title, rows in results:
         print(f"\n{title}")
-        print(f"{'mode':<20} {'episodes':>8} {'steps':>6} {'wall s':>7} {'ep/s':>6} {'steps/s':>7} {'learner tok/s':>13} "
-              f"{'learner %':>9} {'dropped':>7}  last batch lengths")
+        print(f"{'mode':<20} {'episodes':>8} {'steps':>6} {'wall s':>7} {'ep/s':>6} {'steps/s':>7} {'steady':>7} "
+              f"{'learner tok/s':>13} {'learner %':>9} {'dropped':>7}  last batch lengths")
         for r in rows:
             print(f"{r['mode']:<20} {r['episodes']:>8} {r['steps']:>6} {r['wall_s']:>7.1f} {r['episodes_per_s']:>6.2f} "
-                  f"{r['steps_per_s']:>7.2f} {r['learner_tokens_per_s']:>13.0f} {r['learner_share']:>9.0%} "
-                  f"{r['dropped']:>7}  {r['last_batch_lengths']}")
-        print(f"async / sync throughput (steps/s): with the learner {rows[1]['steps_per_s'] / rows[0]['steps_per_s']:.2f}x, "
-              f"rollouts alone {rows[3]['steps_per_s'] / rows[2]['steps_per_s']:.2f}x")
+                  f"{r['steps_per_s']:>7.2f} {r['steady_steps_per_s']:>7.2f} {r['learner_tokens_per_s']:>13.0f} "
+                  f"{r['learner_share']:>9.0%} {r['dropped']:>7}  {r['last_batch_lengths']}")
+        ratio = lambda k, a, b: rows[a][k] / rows[b][k]  # noqa: E731
+        print(f"async / sync throughput (steps/s): with the learner {ratio('steps_per_s', 1, 0):.2f}x "
+              f"(steady state after the first update {ratio('steady_steps_per_s', 1, 0):.2f}x), "
+              f"rollouts alone {ratio('steps_per_s', 3, 2):.2f}x (steady {ratio('steady_steps_per_s', 3, 2):.2f}x)")
     return 0
 
 

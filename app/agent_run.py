@@ -56,16 +56,20 @@ def make_policy(choice: str, *, responses=None, base_url: str = "", model: str =
     raise RunSetupError(f"policy must be one of {', '.join(POLICIES)}, got {choice!r}")
 
 
-def make_executor(choice: str, *, family: str | None = None, seed: int = 0):
+def make_executor(choice: str, *, family: str | None = None, seed: int = 0, serial: str | None = None):
     if choice == "desktop":
         from agent.executors.desktop import DesktopExecutor
 
         return DesktopExecutor()
+    if choice == "android":
+        from agent.executors.android import AndroidExecutor
+
+        return AndroidExecutor(serial=serial)  # connects (adb + uiautomator2) on the first observation
     if choice == "sandbox":
         from app.sandbox_executor import SandboxProcessExecutor
 
         return SandboxProcessExecutor(family or None, seed)
-    raise RunSetupError(f"executor must be 'desktop' or 'sandbox', got {choice!r}")
+    raise RunSetupError(f"executor must be 'desktop', 'android' or 'sandbox', got {choice!r}")
 
 
 def queue_for_sync(store, window, episode_id: str) -> str:

@@ -121,15 +121,15 @@ class DrivePage(QWidget):
         self.strip = ControlStrip(hotkey)
         self.strip.pause_toggled.connect(self.set_paused)
         self.strip.stop_clicked.connect(lambda: self.stop("stopped by the user"))
-        self.form = RunForm(store, "drive", gates=("risky", "all", "auto"), executors=False)
+        self.form = RunForm(store, "drive", gates=("risky", "all", "auto"), executors=("desktop", "android"))
         self.start_btn = QPushButton("Let the agent drive")
         self.start_btn.setDefault(True)
         self.start_btn.clicked.connect(self.start_from_form)
-        self.status = QLabel(f"The window hides while the agent acts. Stop it any time with {self.strip.hotkey.text()[13:]} "
-                             "or the strip's Stop button.")
+        self.status = QLabel(f"On this desktop the window hides while the agent acts. Stop it any time with "
+                             f"{self.strip.hotkey.text()[13:]} or the strip's Stop button.")
         self.status.setWordWrap(True)
         self.steps = QListWidget()
-        title = QLabel("Drive: the agent uses this computer")
+        title = QLabel("Drive: the agent uses this computer or your phone")
         title.setObjectName("title")
         lay = QVBoxLayout(self)
         lay.addWidget(title)
@@ -157,9 +157,7 @@ class DrivePage(QWidget):
         self.start_run(policy, executor, instruction, gate=self.form.gate.currentData())
 
     def _executor(self):
-        from agent.executors.desktop import DesktopExecutor
-
-        return DesktopExecutor()
+        return self.form.build_executor()
 
     def start_run(self, policy, executor, instruction: str, *, gate: str = "risky", config: LoopConfig | None = None):
         if self.run is not None and self.run.running:
@@ -202,8 +200,8 @@ class DrivePage(QWidget):
         self.strip.place()
         self.strip.show()
         self.strip.raise_()
-        if self.window is not None:
-            self.window.hide()  # out of the way and out of the screenshots
+        if self.window is not None and executor.platform == "desktop":
+            self.window.hide()  # out of the way and out of the screenshots (a phone's are its own)
         self.start_btn.setEnabled(False)
         self.status.setText("The agent is driving…")
         run.start()

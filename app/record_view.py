@@ -272,7 +272,8 @@ class RecordPage(QWidget):
         if st["denied"]:
             self.state_label.setText(f"● Not capturing: “{st['denied']}” window focused")
         elif self.state == "recording":
-            self.state_label.setText("● Secret typing" if st["secret"] else "● Recording")
+            self.state_label.setText("● Secret typing" if st["secret"] else
+                                     "● Password field: keys hidden" if st.get("password_field") else "● Recording")
 
     def _update_state(self) -> None:
         s = self.state

@@ -20,6 +20,7 @@ from app.agent_run import DEFAULT_MODEL_DIR, make_executor, make_policy
 
 POLICY_LABELS = {"default": "Default small model", "endpoint": "OpenAI-compatible endpoint",
                  "local": "Local model folder", "replay": "Replay file (scripted responses)"}
+EXECUTOR_LABELS = {"desktop": "This desktop", "sandbox": "A sandbox task", "android": "An Android phone (uiautomator2)"}
 GATE_LABELS = {"all": "Ask me before every step", "risky": "Ask before risky steps", "auto": "Never ask"}
 
 
@@ -33,7 +34,9 @@ def sandbox_families() -> list[str]:
 
 
 class RunForm(QWidget):
-    def __init__(self, store=None, prefix: str = "supervise", gates=("all", "risky"), executors=True, parent=None):
+    def __init__(self, store=None, prefix: str = "supervise", gates=("all", "risky"), executors=("desktop", "sandbox"),
+                 parent=None):
+        """executors: where the agent may act, from EXECUTOR_LABELS (empty: the row is hidden)."""
         super().__init__(parent)
         self.store, self.prefix = store, prefix
         form = QFormLayout(self)
@@ -79,8 +82,8 @@ class RunForm(QWidget):
         form.addRow("", self.options)
 
         self.executor = QComboBox()
-        self.executor.addItem("This desktop", "desktop")
-        self.executor.addItem("A sandbox task", "sandbox")
+        for key in executors or ("desktop",):
+            self.executor.addItem(EXECUTOR_LABELS[key], key)
         self.family = QComboBox()
         self.family.addItems(sandbox_families() or ["click_button"])
         self.seed = QSpinBox()
@@ -93,8 +96,11 @@ class RunForm(QWidget):
         self.seed_label = QLabel("seed")
         wl.addWidget(self.seed_label)
         wl.addWidget(self.seed)
+        self.serial = QLineEdit()
+        self.serial.setPlaceholderText("device serial (empty: the one phone `adb devices` lists)")
+        wl.addWidget(self.serial, 1)
         self.executor.currentIndexChanged.connect(self._executor_changed)
-        if executors:
+        if executors and len(executors) > 1:
             form.addRow("Acts on", where)
         else:
             where.hide()
@@ -111,6 +117,7 @@ class RunForm(QWidget):
         self.family.setVisible(sandbox)
         self.seed.setVisible(sandbox)
         self.seed_label.setVisible(sandbox)
+        self.serial.setVisible(self.executor.currentData() == "android")
 
     def _browse_replay(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Replay responses", "", "JSON lines (*.jsonl);;All files (*)")
@@ -124,7 +131,8 @@ class RunForm(QWidget):
         combo.setCurrentIndex(i)
 
     def build_executor(self):
-        return make_executor(self.executor.currentData(), family=self.family.currentText(), seed=self.seed.value())
+        return make_executor(self.executor.currentData(), family=self.family.currentText(), seed=self.seed.value(),
+                             serial=self.serial.text().strip() or None)
 
     def build_policy(self, platform: str):
         return make_policy(self.policy.currentData(), responses=self.replay_path.text().strip() or None,
@@ -141,7 +149,7 @@ class RunForm(QWidget):
     # ------------------------------------------------------------ settings
     def _fields(self):
         return {"policy": self.policy, "executor": self.executor, "gate": self.gate, "replay": self.replay_path,
-                "base_url": self.base_url, "model": self.model, "model_dir": self.model_dir, "family": self.family}
+                "base_url": self.base_url, "model": self.model, "model_dir": self.model_dir, "family": self.family, "serial": self.serial}
 
     def remember(self) -> None:
         if self.store is None:

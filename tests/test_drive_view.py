@@ -80,3 +80,41 @@ def test_stop_while_paused_executes_nothing(qtbot, page, sandbox, store):
     qtbot.mouseClick(page.strip.stop_btn, Qt.LeftButton)
     qtbot.waitUntil(lambda: page.last_result is not None, timeout=15000)
     assert page.last_result.reason == "stopped by the user" and page.last_result.steps == 0 and not ex.success
+
+
+def test_drive_an_android_phone_chosen_in_the_form(qtbot, page, store, tmp_path, monkeypatch):
+    """Acts on: an Android phone, by serial. The phone is the fake that speaks uiautomator2's
+    JSON-RPC; everything from the form to the device calls is the real path."""
+    import json
+
+    import uiautomator2
+
+    from tests.fake_android import HEIGHT, WIDGETS, WIDTH, FakePhoneServer, connect_fake
+
+    (l, t, r, b), _, _ = WIDGETS["field"]
+    field = ((l + r) / 2 / WIDTH, (t + b) / 2 / HEIGHT)
+    responses = [format_normalized("Tap the field.", [Action("click", {"start_box": field})], coords.SMART_RESIZE, WIDTH, HEIGHT),
+                 format_normalized("Type.", [Action("type", {"content": "hi there"})], coords.SMART_RESIZE, WIDTH, HEIGHT),
+                 format_normalized("Done.", [Action("finished", {"content": "typed"})], coords.SMART_RESIZE, WIDTH, HEIGHT)]
+    path = tmp_path / "responses.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in responses))
+    with FakePhoneServer() as server:
+        asked = []
+        monkeypatch.setattr(uiautomator2, "connect", lambda serial=None: asked.append(serial) or connect_fake(server))
+        f = page.form
+        assert f.serial.isHidden()
+        f.set_choice(f.executor, "android")
+        assert not f.serial.isHidden()
+        f.serial.setText("R58M123ABC")
+        f.set_choice(f.policy, "replay")
+        f.replay_path.setText(str(path))
+        f.set_choice(f.gate, "auto")
+        f.instruction.setText("Write hi there in the field")
+        qtbot.mouseClick(page.start_btn, Qt.LeftButton)
+        qtbot.waitUntil(lambda: page.last_result is not None, timeout=20000)
+        assert asked == ["R58M123ABC"]
+        assert server.phone.text["field"] == "hi there"
+    ep = store.load_episode(page.last_result.episode.id)
+    assert [s.action.name for s in ep.steps] == ["click", "type", "finished"]
+    assert ep.steps[0].observation.geometry.logical_width == WIDTH
+    assert store.get_setting("drive.executor") == "android" and store.get_setting("drive.serial") == "R58M123ABC"

@@ -70,6 +70,7 @@ def test_keys_typed_into_a_password_field_are_stored_as_a_placeholder(xdisplay, 
         while not session.in_password and time.monotonic() < deadline:
             time.sleep(0.02)
         assert session.in_password, session.password.reason
+        assert session.stats()["password_field"] and not session.stats()["secret"]  # the Record page shows it
         xdo("type", "--delay", 20, "hunter2")
         assert json.loads(login.stdout.readline()) == {"pw_len": 1}  # the field got the keys
         time.sleep(0.5)

@@ -234,7 +234,7 @@ class RecordingSession:
             "events": self.event_count,
             "frames_kept": len(self._kept),
             "audio_level": self.audio.level if self.audio else None,
-            "paused": self.paused, "secret": self.secret or self.in_password, "denied": self.denied,
+            "paused": self.paused, "secret": self.secret, "password_field": self.in_password, "denied": self.denied,
             "elapsed_s": round(monotonic() - self.episode.meta["recording"]["started"], 1) if self.episode else 0.0,
         }
 

@@ -164,15 +164,16 @@ class MainWindow(QMainWindow):
         """Supervise and Drive run the announced model from now on (their forms and settings)."""
         if self.announced is None:
             return
+        from app.run_form import RunForm
+
         version, info = self.announced
         path = info["path"]
-        for prefix in ("supervise", "drive"):  # pages not built yet read these when they are
-            self.store.set_setting(f"{prefix}.policy", "local")
-            self.store.set_setting(f"{prefix}.model_dir", path)
-        for page in self.pages.values():
-            form = getattr(page, "form", None)
-            if form is not None and hasattr(form, "use_model"):
+        for name, prefix in (("Supervise", "supervise"), ("Drive", "drive")):
+            form = getattr(self.pages.get(name), "form", None)
+            if form is not None:
                 form.use_model(path)
+            else:  # not built yet: it reads the settings when it is
+                RunForm.remember_model(self.store, prefix, path)
         self.store.set_setting("models.in_use", version)
         self.model_btn.hide()
         self.notify(f"Supervise and Drive now use model {version} ({path})", 10000)
@@ -232,10 +233,14 @@ class MainWindow(QMainWindow):
         avail = screen.availableGeometry()
         self.resize(min(1600, int(avail.width() * 0.9)), min(1000, int(avail.height() * 0.9)))
 
+    @staticmethod
+    def _splitter_key(name: str) -> str:
+        return f"pages/{name}/splitter"
+
     def _restore_splitter(self, name: str, page: QWidget) -> None:
         """A page's main splitter (its `splitter` attribute) comes back as the user left it."""
         splitter = getattr(page, "splitter", None)
-        state = self.settings.value(f"pages/{name}/splitter") if self.settings is not None else None
+        state = self.settings.value(self._splitter_key(name)) if self.settings is not None else None
         if splitter is not None and state is not None:
             splitter.restoreState(state)
 
@@ -250,7 +255,7 @@ class MainWindow(QMainWindow):
             for name, page in self.pages.items():
                 splitter = getattr(page, "splitter", None)
                 if splitter is not None:
-                    self.settings.setValue(f"pages/{name}/splitter", splitter.saveState())
+                    self.settings.setValue(self._splitter_key(name), splitter.saveState())
         self.notify("Waiting for background tasks to finish…")
         for page in self.pages.values():  # a running agent is stopped; its episode is already saved
             shutdown = getattr(page, "shutdown", None)

@@ -146,6 +146,12 @@ class RunForm(QWidget):
         self.model_dir.setText(model_dir)
         self.remember()
 
+    @staticmethod
+    def remember_model(store, prefix: str, model_dir: str) -> None:
+        """use_model for a form not built yet: it reads these settings when it is."""
+        store.set_setting(f"{prefix}.policy", "local")
+        store.set_setting(f"{prefix}.model_dir", model_dir)
+
     # ------------------------------------------------------------ settings
     def _fields(self):
         return {"policy": self.policy, "executor": self.executor, "gate": self.gate, "replay": self.replay_path,

@@ -129,13 +129,13 @@ def cmd_ppo(args) -> int:
     from trainer.ppo import PPOConfig, train_ppo
     from trainer.sft import save_checkpoint
 
-    families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
-    if families:
-        from trainer.sandbox.families import FAMILIES
+    from trainer.sandbox.families import parse_families
+    from trainer.sandbox.screen import SandboxError
 
-        unknown = [f for f in families if f not in FAMILIES]
-        if unknown:
-            return _fail(f"unknown sandbox families: {', '.join(unknown)} (see `python main.py sandbox families`)")
+    try:
+        families = parse_families(args.families)
+    except SandboxError as e:
+        return _fail(str(e))
     if args.temperature <= 0 or args.max_new_tokens < 1 or args.updates < 1:
         return _fail("--temperature must be > 0, --max-new-tokens and --updates at least 1")
     try:

@@ -98,11 +98,10 @@ class SyncClient:
                         info = inflight.pop(eid)
                         by_ref.pop(info["ref"], None)
                         self._fail(eid, f"{ev.code}: {ev.reason}", report)
-                    elif ev.fatal:
-                        raise SyncError(f"the server ended the session: {ev.reason}", code=ev.code,
-                                        permanent=ev.code in ("auth_failed",))
-                elif isinstance(ev, P.ModelVersion) and self.on_model_version:
-                    self.on_model_version(ev.version, ev.info)
+                    else:
+                        self._server_event(ev)
+                else:
+                    self._server_event(ev)
         except (SyncError, asyncio.TimeoutError, OSError, ConnectionClosed) as e:
             for eid in inflight:  # not acked: back to the queue for the next connection
                 self.outbox.mark_queued(eid, f"interrupted: {e or type(e).__name__}")
@@ -253,9 +252,13 @@ class SyncClient:
                     t.exception()  # retrieved: a session's end is seen again by the next read
                 t.cancel()
         if session is not None and tasks[2] in done:
-            ev = tasks[2].result()  # raises SyncError when the connection has ended
-            if isinstance(ev, P.ModelVersion) and self.on_model_version:
-                self.on_model_version(ev.version, ev.info)
-            elif isinstance(ev, P.ErrorReceived) and ev.fatal:
-                raise SyncError(f"the server ended the session: {ev.reason}", code=ev.code,
-                                permanent=ev.code in ("auth_failed",))
+            self._server_event(tasks[2].result())  # result() raises SyncError when the connection has ended
+
+    def _server_event(self, ev) -> None:
+        """What the server says outside an upload's exchange: a model version is reported, a
+        fatal error ends the session (SyncError); anything else is not the sync client's business."""
+        if isinstance(ev, P.ModelVersion) and self.on_model_version:
+            self.on_model_version(ev.version, ev.info)
+        elif isinstance(ev, P.ErrorReceived) and ev.fatal:
+            raise SyncError(f"the server ended the session: {ev.reason}", code=ev.code,
+                            permanent=ev.code in ("auth_failed",))

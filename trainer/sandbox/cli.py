@@ -70,14 +70,9 @@ def _size_parent():
 
 
 def _families(args) -> list[str] | None:
-    if not getattr(args, "families", None):
-        return None
-    from trainer.sandbox.families import family_class
+    from trainer.sandbox.families import parse_families
 
-    names = [f.strip() for f in args.families.split(",") if f.strip()]
-    for n in names:
-        family_class(n)
-    return names
+    return parse_families(getattr(args, "families", None))
 
 
 def _fail(msg: str) -> int:

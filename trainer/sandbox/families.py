@@ -21,6 +21,17 @@ def family_class(name: str) -> type[Task]:
         raise SandboxError(f"unknown task family {name!r}; known: {', '.join(FAMILIES)}") from None
 
 
+def parse_families(text: str | None) -> list[str] | None:
+    """'radio, tabs' -> ['radio', 'tabs'] (None when empty); SandboxError names every unknown one."""
+    if not text:
+        return None
+    names = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        raise SandboxError(f"unknown sandbox families: {', '.join(unknown)}; known: {', '.join(FAMILIES)}")
+    return names or None
+
+
 def family_for_seed(seed: int, families: list[str] | None = None) -> str:
     """The family a seed gives when none is asked for (deterministic, roughly uniform)."""
     names = list(families or FAMILIES)

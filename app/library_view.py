@@ -173,6 +173,10 @@ class LibraryPage(QWidget):
         self.table.setSortingEnabled(True)
         sm.blockSignals(False)
         self._update_count()
+        self.viewer.empty.setText(
+            "Select an episode to review its steps." if episodes else
+            "No episodes yet. Record a demonstration on the Record page, import a bundle (Import…), "
+            "or write sandbox demonstrations with `python main.py sandbox generate --episodes 60`.")
         if current and not self.select_episode(current, load=False):
             self.viewer.load_episode(None)
         self.table.viewport().update()

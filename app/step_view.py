@@ -101,10 +101,11 @@ class StepViewer(QWidget):
         self._loading = False
 
         self.stack = QStackedWidget()
-        empty = QLabel("Select an episode to review its steps.")
-        empty.setAlignment(Qt.AlignCenter)
-        empty.setObjectName("muted")
-        self.stack.addWidget(empty)
+        self.empty = QLabel("Select an episode to review its steps.")
+        self.empty.setAlignment(Qt.AlignCenter)
+        self.empty.setObjectName("muted")
+        self.empty.setWordWrap(True)
+        self.stack.addWidget(self.empty)
         self.stack.addWidget(self._build_content())
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)

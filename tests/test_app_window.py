@@ -54,6 +54,16 @@ def test_every_listed_page_builds(win):
     assert any(str(win.store.root) in t for t in labels)
 
 
+def test_an_empty_library_says_how_to_get_episodes(qtbot, store):
+    w = MainWindow(store)
+    qtbot.addWidget(w)
+    page = w.page("Library")
+    assert "No episodes yet" in page.viewer.empty.text() and "Record" in page.viewer.empty.text()
+    make_episode(store, n_steps=1)
+    page.refresh()
+    assert page.viewer.empty.text() == "Select an episode to review its steps."
+
+
 def test_the_library_splitter_comes_back_as_left(qtbot, store, tmp_path):
     from PySide6.QtCore import QSettings
 

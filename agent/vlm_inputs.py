@@ -170,13 +170,24 @@ def extend_inputs(inputs: dict, token_ids) -> tuple[dict, object]:
 
 
 def to_model(inputs: dict, model) -> dict:
-    """The model's keys only, on the model's device; float tensors in the model's dtype."""
+    """The model's keys only, on the model's device; float tensors in the model's dtype.
+
+    inputs may carry "image_embeds" (one tensor of merged vision features per image, in order)
+    instead of pixel_values: the images were encoded before (a learner encodes each distinct
+    screenshot once), and they reach the model as transformers' mm_encoder_outputs."""
     dev, dt = model.device, model.dtype
     out = {}
     for k in MODEL_INPUT_KEYS:
         if k in inputs and inputs[k] is not None:
             v = inputs[k]
             out[k] = v.to(dev, dtype=dt) if v.is_floating_point() else v.to(dev)
+    embeds = inputs.get("image_embeds")
+    if embeds is not None:
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        out.pop("pixel_values", None)
+        out["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(
+            pooler_output=tuple(e.to(dev, dtype=dt) for e in embeds))}
     return out
 
 

@@ -524,6 +524,31 @@ def test_shape_turn_reward():
         R.shape_turn_reward(float("nan"))
 
 
+def test_progress_rewards_pay_each_subgoal_once_and_sum_to_the_final_progress():
+    assert R.progress_rewards([0.0, 0.5, 0.5, 1.0]) == approx([0.0, 0.5, 0.0, 0.5])
+    # undoing a subgoal costs what it earned: the sum is final minus start whatever the path
+    gains = R.progress_rewards([1 / 3, 2 / 3, 1 / 3, 1.0])
+    assert gains == approx([1 / 3, 1 / 3, -1 / 3, 2 / 3]) and sum(gains) == approx(1.0)
+    assert R.progress_rewards([0.5], start=0.25) == approx([0.25])
+    assert R.progress_rewards([]) == []
+    with pytest.raises(R.RewardError, match="progress after turn 1 must be in"):
+        R.progress_rewards([0.2, 1.5])
+
+
+def test_ppo_turn_rewards_add_progress_shaping_and_the_format_penalty():
+    from trainer.ppo import PPOConfig, shaped_turn_rewards
+    from trainer.rollout import Trajectory, Turn
+
+    turns = [Turn([], [5, 2], [-0.1, -0.1], "a", 0.0, None, 0.5),  # a subgoal met
+             Turn([], [5, 2], [-0.1, -0.1], "junk", 0.0, "no 'Action:' section", 0.5),
+             Turn([], [5, 2], [-0.1, -0.1], "b", 1.0, None, 1.0)]  # the task done
+    tr = Trajectory(seed=1, family="check_boxes", instruction="x", turns=turns)
+    assert shaped_turn_rewards(tr, PPOConfig(format_penalty=0.5)) == approx([0.0, -0.5, 1.0])
+    assert shaped_turn_rewards(tr, PPOConfig(format_penalty=0.5, progress_reward=1.0)) == approx([0.5, -0.5, 1.5])
+    tr.start_progress = 0.25  # subgoals that held before the first action earn nothing
+    assert shaped_turn_rewards(tr, PPOConfig(format_penalty=0.5, progress_reward=2.0)) == approx([0.5, -0.5, 2.0])
+
+
 def test_episode_turn_rewards_combines_the_terms():
     cfg = R.RewardConfig(outcome_weight=2.0, format_penalty=0.1, step_penalty=0.01, thought_budget=10,
                          length_penalty_per_token=0.01, length_penalty_cap=0.05)

@@ -38,3 +38,108 @@ def test_two_ppo_updates_with_value_pretraining(tiny_vlm_dir, tmp_path, one_thre
         assert r["entropy"] > 0
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert res["critic"].head.weight.abs().sum() > 0  # value pretraining moved the head off zero
+
+
+def _short_episodes(model, proc, n=2):
+    from trainer.actor import VLMActor
+    from trainer.rollout import run_episode
+    from trainer.sandbox.env import SandboxEnv
+
+    env = SandboxEnv(width=224, height=168)
+    try:
+        actor = VLMActor(model, proc, max_new_tokens=10)
+        return [run_episode(actor, env, s, family="click_button", max_steps=3) for s in range(n)]
+    finally:
+        env.close()
+
+
+def test_image_bank_keeps_each_screenshot_once_and_scores_like_pixels(tiny_vlm_dir, one_thread):  # noqa: F811
+    """Turns of an episode share screenshots (the memory's working steps): the bank holds each
+    once, and log-probs and values through its features equal those through the pixels."""
+    import torch
+
+    from agent.vlm import action_logprobs, load_vlm
+    from trainer.ppo import Critic, ImageBank, build_turns, turn_values
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    trajs = _short_episodes(model, proc)
+    plain = build_turns(trajs, proc)
+    bank = ImageBank(chunk=2)
+    banked = build_turns(trajs, proc, bank)
+    images_in_turns = sum(int(tb.inputs["image_grid_thw"].shape[0]) for tb in plain)
+    assert len(plain) >= 4 and len(bank.pixels) < images_in_turns  # shared screenshots are kept once
+    assert len(bank.pixels) == len({k for tb in banked for k in tb.images})
+    assert all("pixel_values" not in tb.inputs for tb in banked)
+    bank.encode(model.model)
+    bank.attach(banked)
+    critic = Critic(model)
+    with torch.no_grad():
+        for a, b in zip(plain, banked):
+            lp_pixels = action_logprobs(model, a.inputs, a.target)[a.target]
+            lp_bank = action_logprobs(model, b.inputs, b.target)[b.target]
+            assert torch.allclose(lp_pixels, lp_bank, atol=1e-4), (lp_pixels - lp_bank).abs().max()
+            assert torch.allclose(turn_values(critic, a), turn_values(critic, b), atol=1e-4)
+
+
+def test_image_bank_refuses_pixels_its_grid_does_not_account_for(tiny_vlm_dir):  # noqa: F811
+    import torch
+
+    from trainer.ppo import ImageBank
+
+    inputs = {"pixel_values": torch.zeros(20, 8), "image_grid_thw": torch.tensor([[1, 2, 8]])}
+    with pytest.raises(ValueError, match="20 rows but image_grid_thw accounts for 16"):
+        ImageBank().add(inputs)
+
+
+@pytest.mark.parametrize("train_vision", [False, True])
+def test_learner_update_trains_the_vision_tower_only_when_asked(tiny_vlm_dir, one_thread, train_vision):  # noqa: F811
+    import torch
+
+    from agent.vlm import load_vlm
+    from trainer.ppo import Learner, PPOConfig
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    trajs = _short_episodes(model, proc)
+    for t in trajs:  # a reward to learn from, so the advantages are not all zero
+        t.turns[-1].reward = 1.0 if t.seed % 2 else 0.0
+    vis0 = {k: v.clone() for k, v in model.model.visual.state_dict().items()}
+    lm0 = {k: v.clone() for k, v in model.model.language_model.state_dict().items()}
+    learner = Learner(model, proc, PPOConfig(epochs=1, lr=1e-2, critic_lr=1e-2, minibatch_turns=2,
+                                            train_vision=train_vision))
+    m = learner.update(trajs)
+    learner.close()
+    assert m["learner_tokens"] > 0 and m["learner_tokens_per_s"] > 0
+    vis_moved = any(not torch.equal(vis0[k], v) for k, v in model.model.visual.state_dict().items())
+    lm_moved = any(not torch.equal(lm0[k], v) for k, v in model.model.language_model.state_dict().items())
+    assert lm_moved
+    assert vis_moved == train_vision
+    # the critic's vision tower stays the policy's when frozen (it shares the policy's features)
+    same = all(torch.equal(a, b) for a, b in zip(model.model.visual.parameters(), learner.critic.backbone.visual.parameters()))
+    assert same != train_vision
+    assert all(p.requires_grad for p in model.parameters())  # close() gives the model back trainable
+
+
+def test_target_kl_stops_the_policy_passes_of_an_update(tiny_vlm_dir, one_thread):  # noqa: F811
+    """The first minibatch sees the batch's own policy (KL 0) and steps; with a big step and a
+    tiny target the next one is over the target, so the update stops there, critic passes go on."""
+    import torch
+
+    from agent.vlm import load_vlm
+    from trainer.ppo import Learner, PPOConfig
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    trajs = _short_episodes(model, proc, n=3)
+    for t in trajs:
+        t.turns[-1].reward = 1.0 if t.seed % 2 else 0.0
+    results = {}
+    for target in (None, 1e-4):
+        m, p = load_vlm(tiny_vlm_dir, device="cpu")
+        before = {k: v.clone() for k, v in m.state_dict().items()}
+        torch.manual_seed(0)
+        learner = Learner(m, p, PPOConfig(epochs=3, lr=5e-2, minibatch_turns=1, target_kl=target))
+        results[target] = learner.update(trajs)
+        learner.close()
+        assert any(not torch.equal(before[k], v) for k, v in m.state_dict().items())  # the first step was taken
+    assert results[None]["policy_epochs"] == 3
+    assert results[1e-4]["policy_epochs"] == 0  # stopped within the first pass
+    assert results[1e-4]["value_loss"] > 0  # the critic's passes still ran

@@ -2,6 +2,7 @@
 worker processes; the staleness bound drops data from policies too many versions old."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -57,6 +58,9 @@ def test_two_workers_async_then_sync(tiny_vlm_dir, tmp_path):  # noqa: F811
                       actor_kw={"max_new_tokens": 6})
     with RolloutPool(spec, 2, mode="async", max_staleness=1, prefetch=2).start(model) as pool:
         assert pool.wait_ready(timeout=300).ready == {0, 1}
+        # the workers run niced, so a learner sharing their cores gets the CPU first
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert [os.getpriority(os.PRIO_PROCESS, p.pid) for p in pool.procs] == [min(19, mine + spec.nice)] * 2
         # -- async: the workers keep playing while the learner holds its batch
         first = pool.collect(4, timeout=300)
         assert len(first) == 4 and all(t.version == 0 and t.turns for t in first)
@@ -98,5 +102,39 @@ def test_env_latency_delays_each_step_and_leaves_the_env_as_is():
         _, reward, terminated, truncated, info = env.step("Thought: wait.\nAction: wait()")
         assert time.perf_counter() - t0 >= 0.15
         assert not terminated and info["family"] == "click_button"
+    finally:
+        env.close()
+
+
+class _ScriptedActor:
+    """A scripted model: replies in turn from a list (the only thing a test may script)."""
+
+    def __init__(self, replies):
+        self.replies = list(replies)
+
+    def generate(self, messages, *, greedy=False):
+        from trainer.actor import ActorOutput
+
+        return ActorOutput(self.replies.pop(0), [7, 2], [-0.5, -0.1])
+
+
+def test_end_on_parse_error_ends_the_rollout_at_the_first_unparseable_output():
+    """By default an unparseable reply gets feedback and the episode goes on (as in the agent);
+    with end_on_parse_error it ends there, terminated and failed, and its progress is recorded."""
+    from trainer.rollout import run_episode
+    from trainer.sandbox.env import SandboxEnv
+
+    junk, wait = "I think I should click", "Thought: wait.\nAction: wait()"
+    env = SandboxEnv(width=224, height=168)
+    try:
+        tr = run_episode(_ScriptedActor([junk, wait, wait]), env, 3, family="check_boxes", max_steps=3)
+        assert len(tr.turns) == 3 and tr.truncated and not tr.terminated
+        assert tr.turns[0].parse_error and "Action" in tr.turns[0].parse_error
+        tr = run_episode(_ScriptedActor([junk, wait, wait]), env, 3, family="check_boxes", max_steps=3,
+                         end_on_parse_error=True)
+        assert len(tr.turns) == 1 and tr.terminated and not tr.truncated and not tr.success
+        assert tr.final_messages is None  # a terminated episode is not bootstrapped
+        # two of check_boxes' subgoals may hold before any action: progress starts where reset left it
+        assert tr.start_progress == tr.turns[0].progress == 0.5
     finally:
         env.close()

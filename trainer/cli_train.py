@@ -50,6 +50,15 @@ def register(sub, common) -> None:
     s.add_argument("--max-steps", type=int, help="cap on an episode's steps (default: each family's own limit)")
     s.add_argument("--policy-alpha", type=float, default=0.05, help="length-adaptive lambda = 1 - 1/(alpha * l)")
     s.add_argument("--minutes", type=float, help="wall-clock budget (stops after the update that crosses it)")
+    s.add_argument("--train-vision", action="store_true",
+                   help="train the vision tower too (default: frozen, each screenshot encoded once per batch)")
+    s.add_argument("--format-penalty", type=float, default=0.5,
+                   help="reward subtracted for a turn whose output does not parse (must outweigh a retry's chance)")
+    s.add_argument("--target-kl", type=float, help="stop an update's policy passes once a minibatch's approx_kl exceeds this")
+    s.add_argument("--end-on-parse-error", action="store_true",
+                   help="a rollout ends at an output that does not parse (default: the agent is asked again)")
+    s.add_argument("--progress-reward", type=float, default=0.0,
+                   help="weight of shaping by the verifier's partial progress (each subgoal met earns its share)")
     s.add_argument("--families", help="comma-separated sandbox families (default: all)")
     s.add_argument("--width", type=int, default=320)
     s.add_argument("--height", type=int, default=240)
@@ -71,6 +80,13 @@ def register(sub, common) -> None:
     s.add_argument("--ppo-epochs", type=int, help="PPO passes over each batch")
     s.add_argument("--temperature", type=float, help="sampling temperature of the PPO rollouts")
     s.add_argument("--policy-alpha", type=float, help="alpha of the length-adaptive policy lambda 1 - 1/(alpha*l)")
+    s.add_argument("--train-vision", action="store_true", default=None,
+                   help="PPO trains the vision tower too (default: frozen)")
+    s.add_argument("--format-penalty", type=float, help="PPO reward subtracted for an unparseable turn")
+    s.add_argument("--target-kl", type=float, help="PPO: stop an update's passes once a minibatch's approx_kl exceeds this")
+    s.add_argument("--progress-reward", type=float, help="PPO: weight of shaping by the verifier's partial progress")
+    s.add_argument("--end-on-parse-error", action="store_true", default=None,
+                   help="PPO rollouts end at an output that does not parse")
     s.add_argument("--resume", action="store_true", help="reuse a finished SFT stage (checkpoint + eval) in the work folder")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_default)
@@ -138,6 +154,10 @@ def cmd_ppo(args) -> int:
         return _fail(str(e))
     if args.temperature <= 0 or args.max_new_tokens < 1 or args.updates < 1:
         return _fail("--temperature must be > 0, --max-new-tokens and --updates at least 1")
+    if args.format_penalty < 0:
+        return _fail(f"--format-penalty must be >= 0, got {args.format_penalty}")
+    if args.target_kl is not None and args.target_kl <= 0:
+        return _fail(f"--target-kl must be > 0, got {args.target_kl}")
     try:
         model, processor = load_vlm(args.model, device="cpu")
     except VLMError as e:
@@ -149,7 +169,10 @@ def cmd_ppo(args) -> int:
                     max_staleness=args.max_staleness, staleness_decay=args.staleness_decay,
                     value_pretrain_iters=args.value_pretrain, lr=args.lr, epochs=args.epochs,
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, policy_alpha=args.policy_alpha,
-                    seed=args.seed, max_seconds=args.minutes * 60 if args.minutes else None)
+                    seed=args.seed, max_seconds=args.minutes * 60 if args.minutes else None,
+                    train_vision=args.train_vision, format_penalty=args.format_penalty,
+                    target_kl=args.target_kl, progress_reward=args.progress_reward,
+                    end_on_parse_error=args.end_on_parse_error)
     env_kw = {"width": args.width, "height": args.height}
     if args.max_steps:
         env_kw["max_steps"] = args.max_steps
@@ -175,7 +198,9 @@ def recipe_config(args):
                       ("updates", "ppo_updates"), ("workers", "n_workers"), ("sft_epochs", "sft_epochs"),
                       ("ppo_minutes", "ppo_max_minutes"), ("ppo_lr", "ppo_lr"), ("ppo_batch", "ppo_batch"),
                       ("ppo_epochs", "ppo_epochs"), ("temperature", "ppo_temperature"),
-                      ("policy_alpha", "ppo_policy_alpha")):
+                      ("policy_alpha", "ppo_policy_alpha"), ("train_vision", "ppo_train_vision"),
+                      ("format_penalty", "ppo_format_penalty"), ("target_kl", "ppo_target_kl"),
+                      ("progress_reward", "ppo_progress_reward"), ("end_on_parse_error", "ppo_end_on_parse_error")):
         if getattr(args, arg) is not None:
             setattr(cfg, attr, getattr(args, arg))
     return cfg

@@ -46,6 +46,11 @@ class RecipeConfig:
     ppo_max_new_tokens: int = 48  # the expert's replies take about 30
     ppo_max_steps: int = 5  # rollouts are cut (and bootstrapped) here; evaluation keeps each family's limit
     ppo_max_minutes: float | None = None  # wall-clock budget of the PPO phase
+    ppo_format_penalty: float = 0.5  # see PPOConfig.format_penalty
+    ppo_target_kl: float | None = 0.1  # see PPOConfig.target_kl
+    ppo_progress_reward: float = 0.0  # see PPOConfig.progress_reward
+    ppo_end_on_parse_error: bool = False  # see PPOConfig.end_on_parse_error
+    ppo_train_vision: bool = False  # frozen, the vision tower is encoded once per screenshot (learner ~2x faster)
     n_workers: int = 2
     threads: int = 1  # torch threads of the learner (ops this small lose to thread wake-ups)
     seed: int = 0
@@ -171,7 +176,10 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
 
     ppo_cfg = PPOConfig(updates=cfg.ppo_updates, batch_episodes=cfg.ppo_batch, lr=cfg.ppo_lr, n_workers=cfg.n_workers,
                         epochs=cfg.ppo_epochs, temperature=cfg.ppo_temperature, max_new_tokens=cfg.ppo_max_new_tokens,
-                        policy_alpha=cfg.ppo_policy_alpha, value_pretrain_iters=1, value_pretrain_epochs=3, seed=cfg.seed,
+                        policy_alpha=cfg.ppo_policy_alpha, train_vision=cfg.ppo_train_vision,
+                        format_penalty=cfg.ppo_format_penalty,
+                        target_kl=cfg.ppo_target_kl, progress_reward=cfg.ppo_progress_reward,
+                        end_on_parse_error=cfg.ppo_end_on_parse_error, value_pretrain_iters=1, value_pretrain_epochs=3, seed=cfg.seed,
                         max_seconds=cfg.ppo_max_minutes * 60 if cfg.ppo_max_minutes else None)
     res = train_ppo(model, processor, ppo_cfg, model_dir=work / "sft", work_dir=work / "ppo",
                     env_kw={**env_kw, "max_steps": cfg.ppo_max_steps},
@@ -227,7 +235,9 @@ CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "e
              "ppo_updates": "--updates", "n_workers": "--workers", "sft_epochs": "--sft-epochs",
              "ppo_max_minutes": "--ppo-minutes", "ppo_lr": "--ppo-lr", "ppo_batch": "--ppo-batch",
              "ppo_epochs": "--ppo-epochs", "ppo_temperature": "--temperature", "ppo_policy_alpha": "--policy-alpha",
-             "seed": "--seed"}
+             "ppo_train_vision": "--train-vision", "ppo_format_penalty": "--format-penalty",
+             "ppo_target_kl": "--target-kl", "ppo_progress_reward": "--progress-reward",
+             "ppo_end_on_parse_error": "--end-on-parse-error", "seed": "--seed"}
 
 
 def reproduce_command(config: dict) -> str:
@@ -237,6 +247,9 @@ def reproduce_command(config: dict) -> str:
     for key, flag in CLI_FLAGS.items():
         v = config.get(key)
         if v is None or v == default.get(key):
+            continue
+        if isinstance(v, bool):  # a switch: present or not
+            parts.append(flag)
             continue
         parts.append(f"{flag} {','.join(v) if isinstance(v, list) else format(v, 'g') if isinstance(v, float) else v}")
     return " ".join(parts)

@@ -48,6 +48,7 @@ class Turn:
     text: str
     reward: float = 0.0  # the env's reward for this turn (shaping is the learner's business)
     parse_error: str | None = None
+    progress: float = 0.0  # the verifier's partial progress after this turn (0..1)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Trajectory:
     truncated: bool = False
     success: bool = False
     progress: float = 0.0
+    start_progress: float = 0.0  # the verifier's progress before the first turn (some subgoals may hold already)
     version: int = 0  # the policy version that generated it
     worker: int = -1
     seconds: float = 0.0
@@ -80,15 +82,19 @@ def frame_of(obs) -> Frame:
 
 def run_episode(actor, env, seed: int, *, family: str | None = None, memory_kw: dict | None = None,
                 platform: str = "desktop", greedy: bool = False, version: int = 0, worker: int = -1,
-                max_steps: int | None = None) -> Trajectory:
-    """Play one episode; `actor.generate(messages, greedy=...)` gives (text, ids, logprobs)."""
+                max_steps: int | None = None, end_on_parse_error: bool = False) -> Trajectory:
+    """Play one episode; `actor.generate(messages, greedy=...)` gives (text, ids, logprobs).
+
+    By default an output that does not parse is answered with feedback and the episode goes on,
+    as in the agent; with end_on_parse_error it ends the episode there (terminated, failed), so
+    an RL policy cannot buy extra attempts with unparseable outputs."""
     from agent.grammar import parse_normalized
     from agent.loop import reask_feedback
 
     t0 = time.perf_counter()
     obs, info = env.reset(seed=int(seed), options={"family": family} if family else None)
     traj = Trajectory(seed=int(seed), family=info["family"], instruction=info["instruction"], version=version,
-                      worker=worker)
+                      worker=worker, start_progress=float(info.get("progress", 0.0)))
     memory = Memory(**(memory_kw or {}))
     prompt = build_prompt(info["instruction"], (platform,))
     limit = max_steps or info.get("max_steps") or 10
@@ -99,8 +105,11 @@ def run_episode(actor, env, seed: int, *, family: str | None = None, memory_kw: 
         gen = actor.generate(messages, greedy=greedy)
         obs, reward, terminated, truncated, info = env.step(gen.text)
         error = info.get("parse_error") or info.get("action_error")
-        traj.turns.append(Turn(messages, list(gen.ids), list(gen.logprobs), gen.text, float(reward), error))
+        traj.turns.append(Turn(messages, list(gen.ids), list(gen.logprobs), gen.text, float(reward), error,
+                               float(info.get("progress", 0.0))))
         if info.get("parse_error"):
+            if end_on_parse_error:
+                terminated = True
             feedback = reask_feedback(info["parse_error"])
         else:
             feedback = None
@@ -174,6 +183,10 @@ class WorkerSpec:
     # seconds added to every env step: a sandbox in a VM or a remote browser waits on its screen
     # this long per action, the regime asynchronous rollouts are built for (the benchmark's knob)
     env_latency_s: float = 0.0
+    episode_kw: dict = field(default_factory=dict)  # more run_episode keywords (end_on_parse_error)
+    # scheduling niceness of the workers (POSIX): the learner is the critical path of async
+    # training, so where workers and learner share cores the workers take the cycles it leaves
+    nice: int = 10
 
 
 def _worker_main(rank: int, spec: WorkerSpec, version_value, tickets, results, stop_event) -> None:
@@ -182,6 +195,8 @@ def _worker_main(rank: int, spec: WorkerSpec, version_value, tickets, results, s
         import torch
 
         torch.set_num_threads(spec.threads)
+        if spec.nice > 0 and hasattr(os, "nice"):
+            os.nice(spec.nice)
         from trainer.actor import VLMActor
         from trainer.sandbox.env import SandboxEnv
 
@@ -203,7 +218,8 @@ def _worker_main(rank: int, spec: WorkerSpec, version_value, tickets, results, s
             if newest != have:
                 actor.load_weights(weights_path(spec.weights_dir, newest))
                 have = newest
-            traj = run_episode(actor, env, seed, family=family, memory_kw=spec.memory_kw, version=have, worker=rank)
+            traj = run_episode(actor, env, seed, family=family, memory_kw=spec.memory_kw, version=have, worker=rank,
+                               **spec.episode_kw)
             results.put(("traj", traj))
         env.close()
     except BaseException:  # the learner must hear about it, not hang on an empty queue

@@ -2,7 +2,7 @@
 and the learner's tokens per second.
 
     python tests/bench/bench_rollouts.py [--updates 4 --batch 8 --workers 2 --latency 1.0 --remote-workers 8
-                                          --scenarios local,remote]
+                                          --scenarios local,remote,learner --learner-repeats 3]
 
 The policy is the tiny VLM (random weights, so most episodes run to their family's step limit);
 the families mix step limits of 4 and 14-16 steps, which gives the long tail. Each "update" is
@@ -10,7 +10,8 @@ the real PPO learner step of trainer.ppo: the batch's turns scored (proximal log
 values, decoupled GAE), then a policy epoch and a critic epoch over every generated token, and
 the new weights broadcast. Both modes use the same worker processes (RolloutPool.set_mode), sync
 first: in sync mode the workers wait for the whole batch and for the update; in async mode they
-keep playing. Learner tokens/s counts generated tokens through one policy + one critic epoch.
+keep playing. Learner tokens/s counts generated tokens through one update (scoring, one policy
+and one critic epoch), PPOConfig's defaults (vision tower frozen, each screenshot encoded once).
 
 Two scenarios, each sync then async: the local Qt sandbox (every step costs CPU, on the same
 cores as the learner), and a remote sandbox where every step also waits `--latency` seconds on
@@ -20,6 +21,9 @@ sleeps, using no CPU) with `--remote-workers` workers. `--latency 0` skips the s
 as a long run sees it (async cannot overlap anything before its first batch is in).
 Each scenario also runs "no learner" rows (no update, no new weights): the rollout system alone,
 where sync waits for each batch's longest episode and async does not.
+Workers run niced (WorkerSpec.nice), so in async mode the learner keeps its speed while they
+take the cycles it leaves. The "learner" scenario times the learner alone on one batch, vision tower frozen (the default)
+against trained, the baseline, in the same run.
 """
 from __future__ import annotations
 
@@ -34,28 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 FAMILIES = ["click_button", "radio", "list_pick", "click_button", "radio", "form", "settings_chain", "scroll_find"]
 
 
-def learner_step(policy, critic, processor, trajs, opt_p, opt_c, cfg) -> int:
-    from trainer.ppo import build_turns, critic_step, policy_step, score
-
-    turns = build_turns(trajs, processor)
-    policy.eval()
-    score(policy, critic, trajs, turns, processor, cfg)
-    policy.train()
-    policy_step(policy, opt_p, turns, cfg)
-    critic_step(critic, opt_c, turns, cfg)
-    policy.eval()
-    return sum(int(tb.target.sum()) for tb in turns)
-
-
 def run(mode: str, pool, model, processor, updates: int, batch: int, learn: bool = True) -> dict:
-    import torch
+    from trainer.ppo import Learner, PPOConfig
 
-    from trainer.ppo import Critic, PPOConfig
-
-    cfg = PPOConfig(epochs=1, lr=1e-4)
-    critic = Critic(model)
-    opt_p = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    opt_c = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr)
+    learner = Learner(model, processor, PPOConfig(epochs=1, lr=1e-4))
     pool.set_mode(mode)
     pool.publish(model)
     t0 = time.perf_counter()
@@ -69,13 +55,13 @@ def run(mode: str, pool, model, processor, updates: int, batch: int, learn: bool
         batch_steps.append(sum(len(t.turns) for t in trajs))
         steps += batch_steps[-1]
         if learn:
-            t1 = time.perf_counter()
-            tokens += learner_step(model, critic, processor, trajs, opt_p, opt_c, cfg)
-            learn_s += time.perf_counter() - t1
-        if learn:
+            m = learner.update(trajs)
+            tokens += m["learner_tokens"]
+            learn_s += m["learner_seconds"]
             pool.publish(model)
         ends.append(time.perf_counter())
     wall = time.perf_counter() - t0
+    learner.close()
     # steady state: after the first update, once the pipeline is full (async has nothing to
     # overlap before its first batch is in)
     steady = sum(batch_steps[1:]) / (ends[-1] - ends[0]) if len(ends) > 1 else float("nan")
@@ -83,6 +69,39 @@ def run(mode: str, pool, model, processor, updates: int, batch: int, learn: bool
     return {"mode": mode + ("" if learn else " (no learner)"), "episodes": episodes, "steps": steps, "wall_s": wall, "episodes_per_s": episodes / wall,
             "steps_per_s": steps / wall, "steady_steps_per_s": steady, "learner_tokens_per_s": tokens / learn_s if learn_s else 0.0,
             "learner_share": learn_s / wall, "dropped": pool.stats["dropped"] - dropped0, "last_batch_lengths": lens}
+
+
+def learner_rows(model_dir, batch: int, repeats: int) -> list[dict]:
+    """The learner alone on one batch, vision tower frozen (each distinct screenshot encoded once
+    per batch, the default) against trained (every turn's forward re-encodes its screenshots),
+    `repeats` updates each from the same starting weights."""
+    from agent.vlm import load_vlm
+    from trainer.actor import VLMActor
+    from trainer.ppo import Learner, PPOConfig
+    from trainer.rollout import run_episode
+    from trainer.sandbox.env import SandboxEnv
+
+    model, processor = load_vlm(model_dir, device="cpu")
+    env = SandboxEnv(width=224, height=168)
+    try:
+        actor = VLMActor(model, processor, max_new_tokens=24)
+        trajs = [run_episode(actor, env, s, family=FAMILIES[s % len(FAMILIES)], max_steps=6) for s in range(batch)]
+    finally:
+        env.close()
+    rows = []
+    for train_vision in (True, False):
+        model, processor = load_vlm(model_dir, device="cpu")
+        learner = Learner(model, processor, PPOConfig(epochs=1, lr=1e-4, train_vision=train_vision))
+        tokens = seconds = 0.0
+        for _ in range(repeats):
+            m = learner.update(trajs)
+            tokens += m["learner_tokens"]
+            seconds += m["learner_seconds"]
+        learner.close()
+        rows.append({"vision": "trained (baseline)" if train_vision else "frozen, image bank", "tokens": tokens,
+                     "seconds": seconds, "tokens_per_s": tokens / seconds,
+                     "turns": sum(len(t.turns) for t in trajs) * repeats})
+    return rows
 
 
 def main(argv=None) -> int:
@@ -94,11 +113,13 @@ def main(argv=None) -> int:
                     help="seconds per step of the remote scenario (0: skip it); VM sandboxes such as OSWorld's "
                          "wait a second or more per step for the screen to settle")
     ap.add_argument("--remote-workers", type=int, default=8)
-    ap.add_argument("--scenarios", default="local,remote", help="which to run: local, remote or both")
+    ap.add_argument("--scenarios", default="local,remote,learner",
+                    help="which to run: local, remote (rollouts with the learner) and learner (the learner alone)")
+    ap.add_argument("--learner-repeats", type=int, default=3)
     a = ap.parse_args(argv)
     wanted = {x.strip() for x in a.scenarios.split(",") if x.strip()}
-    if not wanted or wanted - {"local", "remote"}:
-        ap.error(f"--scenarios takes local and/or remote, got {a.scenarios!r}")
+    if not wanted or wanted - {"local", "remote", "learner"}:
+        ap.error(f"--scenarios takes local, remote and/or learner, got {a.scenarios!r}")
     import torch
 
     torch.set_num_threads(1)
@@ -108,9 +129,11 @@ def main(argv=None) -> int:
 
     scenarios = ([("local", a.workers, 0.0)] if "local" in wanted else []) + (
         [("remote", a.remote_workers, a.latency)] if a.latency > 0 and "remote" in wanted else [])
-    results = []
+    results, learner = [], []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny")
+        if "learner" in wanted:
+            learner = learner_rows(model_dir, a.batch, a.learner_repeats)
         for name, workers, latency in scenarios:
             spec = WorkerSpec(str(model_dir), str(Path(tmp) / f"w-{name}"), env_kw={"width": 224, "height": 168},
                               actor_kw={"max_new_tokens": 24}, env_latency_s=latency)
@@ -135,6 +158,13 @@ def main(argv=None) -> int:
         print(f"async / sync throughput (steps/s): with the learner {ratio('steps_per_s', 1, 0):.2f}x "
               f"(steady state after the first update {ratio('steady_steps_per_s', 1, 0):.2f}x), "
               f"rollouts alone {ratio('steps_per_s', 3, 2):.2f}x (steady {ratio('steady_steps_per_s', 3, 2):.2f}x)")
+    if learner:
+        print(f"\nlearner alone: {a.learner_repeats} PPO updates (score, one policy and one critic epoch) on one batch of "
+              f"{a.batch} episodes")
+        print(f"{'vision tower':<20} {'turns':>6} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'vs baseline':>11}")
+        for r in learner:
+            print(f"{r['vision']:<20} {r['turns']:>6} {r['tokens']:>7.0f} {r['seconds']:>8.1f} {r['tokens_per_s']:>9.0f} "
+                  f"{r['tokens_per_s'] / learner[0]['tokens_per_s']:>10.2f}x")
     return 0
 
 

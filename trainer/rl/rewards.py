@@ -88,6 +88,20 @@ def shape_turn_reward(reward: float, *, parsed: bool = True, format_penalty: flo
     return r
 
 
+def progress_rewards(progress: list[float], start: float = 0.0) -> list[float]:
+    """Potential-based shaping from a verifier's partial progress (the fraction of subgoals met
+    after each turn): each turn earns its change, so the terms sum to final - start and the
+    order of good policies is kept (Ng et al., 1999), while multi-step tasks reward each subgoal
+    when it is met instead of only at the end."""
+    out, prev = [], float(start)
+    for i, p in enumerate(progress):
+        if not math.isfinite(p) or not 0.0 <= p <= 1.0:
+            raise RewardError(f"progress after turn {i} must be in [0, 1], got {p!r}")
+        out.append(float(p) - prev)
+        prev = float(p)
+    return out
+
+
 def _score(value, source: str) -> float:
     if isinstance(value, bool):
         return 1.0 if value else 0.0

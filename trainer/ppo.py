@@ -61,7 +61,8 @@ class PPOConfig:
     # an unparseable turn costs this. It does not end the episode (the agent is asked again)
     # while a wrong click may, so the penalty must outweigh what a retry can still win, or the
     # policy is paid to stall. On the default model, at 0.1 the share of unparseable turns climbed
-    # from 0.33 to 0.69 in 12 updates; at 0.5 with target_kl 0.1 it stayed at 0.23-0.44 over 10.
+    # from 0.33 to 0.69 in 12 updates; at 0.5 with target_kl 0.1 it stayed at 0.23-0.44 over 10,
+    # though it still climbed in runs whose replies grew longer (policy_alpha 1.0 kept them flat).
     format_penalty: float = 0.5
     step_penalty: float = 0.0
     progress_reward: float = 0.0  # weight of potential-based shaping from the verifier's partial progress

@@ -50,15 +50,7 @@ def register(sub, common) -> None:
     s.add_argument("--max-steps", type=int, help="cap on an episode's steps (default: each family's own limit)")
     s.add_argument("--policy-alpha", type=float, default=0.05, help="length-adaptive lambda = 1 - 1/(alpha * l)")
     s.add_argument("--minutes", type=float, help="wall-clock budget (stops after the update that crosses it)")
-    s.add_argument("--train-vision", action="store_true",
-                   help="train the vision tower too (default: frozen, each screenshot encoded once per batch)")
-    s.add_argument("--format-penalty", type=float, default=0.5,
-                   help="reward subtracted for a turn whose output does not parse (must outweigh a retry's chance)")
-    s.add_argument("--target-kl", type=float, help="stop an update's policy passes once a minibatch's approx_kl exceeds this")
-    s.add_argument("--end-on-parse-error", action="store_true",
-                   help="a rollout ends at an output that does not parse (default: the agent is asked again)")
-    s.add_argument("--progress-reward", type=float, default=0.0,
-                   help="weight of shaping by the verifier's partial progress (each subgoal met earns its share)")
+    _add_ppo_shaping_args(s, recipe=False)
     s.add_argument("--families", help="comma-separated sandbox families (default: all)")
     s.add_argument("--width", type=int, default=320)
     s.add_argument("--height", type=int, default=240)
@@ -80,16 +72,27 @@ def register(sub, common) -> None:
     s.add_argument("--ppo-epochs", type=int, help="PPO passes over each batch")
     s.add_argument("--temperature", type=float, help="sampling temperature of the PPO rollouts")
     s.add_argument("--policy-alpha", type=float, help="alpha of the length-adaptive policy lambda 1 - 1/(alpha*l)")
-    s.add_argument("--train-vision", action="store_true", default=None,
-                   help="PPO trains the vision tower too (default: frozen)")
-    s.add_argument("--format-penalty", type=float, help="PPO reward subtracted for an unparseable turn")
-    s.add_argument("--target-kl", type=float, help="PPO: stop an update's passes once a minibatch's approx_kl exceeds this")
-    s.add_argument("--progress-reward", type=float, help="PPO: weight of shaping by the verifier's partial progress")
-    s.add_argument("--end-on-parse-error", action="store_true", default=None,
-                   help="PPO rollouts end at an output that does not parse")
+    _add_ppo_shaping_args(s, recipe=True)
     s.add_argument("--resume", action="store_true", help="reuse a finished SFT stage (checkpoint + eval) in the work folder")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_default)
+
+
+def _add_ppo_shaping_args(s, *, recipe: bool) -> None:
+    """PPO's stability and reward-shaping flags, one definition for `train ppo` and `train
+    default` (where a flag left out keeps the recipe's value, hence no defaults there)."""
+    def default(value):
+        return None if recipe else value
+
+    s.add_argument("--train-vision", action="store_true", default=default(False),
+                   help="train the vision tower too (default: frozen, each screenshot encoded once per batch)")
+    s.add_argument("--format-penalty", type=float, default=default(0.5),
+                   help="reward subtracted for a turn whose output does not parse (must outweigh a retry's chance)")
+    s.add_argument("--target-kl", type=float, help="stop an update's policy passes once a minibatch's approx_kl exceeds this")
+    s.add_argument("--end-on-parse-error", action="store_true", default=default(False),
+                   help="a rollout ends at an output that does not parse (default: the agent is asked again)")
+    s.add_argument("--progress-reward", type=float, default=default(0.0),
+                   help="weight of shaping by the verifier's partial progress (each subgoal met earns its share)")
 
 
 def _fail(msg: str) -> int:

@@ -372,20 +372,22 @@ class Learner:
         self.opt_c = torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=cfg.critic_lr,
                                        weight_decay=0.0)
 
+    def _scored(self, trajs) -> tuple[list[TurnBatch], float]:
+        """The batch's turns with proximal log-probs, values and advantages; explained variance."""
+        self.policy.eval()
+        turns = prepare_turns(trajs, self.processor, self.policy, self.cfg)
+        return turns, score(self.policy, self.critic, trajs, turns, self.processor, self.cfg)["explained_variance"]
+
     def value_pretrain(self, trajs) -> dict:
         cfg = self.cfg
-        self.policy.eval()
-        turns = prepare_turns(trajs, self.processor, self.policy, cfg)
-        ev = score(self.policy, self.critic, trajs, turns, self.processor, cfg)["explained_variance"]
+        turns, ev = self._scored(trajs)
         vl = [critic_step(self.critic, self.opt_c, turns, cfg, clip=False) for _ in range(cfg.value_pretrain_epochs)]
         return {"value_loss": vl[-1], "explained_variance": ev}
 
     def update(self, trajs) -> dict:
         cfg, policy = self.cfg, self.policy
         t0 = time.perf_counter()
-        policy.eval()
-        turns = prepare_turns(trajs, self.processor, policy, cfg)
-        ev = score(policy, self.critic, trajs, turns, self.processor, cfg)["explained_variance"]
+        turns, ev = self._scored(trajs)
         policy.train()
         stopped_at = None
         for epoch in range(cfg.epochs):

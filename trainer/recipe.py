@@ -179,7 +179,8 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
                         policy_alpha=cfg.ppo_policy_alpha, train_vision=cfg.ppo_train_vision,
                         format_penalty=cfg.ppo_format_penalty,
                         target_kl=cfg.ppo_target_kl, progress_reward=cfg.ppo_progress_reward,
-                        end_on_parse_error=cfg.ppo_end_on_parse_error, value_pretrain_iters=1, value_pretrain_epochs=3, seed=cfg.seed,
+                        end_on_parse_error=cfg.ppo_end_on_parse_error, value_pretrain_iters=1, value_pretrain_epochs=3,
+                        seed=cfg.seed,
                         max_seconds=cfg.ppo_max_minutes * 60 if cfg.ppo_max_minutes else None)
     res = train_ppo(model, processor, ppo_cfg, model_dir=work / "sft", work_dir=work / "ppo",
                     env_kw={**env_kw, "max_steps": cfg.ppo_max_steps},

@@ -140,3 +140,21 @@ def test_export_jsonl_samples_train_like_runtime_ones(store, tiny_vlm_dir, tmp_p
     bad.write_text('{"messages": []}\nnot json\n')
     with pytest.raises(SFTError, match="bad.jsonl:2"):
         jsonl_samples(bad)
+
+
+def test_plots_of_a_resumed_run_leave_out_the_rows_of_earlier_runs(tmp_path):
+    """A resumed `train default` appends to its log; its PPO curves start where it started."""
+    import time
+
+    from trainer.metrics import MetricsLog, plot_metrics
+
+    log = MetricsLog(tmp_path / "run", tensorboard=False)
+    log.log(0, "ppo", reward=0.1)
+    time.sleep(0.05)
+    started = time.time()
+    with pytest.raises(ValueError, match="no rows for phase 'ppo' to plot"):
+        plot_metrics(log.path, tmp_path / "a.png", phase="ppo", since=started)
+    log.log(0, "ppo", reward=0.2)
+    log.close()
+    out = plot_metrics(log.path, tmp_path / "b.png", phase="ppo", since=started)
+    assert out.read_bytes()[:4] == b"\x89PNG"

@@ -61,14 +61,17 @@ def read_metrics(path) -> list[dict]:
     return rows
 
 
-def plot_metrics(path, out_png, *, phase: str | None = None, keys: list[str] | None = None, title: str = "") -> Path:
-    """Plot each numeric key of the rows (of `phase`, if given) against `step`, one panel each."""
+def plot_metrics(path, out_png, *, phase: str | None = None, keys: list[str] | None = None, title: str = "",
+                 since: float | None = None) -> Path:
+    """Plot each numeric key of the rows (of `phase`, if given; logged at or after the wall-clock
+    time `since`, if given: a resumed run appends to its log) against `step`, one panel each."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in read_metrics(path) if phase is None or r.get("phase") == phase]
+    rows = [r for r in read_metrics(path) if (phase is None or r.get("phase") == phase)
+            and (since is None or r.get("time", 0.0) >= since)]
     if not rows:
         raise ValueError(f"{path}: no rows{' for phase ' + repr(phase) if phase else ''} to plot")
     if keys is None:

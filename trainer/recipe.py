@@ -134,6 +134,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     env_kw = {"width": cfg.width, "height": cfg.height}
     report: dict = {"config": asdict(cfg)}
     t0 = time.perf_counter()
+    started = time.time()  # the log's wall clock: a resumed run's PPO rows are the ones after this
 
     def heldout(tag):
         actor = VLMActor(model, processor, max_new_tokens=64)
@@ -200,13 +201,14 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
                         ("ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "explained_variance",
                                  "value_loss", "think_length", "episode_length", "policy_loss", "learner_tokens_per_s"])):
         try:
+            since = started if phase == "ppo" else None  # the SFT stage may come from an earlier run
             plots[phase] = str(plot_metrics(log.path, work / f"{phase}_curves.png", phase=phase, keys=keys,
-                                            title=f"default model: {phase}"))
+                                            title=f"default model: {phase}", since=since))
         except ValueError:
             pass
     plots["eval"] = str(plot_eval(report, work / "eval_per_family.png"))
     # what ships beside the weights: the held-out numbers and one figure of the whole run
-    plots["summary"] = str(plot_summary(log.path, report, out / "training_curves.png"))
+    plots["summary"] = str(plot_summary(log.path, report, out / "training_curves.png", ppo_since=started))
     report["plots"] = plots
     (out / "eval.json").write_text(json.dumps(eval_summary(report), indent=2) + "\n", encoding="utf-8")
     (work / "report.json").write_text(json.dumps(_slim(report), indent=2) + "\n", encoding="utf-8")
@@ -256,7 +258,7 @@ def reproduce_command(config: dict) -> str:
     return " ".join(parts)
 
 
-def plot_summary(metrics_path, report: dict, out_png) -> Path:
+def plot_summary(metrics_path, report: dict, out_png, ppo_since: float | None = None) -> Path:
     """One small PNG: SFT loss; PPO reward, success rate and entropy per update; held-out
     success per family after SFT and after PPO."""
     import matplotlib
@@ -268,7 +270,7 @@ def plot_summary(metrics_path, report: dict, out_png) -> Path:
 
     rows = read_metrics(metrics_path)
     sft = [r for r in rows if r["phase"] == "sft"]
-    ppo = [r for r in rows if r["phase"] == "ppo"]
+    ppo = [r for r in rows if r["phase"] == "ppo" and (ppo_since is None or r.get("time", 0.0) >= ppo_since)]
     fig, axes = plt.subplots(1, 5, figsize=(17, 3.1))
     panels = [(sft, "loss", "SFT loss (assistant tokens)"), (ppo, "reward", "PPO reward / episode"),
               (ppo, "success_rate", "PPO rollout success rate"), (ppo, "entropy", "PPO policy entropy")]

@@ -142,4 +142,8 @@ def test_target_kl_stops_the_policy_passes_of_an_update(tiny_vlm_dir, one_thread
         assert any(not torch.equal(before[k], v) for k, v in m.state_dict().items())  # the first step was taken
     assert results[None]["policy_epochs"] == 3
     assert results[1e-4]["policy_epochs"] == 0  # stopped within the first pass
+    # the rate counts the tokens the passes went through: all of them three times, or part of one pass
+    n_tok = results[None]["learner_tokens"]
+    assert results[None]["policy_tokens"] == 3 * n_tok
+    assert 0 < results[1e-4]["policy_tokens"] < n_tok and results[1e-4]["learner_tokens"] == n_tok
     assert results[1e-4]["value_loss"] > 0  # the critic's passes still ran

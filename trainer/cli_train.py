@@ -62,6 +62,9 @@ def register(sub, common) -> None:
     s.add_argument("--work", help="folder for intermediate checkpoints, metrics and plots (default: OUT-work)")
     s.add_argument("--families", help="comma-separated sandbox families")
     s.add_argument("--demos", type=int, help="expert episodes per family")
+    s.add_argument("--demo-slip", type=float, metavar="P",
+                   help="chance at each demonstration turn (at most once per episode) that it is a mistake - a "
+                        "random click or a cut-off reply - the expert then recovers from (not trained on)")
     s.add_argument("--eval-seeds", type=int, help="held-out seeds per family")
     s.add_argument("--updates", type=int, help="PPO updates")
     s.add_argument("--workers", type=int, help="rollout worker processes")
@@ -197,7 +200,7 @@ def recipe_config(args):
     cfg = RecipeConfig(seed=args.seed)
     if args.families:
         cfg.families = [f.strip() for f in args.families.split(",")]
-    for arg, attr in (("demos", "demo_episodes_per_family"), ("eval_seeds", "eval_seeds_per_family"),
+    for arg, attr in (("demos", "demo_episodes_per_family"), ("demo_slip", "demo_slip"), ("eval_seeds", "eval_seeds_per_family"),
                       ("updates", "ppo_updates"), ("workers", "n_workers"), ("sft_epochs", "sft_epochs"),
                       ("ppo_minutes", "ppo_max_minutes"), ("ppo_lr", "ppo_lr"), ("ppo_batch", "ppo_batch"),
                       ("ppo_epochs", "ppo_epochs"), ("temperature", "ppo_temperature"),
@@ -213,6 +216,10 @@ def cmd_default(args) -> int:
     from trainer.recipe import run_recipe
 
     cfg = recipe_config(args)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        return _fail(str(e))
     report = run_recipe(args.out, cfg, work_dir=args.work, resume=args.resume)
     print(json.dumps({k: report[k] for k in ("demos", "eval_sft", "eval_ppo", "plots", "seconds") if k in report},
                      indent=2, default=str))

@@ -303,9 +303,10 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
     from agent.vlm import action_logprobs
 
     m = {"policy_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
-    stopped = False
+    stopped, tokens = False, 0
     for mb in _minibatches(turns, cfg.minibatch_turns):
         n = sum(int(tb.target.sum()) for tb in mb)  # token-mean over the minibatch
+        tokens += n  # forward and backward were paid for, even when the step is not taken
         opt.zero_grad(set_to_none=True)
         mb_kl = 0.0
         for tb in mb:
@@ -326,7 +327,7 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
             break
         nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
         opt.step()
-    return {**{k: sum(v) / max(1, len(v)) for k, v in m.items()}, "kl_stopped": stopped}
+    return {**{k: sum(v) / max(1, len(v)) for k, v in m.items()}, "kl_stopped": stopped, "tokens": tokens}
 
 
 def _minibatches(items, size):
@@ -389,10 +390,11 @@ class Learner:
         t0 = time.perf_counter()
         turns, ev = self._scored(trajs)
         policy.train()
-        stopped_at = None
+        stopped_at, policy_tokens = None, 0
         for epoch in range(cfg.epochs):
             if stopped_at is None:
                 pm = policy_step(policy, self.opt_p, turns, cfg)
+                policy_tokens += pm.pop("tokens")
                 if pm.pop("kl_stopped"):
                     stopped_at = epoch
             vl = critic_step(self.critic, self.opt_c, turns, cfg)
@@ -401,7 +403,9 @@ class Learner:
         seconds = time.perf_counter() - t0  # scoring included: all the learner's work on this batch
         return {**pm, "value_loss": vl, "explained_variance": ev, "learner_seconds": seconds,
                 "policy_epochs": cfg.epochs if stopped_at is None else stopped_at,  # full passes taken
-                "learner_tokens": n_tok, "learner_tokens_per_s": n_tok * cfg.epochs / max(seconds, 1e-9)}
+                "learner_tokens": n_tok,  # the batch's generated tokens
+                "policy_tokens": policy_tokens,  # of those, times the passes they went through (fewer once KL stops)
+                "learner_tokens_per_s": policy_tokens / max(seconds, 1e-9)}
 
     def close(self) -> None:
         for p, flag in self._frozen:

@@ -30,6 +30,8 @@ class RecipeConfig:
     families: list[str] = field(default_factory=lambda: ["click_button", "radio", "list_pick", "check_boxes", "dropdown",
                                                          "tabs"])
     demo_episodes_per_family: int = 60
+    # chance per demonstration turn (at most once an episode) of an injected mistake the expert recovers from
+    demo_slip: float = 0.0
     eval_seeds_per_family: int = 10
     hidden: int = 128
     layers: int = 2
@@ -55,23 +57,88 @@ class RecipeConfig:
     threads: int = 1  # torch threads of the learner (ops this small lose to thread wake-ups)
     seed: int = 0
 
+    def validate(self) -> None:
+        """Raise ValueError naming the first setting that cannot work (before any work is done)."""
+        from trainer.sandbox.families import family_class
+
+        for f in self.families:
+            try:
+                family_class(f)
+            except Exception as e:  # SandboxError names the known families
+                raise ValueError(str(e)) from None
+        checks = [(0.0 <= self.demo_slip <= 1.0, "--demo-slip must be in [0, 1]", self.demo_slip),
+                  (self.demo_episodes_per_family >= 1, "--demos must be at least 1", self.demo_episodes_per_family),
+                  (self.eval_seeds_per_family >= 1, "--eval-seeds must be at least 1", self.eval_seeds_per_family),
+                  (self.ppo_temperature > 0, "--temperature must be > 0", self.ppo_temperature),
+                  (self.ppo_format_penalty >= 0, "--format-penalty must be >= 0", self.ppo_format_penalty),
+                  (self.ppo_target_kl is None or self.ppo_target_kl > 0, "--target-kl must be > 0", self.ppo_target_kl),
+                  (self.ppo_batch >= 1 and self.ppo_updates >= 1, "--ppo-batch and --updates must be at least 1",
+                   (self.ppo_batch, self.ppo_updates))]
+        for ok, msg, value in checks:
+            if not ok:
+                raise ValueError(f"{msg}, got {value}")
+
+
+# the settings that shape the SFT stage (demonstrations, model, SFT, its evaluation): --resume needs them unchanged
+SFT_STAGE_KEYS = ("width", "height", "families", "demo_episodes_per_family", "demo_slip", "eval_seeds_per_family",
+                  "hidden", "layers", "vision_depth", "sft_epochs", "sft_lr", "sft_batch", "seed")
+
 
 class ExpertActor:
     """The sandbox's scripted expert behind the actor interface, so demonstrations are prompted
-    exactly like the policy's own rollouts."""
+    exactly like the policy's own rollouts.
 
-    def __init__(self, env):
-        self.env = env
+    With `slip` > 0 each turn may, with that chance and at most once per episode, be a mistake
+    instead of the expert's answer (UI-TARS's error-correction data; DART-style noise injection): a click at a random
+    point under the expert's thought, or the expert's reply cut off so it does not parse. The
+    expert then carries on from the state the slip left (a wrong option ticked, a re-ask for a
+    readable answer), so SFT sees how to recover from the states a policy's own mistakes lead
+    to, which pure expert demonstrations never visit. The slipped turns are listed in `slipped`
+    (per episode, after `start_episode()`) and are not trained on."""
+
+    def __init__(self, env, *, slip: float = 0.0, seed: int = 0):
+        if not 0.0 <= slip <= 1.0:
+            raise ValueError(f"slip must be a probability in [0, 1], got {slip}")
+        import random
+
+        self.env, self.slip, self.rng = env, slip, random.Random(f"slip:{seed}")
+        self.turn, self.slipped = 0, []
+
+    def start_episode(self) -> None:
+        self.turn, self.slipped = 0, []
 
     def generate(self, messages, *, greedy: bool = False):
         from trainer.actor import ActorOutput
 
+        turn, self.turn = self.turn, self.turn + 1
+        if self.slip and not self.slipped and self.rng.random() < self.slip:
+            self.slipped.append(turn)
+            return ActorOutput(self._slip_text())
         return ActorOutput(self.env.expert_response())
+
+    def _slip_text(self) -> str:
+        from agent.grammar import format_normalized, parse_normalized
+        from agent.schema import Action
+
+        env = self.env
+        thought, _ = env.expert_action()
+        if self.rng.random() < 0.5:  # a click at a random point, under the thought of the right one
+            point = (self.rng.uniform(0.03, 0.97), self.rng.uniform(0.03, 0.97))  # normalized, as actions hold them
+            return format_normalized(thought, [Action("click", {"start_box": point})], env.coords_space, env.width,
+                                     env.height)
+        text = env.expert_response()  # cut inside the Action, as a reply that ran out of tokens is
+        start = text.find("Action:") + len("Action:")
+        for _ in range(8):
+            cut = text[: self.rng.randrange(start, len(text) - 1)]
+            if not parse_normalized(cut, env.coords_space, env.width, env.height, platform="sandbox"):
+                return cut
+        return text[:start]  # "Action:" with nothing after it never parses
 
 
 def demonstrations(families, per_family: int, *, width: int, height: int, seed_start: int = 0, memory_kw=None,
-                   progress: bool = True):
-    """Expert trajectories on training seeds, and the SFT samples they give."""
+                   progress: bool = True, slip: float = 0.0):
+    """Expert trajectories on training seeds, and the SFT samples they give (every expert turn of
+    the successful ones; a slipped turn, see ExpertActor, is context only)."""
     from tqdm import tqdm
 
     from trainer.rollout import run_episode
@@ -79,15 +146,18 @@ def demonstrations(families, per_family: int, *, width: int, height: int, seed_s
     from trainer.sft import Sample
 
     env = SandboxEnv(width=width, height=height)
-    expert = ExpertActor(env)
+    expert = ExpertActor(env, slip=slip, seed=seed_start)
     trajs, samples = [], []
     try:
         for k in tqdm(range(per_family * len(families)), desc="expert demos", disable=not progress or None):
             fam = families[k % len(families)]
+            expert.start_episode()
             tr = run_episode(expert, env, seed_start + k, family=fam, memory_kw=memory_kw)
+            tr.slipped = list(expert.slipped)  # run_episode made the Trajectory; the actor knows its slips
             trajs.append(tr)
             if tr.success:  # only demonstrations that reached the goal are worth imitating
-                samples += [Sample(t.messages, t.text, f"{fam}:{tr.seed}#{i}") for i, t in enumerate(tr.turns)]
+                samples += [Sample(t.messages, t.text, f"{fam}:{tr.seed}#{i}") for i, t in enumerate(tr.turns)
+                            if i not in tr.slipped]
     finally:
         env.close()
     return trajs, samples
@@ -118,6 +188,8 @@ def build_default_model(out_dir, cfg: RecipeConfig, demo_texts: list[str]) -> Pa
 def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = True, resume: bool = False) -> dict:
     """The whole recipe; with resume, a finished SFT stage in the work folder is reused."""
     import torch
+
+    cfg.validate()
 
     from agent.vlm import load_vlm
     from trainer.actor import VLMActor
@@ -151,14 +223,21 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     if resume and stage.is_file() and (work / "sft" / "model.safetensors").is_file():
         # -- 1+2 done before: the SFT checkpoint and its held-out numbers are in the work folder
         done = json.loads(stage.read_text(encoding="utf-8"))
+        was = done.get("config", {})  # stages written before this check carry no config
+        changed = sorted(k for k in SFT_STAGE_KEYS if k in was and was[k] != asdict(cfg)[k])
+        if changed:
+            raise ValueError(f"--resume: the SFT stage in {work} was made with other settings "
+                             f"({', '.join(f'{k}={was[k]!r}' for k in changed)}); use another --work folder or drop --resume")
         report.update({k: done[k] for k in ("demos", "params", "sft", "eval_sft")})
         report["resumed_from"] = str(work / "sft")
         model, processor = load_vlm(work / "sft", device="cpu")
     else:
         # -- 1. expert demonstrations and the model
         trajs, samples = demonstrations(cfg.families, cfg.demo_episodes_per_family, width=cfg.width,
-                                        height=cfg.height, progress=progress)
-        report["demos"] = {"episodes": len(trajs), "successful": sum(t.success for t in trajs), "samples": len(samples)}
+                                        height=cfg.height, progress=progress, slip=cfg.demo_slip)
+        report["demos"] = {"episodes": len(trajs), "successful": sum(t.success for t in trajs), "samples": len(samples),
+                           "slipped": sum(bool(t.slipped) for t in trajs),
+                           "recovered": sum(bool(t.slipped) and t.success for t in trajs)}
         texts = [s.target for s in samples] + [t.instruction for t in trajs]
         base = build_default_model(work / "base", cfg, texts)
         model, processor = load_vlm(base, device="cpu")
@@ -169,7 +248,8 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
                             seed=cfg.seed)
         report["sft"] = train_sft(model, processor, samples, sft_cfg, work / "sft", log=log, progress=progress)
         report["eval_sft"] = heldout("sft")
-        stage.write_text(json.dumps(_slim({k: report[k] for k in ("demos", "params", "sft", "eval_sft")}), indent=2)
+        stage.write_text(json.dumps(_slim({**{k: report[k] for k in ("demos", "params", "sft", "eval_sft")},
+                                           "config": {k: asdict(cfg)[k] for k in SFT_STAGE_KEYS}}), indent=2)
                          + "\n", encoding="utf-8")
 
     # -- 3. PPO on the sandbox, from the SFT model
@@ -234,7 +314,8 @@ def eval_summary(report: dict) -> dict:
 
 
 # RecipeConfig field -> `train default` flag, for the command that reproduces a run
-CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "eval_seeds_per_family": "--eval-seeds",
+CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "demo_slip": "--demo-slip",
+             "eval_seeds_per_family": "--eval-seeds",
              "ppo_updates": "--updates", "n_workers": "--workers", "sft_epochs": "--sft-epochs",
              "ppo_max_minutes": "--ppo-minutes", "ppo_lr": "--ppo-lr", "ppo_batch": "--ppo-batch",
              "ppo_epochs": "--ppo-epochs", "ppo_temperature": "--temperature", "ppo_policy_alpha": "--policy-alpha",

@@ -67,6 +67,7 @@ class Trajectory:
     seconds: float = 0.0
     final_messages: list | None = None  # the next prompt, to bootstrap a truncated episode
     weight: float = 1.0  # set by the staleness rule
+    slipped: list[int] = field(default_factory=list)  # demonstrations: turns that were injected mistakes
 
     @property
     def n_generated(self) -> int:

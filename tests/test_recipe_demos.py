@@ -1,0 +1,94 @@
+"""The default model's demonstrations: the scripted expert in the real Qt sandbox, with and
+without injected mistakes ("slips") it must recover from."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+ENV = {"width": 224, "height": 168}
+
+
+def _text_of(message) -> str:
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+def test_slipped_turns_are_context_not_targets_and_the_expert_recovers():
+    from agent.grammar import parse_normalized
+    from agent.coords import SMART_RESIZE
+    from trainer.recipe import demonstrations
+
+    trajs, samples = demonstrations(["radio", "check_boxes"], 4, progress=False, slip=1.0, **ENV)
+    # slip 1.0: every episode's first turn is the mistake, and only that one
+    assert trajs and all(tr.slipped == [0] for tr in trajs)
+    assert all(tr.success for tr in trajs)  # a random click or a cut-off reply cannot fail these families
+    assert len(samples) == sum(len(tr.turns) - 1 for tr in trajs)
+    sources = {s.source for s in samples}
+    assert not any(f"{tr.family}:{tr.seed}#0" in sources for tr in trajs)
+    for s in samples:  # every target is the expert's, and parses
+        assert parse_normalized(s.target, SMART_RESIZE, ENV["width"], ENV["height"], platform="sandbox")
+    kinds = set()
+    for tr in trajs:
+        slip, after = tr.turns[0], tr.turns[1]
+        if slip.parse_error:  # a cut-off reply: the next prompt asks again
+            kinds.add("cut")
+            assert "could not be used" in _text_of(after.messages[-1])
+        else:  # a click somewhere: the next prompt carries it in the history
+            kinds.add("click")
+            history = " ".join(_text_of(m) for m in after.messages)
+            assert "click(" in slip.text and slip.text.split("Action:")[1].strip() in history
+    assert kinds == {"cut", "click"}  # both kinds of slip occur in 8 episodes (seeded)
+
+
+def test_without_slips_every_turn_of_every_success_is_a_sample():
+    from trainer.recipe import demonstrations
+
+    trajs, samples = demonstrations(["radio", "check_boxes"], 3, progress=False, **ENV)
+    assert all(tr.slipped == [] and tr.success for tr in trajs)
+    assert len(samples) == sum(len(tr.turns) for tr in trajs)
+    again = demonstrations(["radio", "check_boxes"], 3, progress=False, slip=0.5, **ENV)[1]
+    assert [s.target for s in again] != [s.target for s in samples]  # the slips changed the data
+
+
+def test_slip_must_be_a_probability():
+    from trainer.recipe import ExpertActor, RecipeConfig
+
+    with pytest.raises(ValueError, match="slip must be a probability"):
+        ExpertActor(env=None, slip=1.5)
+    with pytest.raises(ValueError, match=r"--demo-slip must be in \[0, 1\], got -0.1"):
+        RecipeConfig(demo_slip=-0.1).validate()
+    with pytest.raises(ValueError, match="unknown task family 'nope'"):
+        RecipeConfig(families=["radio", "nope"]).validate()
+
+
+def test_train_default_refuses_bad_settings_before_any_work(tmp_path, capsys):
+    from main import main
+
+    for flags, message in ((["--demo-slip", "1.5"], "--demo-slip must be in [0, 1], got 1.5"),
+                           (["--format-penalty", "-1"], "--format-penalty must be >= 0, got -1.0"),
+                           (["--target-kl", "0"], "--target-kl must be > 0, got 0.0"),
+                           (["--families", "radio,bogus"], "unknown task family 'bogus'")):
+        rc = main(["--data", str(tmp_path / "data"), "train", "default", "--out", str(tmp_path / "m"), *flags])
+        assert rc == 2, flags
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "m").exists() and not (tmp_path / "m-work").exists()
+
+
+def test_resume_refuses_an_sft_stage_made_with_other_settings(tmp_path):
+    from dataclasses import asdict
+
+    from trainer.recipe import SFT_STAGE_KEYS, RecipeConfig, run_recipe
+
+    work = tmp_path / "work"
+    (work / "sft").mkdir(parents=True)
+    (work / "sft" / "model.safetensors").write_bytes(b"not reached")
+    old = RecipeConfig(demo_slip=0.2)
+    stage = {"demos": {}, "params": 1, "sft": {}, "eval_sft": {},
+             "config": {k: asdict(old)[k] for k in SFT_STAGE_KEYS}}
+    (work / "stage_sft.json").write_text(json.dumps(stage))
+    with pytest.raises(ValueError, match=r"made with other settings \(demo_slip=0.2, sft_epochs=6.0\)"):
+        run_recipe(tmp_path / "out", RecipeConfig(demo_slip=0.0, sft_epochs=3.0), work_dir=work, resume=True,
+                   progress=False)

@@ -89,9 +89,9 @@ class ExpertActor:
     exactly like the policy's own rollouts.
 
     With `slip` > 0 each turn may, with that chance and at most once per episode, be a mistake
-    instead of the expert's answer (UI-TARS's error-correction data; DART-style noise injection): a click at a random
-    point under the expert's thought, or the expert's reply cut off so it does not parse. The
-    expert then carries on from the state the slip left (a wrong option ticked, a re-ask for a
+    instead of the expert's answer (UI-TARS's error-correction data; DART-style noise
+    injection): a click at a random point under the expert's thought, or the expert's reply cut
+    off so it does not parse. The expert then carries on from the state the slip left (a wrong option ticked, a re-ask for a
     readable answer), so SFT sees how to recover from the states a policy's own mistakes lead
     to, which pure expert demonstrations never visit. The slipped turns are listed in `slipped`
     (per episode, after `start_episode()`) and are not trained on."""

@@ -92,3 +92,21 @@ def test_resume_refuses_an_sft_stage_made_with_other_settings(tmp_path):
     with pytest.raises(ValueError, match=r"made with other settings \(demo_slip=0.2, sft_epochs=6.0\)"):
         run_recipe(tmp_path / "out", RecipeConfig(demo_slip=0.0, sft_epochs=3.0), work_dir=work, resume=True,
                    progress=False)
+
+
+def test_grounding_samples_ask_for_one_element_and_click_its_centre():
+    from agent.coords import SMART_RESIZE
+    from agent.grammar import parse_normalized
+    from trainer.recipe import grounding_samples
+
+    samples = grounding_samples(["click_button", "list_pick"], 3, per_screen=2, progress=False, **ENV)
+    assert len(samples) == 2 * 3 * 2
+    for s in samples:
+        name = s.source.split(":", 3)[3]
+        prompt = _text_of(s.messages[-1]) if isinstance(s.messages[-1]["content"], str) else \
+            " ".join(_text_of(m) for m in s.messages)
+        assert f"'{name}'" in prompt  # the instruction names the element
+        parsed = parse_normalized(s.target, SMART_RESIZE, ENV["width"], ENV["height"], platform="sandbox")
+        assert parsed and parsed.actions[0].name == "click" and f"'{name}'" in parsed.thought
+    with pytest.raises(ValueError, match="training seeds"):
+        grounding_samples(["radio"], 5, seed_start=999_998, progress=False, **ENV)

@@ -253,3 +253,40 @@ def test_async_vector_env_one_per_process():
         assert list(reward) == [1.0, 1.0] and all(term)
     finally:
         v.close()
+
+
+def test_each_labelled_target_is_clicked_where_it_says(env):
+    """Grounding labels: the click of every listed element lands on that element (real widgets)."""
+    for seed in range(4):
+        env.reset(seed=seed, options={"family": "click_button"})
+        targets = env.labelled_targets()
+        assert {text for text, _ in targets} == set(env.task.buttons)
+        for text, action in targets:
+            env.reset(seed=seed, options={"family": "click_button"})
+            env.step(action)
+            assert env.task.clicked == [text]
+    # list items: the label's click selects exactly that item, as the expert's click does
+    env.reset(seed=5, options={"family": "list_pick"})
+    t = env.task
+    by_text = dict(env.labelled_targets())
+    assert by_text[t.target].args["start_box"] == t.expert()[1].args["start_box"]
+    # check boxes: the click toggles the box named, none other
+    env.reset(seed=2, options={"family": "check_boxes"})
+    name, action = env.labelled_targets()[0]
+    before = {k: c.isChecked() for k, c in env.task.boxes.items()}
+    env.step(action)
+    after = {k: c.isChecked() for k, c in env.task.boxes.items()}
+    assert [k for k in before if before[k] != after[k]] == [name]
+
+
+def test_labelled_targets_leave_out_hidden_and_ambiguous_elements(env):
+    env.reset(seed=1, options={"family": "tabs"})
+    texts = [text for text, _ in env.labelled_targets()]
+    assert len(texts) == len(set(texts))
+    from PySide6.QtWidgets import QAbstractButton
+
+    buttons = [b for b in env.screen.window.findChildren(QAbstractButton) if b.text()]
+    hidden_only = {b.text() for b in buttons if not b.isVisible()} - {b.text() for b in buttons if b.isVisible()}
+    assert hidden_only and not hidden_only & set(texts)  # the other tabs' check boxes are not on screen
+    with pytest.raises(RuntimeError, match="reset"):
+        SandboxEnv().labelled_targets()

@@ -62,6 +62,8 @@ def register(sub, common) -> None:
     s.add_argument("--work", help="folder for intermediate checkpoints, metrics and plots (default: OUT-work)")
     s.add_argument("--families", help="comma-separated sandbox families")
     s.add_argument("--demos", type=int, help="expert episodes per family")
+    s.add_argument("--grounding", type=int, metavar="N",
+                   help="screens per family of single-step 'click on X' samples added to SFT (UI-TARS grounding data)")
     s.add_argument("--demo-slip", type=float, metavar="P",
                    help="chance at each demonstration turn (at most once per episode) that it is a mistake - a "
                         "random click or a cut-off reply - the expert then recovers from (not trained on)")
@@ -200,7 +202,7 @@ def recipe_config(args):
     cfg = RecipeConfig(seed=args.seed)
     if args.families:
         cfg.families = [f.strip() for f in args.families.split(",")]
-    for arg, attr in (("demos", "demo_episodes_per_family"), ("demo_slip", "demo_slip"), ("eval_seeds", "eval_seeds_per_family"),
+    for arg, attr in (("demos", "demo_episodes_per_family"), ("demo_slip", "demo_slip"), ("grounding", "grounding_screens_per_family"), ("eval_seeds", "eval_seeds_per_family"),
                       ("updates", "ppo_updates"), ("workers", "n_workers"), ("sft_epochs", "sft_epochs"),
                       ("ppo_minutes", "ppo_max_minutes"), ("ppo_lr", "ppo_lr"), ("ppo_batch", "ppo_batch"),
                       ("ppo_epochs", "ppo_epochs"), ("temperature", "ppo_temperature"),

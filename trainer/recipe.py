@@ -32,6 +32,7 @@ class RecipeConfig:
     demo_episodes_per_family: int = 60
     # chance per demonstration turn (at most once an episode) of an injected mistake the expert recovers from
     demo_slip: float = 0.0
+    grounding_screens_per_family: int = 0  # screens of "click on X" samples (grounding_samples) added to SFT
     eval_seeds_per_family: int = 10
     hidden: int = 128
     layers: int = 2
@@ -68,6 +69,7 @@ class RecipeConfig:
                 raise ValueError(str(e)) from None
         checks = [(0.0 <= self.demo_slip <= 1.0, "--demo-slip must be in [0, 1]", self.demo_slip),
                   (self.demo_episodes_per_family >= 1, "--demos must be at least 1", self.demo_episodes_per_family),
+                  (self.grounding_screens_per_family >= 0, "--grounding must be >= 0", self.grounding_screens_per_family),
                   (self.eval_seeds_per_family >= 1, "--eval-seeds must be at least 1", self.eval_seeds_per_family),
                   (self.ppo_temperature > 0, "--temperature must be > 0", self.ppo_temperature),
                   (self.ppo_format_penalty >= 0, "--format-penalty must be >= 0", self.ppo_format_penalty),
@@ -80,7 +82,8 @@ class RecipeConfig:
 
 
 # the settings that shape the SFT stage (demonstrations, model, SFT, its evaluation): --resume needs them unchanged
-SFT_STAGE_KEYS = ("width", "height", "families", "demo_episodes_per_family", "demo_slip", "eval_seeds_per_family",
+SFT_STAGE_KEYS = ("width", "height", "families", "demo_episodes_per_family", "demo_slip", "grounding_screens_per_family",
+                  "eval_seeds_per_family",
                   "hidden", "layers", "vision_depth", "sft_epochs", "sft_lr", "sft_batch", "seed")
 
 
@@ -163,6 +166,48 @@ def demonstrations(families, per_family: int, *, width: int, height: int, seed_s
     return trajs, samples
 
 
+GROUNDING_INSTRUCTIONS = ("Click on '{}'.", "Click '{}'.", "Press '{}'.", "Select '{}'.")
+
+
+def grounding_samples(families, screens_per_family: int, *, width: int, height: int, per_screen: int = 4,
+                      seed_start: int = 500_000, memory_kw=None, progress: bool = True):
+    """Single-step "click on X" samples on fresh task screens (UI-TARS's grounding data): for up
+    to `per_screen` labelled elements of each screen, the agent's first-turn prompt with that
+    instruction and a click on the element's centre. They teach the one skill every family
+    needs, finding a named element, several times per screenshot. Training seeds only."""
+    import random
+
+    from tqdm import tqdm
+
+    from agent.grammar import format_normalized
+    from agent.memory import Memory
+    from agent.policies.base import build_prompt
+    from trainer.rollout import frame_of
+    from trainer.sandbox.env import SandboxEnv
+    from trainer.sandbox.task import HELDOUT_START
+    from trainer.sft import Sample
+
+    if seed_start + screens_per_family * len(families) > HELDOUT_START:
+        raise ValueError("grounding screens must come from training seeds (below the held-out split)")
+    rng = random.Random(f"grounding:{seed_start}")
+    env = SandboxEnv(width=width, height=height)
+    samples = []
+    try:
+        for k in tqdm(range(screens_per_family * len(families)), desc="grounding", disable=not progress or None):
+            fam = families[k % len(families)]
+            obs, _ = env.reset(seed=seed_start + k, options={"family": fam})
+            targets = env.labelled_targets()
+            for text, action in rng.sample(targets, min(per_screen, len(targets))):
+                instruction = rng.choice(GROUNDING_INSTRUCTIONS).format(text)
+                messages = Memory(**(memory_kw or {})).build_messages(build_prompt(instruction, ("desktop",)),
+                                                                      frame_of(obs), space=env.coords_space)
+                reply = format_normalized(f"I need to click '{text}'.", [action], env.coords_space, width, height)
+                samples.append(Sample(messages, reply, f"grounding:{fam}:{seed_start + k}:{text}"))
+    finally:
+        env.close()
+    return samples
+
+
 def build_default_model(out_dir, cfg: RecipeConfig, demo_texts: list[str]) -> Path:
     """The tiny model with a tokenizer that also learned the sandbox's words, and an image
     processor that resizes screenshots exactly as agent.coords.smart_resize does."""
@@ -238,6 +283,11 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
         report["demos"] = {"episodes": len(trajs), "successful": sum(t.success for t in trajs), "samples": len(samples),
                            "slipped": sum(bool(t.slipped) for t in trajs),
                            "recovered": sum(bool(t.slipped) and t.success for t in trajs)}
+        if cfg.grounding_screens_per_family:
+            grounding = grounding_samples(cfg.families, cfg.grounding_screens_per_family, width=cfg.width,
+                                          height=cfg.height, progress=progress)
+            report["demos"]["grounding_samples"] = len(grounding)
+            samples += grounding
         texts = [s.target for s in samples] + [t.instruction for t in trajs]
         base = build_default_model(work / "base", cfg, texts)
         model, processor = load_vlm(base, device="cpu")
@@ -315,7 +365,7 @@ def eval_summary(report: dict) -> dict:
 
 # RecipeConfig field -> `train default` flag, for the command that reproduces a run
 CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "demo_slip": "--demo-slip",
-             "eval_seeds_per_family": "--eval-seeds",
+             "grounding_screens_per_family": "--grounding", "eval_seeds_per_family": "--eval-seeds",
              "ppo_updates": "--updates", "n_workers": "--workers", "sft_epochs": "--sft-epochs",
              "ppo_max_minutes": "--ppo-minutes", "ppo_lr": "--ppo-lr", "ppo_batch": "--ppo-batch",
              "ppo_epochs": "--ppo-epochs", "ppo_temperature": "--temperature", "ppo_policy_alpha": "--policy-alpha",

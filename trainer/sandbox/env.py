@@ -185,6 +185,12 @@ class SandboxEnv(gym.Env):
             raise RuntimeError("call reset() before expert_action()")
         return self.task.expert()
 
+    def labelled_targets(self) -> list[tuple[str, Action]]:
+        """(text, click) for each clickable labelled element on the screen now (Task.labelled_targets)."""
+        if self.task is None:
+            raise RuntimeError("call reset() before labelled_targets()")
+        return self.task.labelled_targets()
+
     def expert_response(self) -> str:
         """The expert's next step as UI-TARS text in this env's coordinate space."""
         from agent.grammar import format_normalized

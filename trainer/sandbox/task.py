@@ -10,6 +10,7 @@ so the expert also recovers from a state someone else left behind.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 from agent.schema import Action
@@ -161,15 +162,49 @@ class Task:
 
     def click_toggle(self, button) -> Action:
         """A click on a check box's or radio button's box and label, where it reacts (not its empty right part)."""
+        rect, indicator = self._toggle_rects(button)
+        return self.click(button, rect if self.rng.random() < 0.5 else indicator)
+
+    @staticmethod
+    def _toggle_rects(button):
+        """(the box and label, the box alone) of a check box or radio button, in its coordinates."""
         from PySide6.QtWidgets import QCheckBox, QStyle, QStyleOptionButton
 
         opt = QStyleOptionButton()
         button.initStyleOption(opt)
-        element = QStyle.SE_CheckBoxClickRect if isinstance(button, QCheckBox) else QStyle.SE_RadioButtonClickRect
-        rect = button.style().subElementRect(element, opt, button)
+        check = isinstance(button, QCheckBox)
+        rect = button.style().subElementRect(QStyle.SE_CheckBoxClickRect if check else QStyle.SE_RadioButtonClickRect,
+                                             opt, button)
         indicator = button.style().subElementRect(
-            QStyle.SE_CheckBoxIndicator if isinstance(button, QCheckBox) else QStyle.SE_RadioButtonIndicator, opt, button)
-        return self.click(button, rect if self.rng.random() < 0.5 else indicator)
+            QStyle.SE_CheckBoxIndicator if check else QStyle.SE_RadioButtonIndicator, opt, button)
+        return rect, indicator
+
+    def labelled_targets(self) -> list[tuple[str, Action]]:
+        """Every element on the shown screen that has a text and reacts to a click, with that click:
+        buttons, check boxes and radio buttons, list items, tabs and combo boxes (their shown
+        text), in the window's widget order; a text shown twice is left out (which one would be
+        meant?). Grounding data: "click on X" for each of them."""
+        from PySide6.QtWidgets import QAbstractButton, QCheckBox, QComboBox, QListWidget, QRadioButton, QTabBar
+
+        root, out = self.screen.window, []
+
+        def add(text, widget, rect=None):
+            text = text.replace("&", "").strip()
+            if text and widget.isVisible() and self.screen.visible_on_screen(widget, rect):
+                out.append((text, self.click(widget, rect)))
+
+        for b in root.findChildren(QAbstractButton):
+            add(b.text(), b, self._toggle_rects(b)[0] if isinstance(b, (QCheckBox, QRadioButton)) else None)
+        for lw in root.findChildren(QListWidget):
+            for i in range(lw.count()):
+                add(lw.item(i).text(), lw.viewport(), lw.visualItemRect(lw.item(i)))
+        for bar in root.findChildren(QTabBar):
+            for i in range(bar.count()):
+                add(bar.tabText(i), bar, bar.tabRect(i).intersected(self.screen.shown_rect(bar)))
+        for combo in root.findChildren(QComboBox):
+            add(combo.currentText(), combo)
+        counts = Counter(text for text, _ in out)
+        return [(text, action) for text, action in out if counts[text] == 1]  # "click on X" must be unambiguous
 
     def open_tab(self, tabs, name: str) -> tuple[str, Action]:
         """The next step to bring tab `name` forward: click it, or scroll the tab bar to it first."""

@@ -97,7 +97,7 @@ def test_resume_refuses_an_sft_stage_made_with_other_settings(tmp_path):
 def test_grounding_samples_ask_for_one_element_and_click_its_centre():
     from agent.coords import SMART_RESIZE
     from agent.grammar import parse_normalized
-    from trainer.recipe import grounding_samples
+    from trainer.grounding import grounding_samples
 
     samples = grounding_samples(["click_button", "list_pick"], 3, per_screen=2, progress=False, **ENV)
     assert len(samples) == 2 * 3 * 2
@@ -110,3 +110,76 @@ def test_grounding_samples_ask_for_one_element_and_click_its_centre():
         assert parsed and parsed.actions[0].name == "click" and f"'{name}'" in parsed.thought
     with pytest.raises(ValueError, match="training seeds"):
         grounding_samples(["radio"], 5, seed_start=999_998, progress=False, **ENV)
+
+
+class _Scripted:
+    """Stands in for the model: answers from a lookup (screenshot, element name) -> reply."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def generate(self, messages, *, greedy: bool = False):
+        import hashlib
+        import re
+
+        from trainer.actor import ActorOutput
+
+        frame = next(p["frame"] for m in messages if isinstance(m["content"], list) for p in m["content"]
+                     if p.get("type") == "image")
+        instruction = " ".join(_text_of(m) for m in messages).split("## User Instruction")[-1]
+        name = re.search(r"'([^']+)'", instruction).group(1)
+        return ActorOutput(self.answer(hashlib.sha1(frame.pixels.tobytes()).hexdigest(), name))
+
+
+def test_grounding_eval_scores_clicks_inside_the_named_element():
+    import hashlib
+
+    from agent.coords import SMART_RESIZE
+    from agent.grammar import format_normalized
+    from agent.schema import Action
+    from trainer.grounding import grounding_eval
+    from trainer.sandbox.env import SandboxEnv
+    from trainer.sandbox.task import HELDOUT_START
+
+    fams, n = ["click_button", "list_pick"], 2
+    truth = {}  # the true clicks, found by visiting the same held-out screens independently
+    env = SandboxEnv(**ENV)
+    try:
+        for k in range(n * len(fams)):
+            obs, _ = env.reset(seed=HELDOUT_START + k, options={"family": fams[k % len(fams)]})
+            key = hashlib.sha1(obs["screenshot"].tobytes()).hexdigest()
+            for text, action, _ in env.labelled_targets():
+                truth[key, text] = action
+    finally:
+        env.close()
+
+    def reply(action):
+        return format_normalized("I need to click it.", [action], SMART_RESIZE, ENV["width"], ENV["height"])
+
+    right = grounding_eval(_Scripted(lambda key, name: reply(truth[key, name])), fams, n, **ENV)
+    assert right["mean_accuracy"] == 1.0 and all(r["asked"] == 2 * n for r in right["families"].values())
+    corner = grounding_eval(_Scripted(lambda key, name: reply(Action("click", {"start_box": (0.001, 0.999)}))),
+                            fams, n, **ENV)
+    assert corner["mean_accuracy"] == 0.0 and all(r["unparsed"] == 0 for r in corner["families"].values())
+    garbled = grounding_eval(_Scripted(lambda key, name: "Action: click(start_box='(1"), fams, n, **ENV)
+    assert garbled["mean_accuracy"] == 0.0
+    assert all(r["unparsed"] == r["asked"] for r in garbled["families"].values())
+
+
+def test_eval_summary_reports_grounding_when_measured():
+    from dataclasses import asdict
+
+    from trainer.recipe import RecipeConfig, eval_summary
+
+    def ev(success, grounding=None):
+        r = {"families": {"radio": {"success": success}}, "mean_success": success}
+        if grounding is not None:
+            r["grounding"] = {"mean_accuracy": grounding, "families": {}}
+        return r
+
+    report = {"config": asdict(RecipeConfig(families=["radio"])), "eval_sft": ev(0.25, 0.4), "eval_ppo": ev(0.5, 0.45)}
+    summary = eval_summary(report)
+    assert summary["mean"] == {"sft": 0.25, "ppo": 0.5, "delta": 0.25}
+    assert summary["grounding"] == {"sft": 0.4, "ppo": 0.45}
+    report["eval_sft"] = ev(0.25)  # an SFT stage resumed from before grounding was measured
+    assert eval_summary(report)["grounding"] == {"ppo": 0.45}

@@ -260,19 +260,21 @@ def test_each_labelled_target_is_clicked_where_it_says(env):
     for seed in range(4):
         env.reset(seed=seed, options={"family": "click_button"})
         targets = env.labelled_targets()
-        assert {text for text, _ in targets} == set(env.task.buttons)
-        for text, action in targets:
+        assert {text for text, _, _ in targets} == set(env.task.buttons)
+        for text, action, (x0, y0, x1, y1) in targets:
+            x, y = action.args["start_box"]
+            assert x0 < x < x1 and y0 < y < y1  # the click is inside the element's box
             env.reset(seed=seed, options={"family": "click_button"})
             env.step(action)
             assert env.task.clicked == [text]
     # list items: the label's click selects exactly that item, as the expert's click does
     env.reset(seed=5, options={"family": "list_pick"})
     t = env.task
-    by_text = dict(env.labelled_targets())
+    by_text = {text: action for text, action, _ in env.labelled_targets()}
     assert by_text[t.target].args["start_box"] == t.expert()[1].args["start_box"]
     # check boxes: the click toggles the box named, none other
     env.reset(seed=2, options={"family": "check_boxes"})
-    name, action = env.labelled_targets()[0]
+    name, action, _ = env.labelled_targets()[0]
     before = {k: c.isChecked() for k, c in env.task.boxes.items()}
     env.step(action)
     after = {k: c.isChecked() for k, c in env.task.boxes.items()}
@@ -281,7 +283,7 @@ def test_each_labelled_target_is_clicked_where_it_says(env):
 
 def test_labelled_targets_leave_out_hidden_and_ambiguous_elements(env):
     env.reset(seed=1, options={"family": "tabs"})
-    texts = [text for text, _ in env.labelled_targets()]
+    texts = [text for text, _, _ in env.labelled_targets()]
     assert len(texts) == len(set(texts))
     from PySide6.QtWidgets import QAbstractButton
 

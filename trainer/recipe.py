@@ -166,48 +166,6 @@ def demonstrations(families, per_family: int, *, width: int, height: int, seed_s
     return trajs, samples
 
 
-GROUNDING_INSTRUCTIONS = ("Click on '{}'.", "Click '{}'.", "Press '{}'.", "Select '{}'.")
-
-
-def grounding_samples(families, screens_per_family: int, *, width: int, height: int, per_screen: int = 4,
-                      seed_start: int = 500_000, memory_kw=None, progress: bool = True):
-    """Single-step "click on X" samples on fresh task screens (UI-TARS's grounding data): for up
-    to `per_screen` labelled elements of each screen, the agent's first-turn prompt with that
-    instruction and a click on the element's centre. They teach the one skill every family
-    needs, finding a named element, several times per screenshot. Training seeds only."""
-    import random
-
-    from tqdm import tqdm
-
-    from agent.grammar import format_normalized
-    from agent.memory import Memory
-    from agent.policies.base import build_prompt
-    from trainer.rollout import frame_of
-    from trainer.sandbox.env import SandboxEnv
-    from trainer.sandbox.task import HELDOUT_START
-    from trainer.sft import Sample
-
-    if seed_start + screens_per_family * len(families) > HELDOUT_START:
-        raise ValueError("grounding screens must come from training seeds (below the held-out split)")
-    rng = random.Random(f"grounding:{seed_start}")
-    env = SandboxEnv(width=width, height=height)
-    samples = []
-    try:
-        for k in tqdm(range(screens_per_family * len(families)), desc="grounding", disable=not progress or None):
-            fam = families[k % len(families)]
-            obs, _ = env.reset(seed=seed_start + k, options={"family": fam})
-            targets = env.labelled_targets()
-            for text, action in rng.sample(targets, min(per_screen, len(targets))):
-                instruction = rng.choice(GROUNDING_INSTRUCTIONS).format(text)
-                messages = Memory(**(memory_kw or {})).build_messages(build_prompt(instruction, ("desktop",)),
-                                                                      frame_of(obs), space=env.coords_space)
-                reply = format_normalized(f"I need to click '{text}'.", [action], env.coords_space, width, height)
-                samples.append(Sample(messages, reply, f"grounding:{fam}:{seed_start + k}:{text}"))
-    finally:
-        env.close()
-    return samples
-
-
 def build_default_model(out_dir, cfg: RecipeConfig, demo_texts: list[str]) -> Path:
     """The tiny model with a tokenizer that also learned the sandbox's words, and an image
     processor that resizes screenshots exactly as agent.coords.smart_resize does."""
@@ -238,6 +196,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
 
     from agent.vlm import load_vlm
     from trainer.actor import VLMActor
+    from trainer.grounding import grounding_eval
     from trainer.metrics import MetricsLog, plot_metrics
     from trainer.rollout import evaluate
     from trainer.sft import SFTConfig, save_checkpoint, train_sft
@@ -260,7 +219,13 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
         bar = tqdm(total=len(cfg.families) * cfg.eval_seeds_per_family, desc=f"eval {tag}", disable=not progress or None)
         res = evaluate(actor, cfg.families, cfg.eval_seeds_per_family, env_kw=env_kw, progress=lambda: bar.update(1))
         bar.close()
-        log.log(0, f"eval_{tag}", mean_success=res["mean_success"],
+        # and the skill under it all: finding a named element (two per held-out screen)
+        bar = tqdm(total=len(cfg.families) * cfg.eval_seeds_per_family, desc=f"grounding {tag}",
+                   disable=not progress or None)
+        res["grounding"] = grounding_eval(actor, cfg.families, cfg.eval_seeds_per_family, **env_kw,
+                                          progress=lambda: bar.update(1))
+        bar.close()
+        log.log(0, f"eval_{tag}", mean_success=res["mean_success"], grounding=res["grounding"]["mean_accuracy"],
                 **{f"success_{k}": v["success"] for k, v in res["families"].items()})
         return res
 
@@ -284,6 +249,8 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
                            "slipped": sum(bool(t.slipped) for t in trajs),
                            "recovered": sum(bool(t.slipped) and t.success for t in trajs)}
         if cfg.grounding_screens_per_family:
+            from trainer.grounding import grounding_samples
+
             grounding = grounding_samples(cfg.families, cfg.grounding_screens_per_family, width=cfg.width,
                                           height=cfg.height, progress=progress)
             report["demos"]["grounding_samples"] = len(grounding)
@@ -356,6 +323,9 @@ def eval_summary(report: dict) -> dict:
                          "delta": round(ppo["families"][f]["success"] - sft["families"][f]["success"], 4)} for f in fams},
         "mean": {"sft": sft["mean_success"], "ppo": ppo["mean_success"],
                  "delta": round(ppo["mean_success"] - sft["mean_success"], 4)},
+        # greedy "Click on 'X'." on held-out screens: the share of clicks inside X (trainer.grounding)
+        "grounding": {tag: r["grounding"]["mean_accuracy"] for tag, r in (("sft", sft), ("ppo", ppo))
+                      if "grounding" in r},
         "demos": report.get("demos"), "ppo_updates": report.get("ppo", {}).get("updates"),
         "seconds": report.get("seconds"), "config": report["config"],
         "reproduce": reproduce_command(report["config"]),

@@ -185,8 +185,8 @@ class SandboxEnv(gym.Env):
             raise RuntimeError("call reset() before expert_action()")
         return self.task.expert()
 
-    def labelled_targets(self) -> list[tuple[str, Action]]:
-        """(text, click) for each clickable labelled element on the screen now (Task.labelled_targets)."""
+    def labelled_targets(self) -> list[tuple[str, Action, tuple[float, float, float, float]]]:
+        """(text, click, box) for each clickable labelled element on the screen now (Task.labelled_targets)."""
         if self.task is None:
             raise RuntimeError("call reset() before labelled_targets()")
         return self.task.labelled_targets()

@@ -248,6 +248,12 @@ class Screen:
             raise SandboxError(f"{widget.objectName() or type(widget).__name__} at ({g.x()}, {g.y()}) is off the {self.width}x{self.height} screen")
         return ((g.x() + 0.5) / self.width, (g.y() + 0.5) / self.height)
 
+    def box_of(self, widget, rect=None) -> tuple[float, float, float, float]:
+        """The normalized screen box (x0, y0, x1, y1) of `rect` (widget coordinates) or the widget, as shown."""
+        r = (rect if rect is not None else widget.rect()).intersected(self.shown_rect(widget))
+        tl, br = widget.mapToGlobal(r.topLeft()), widget.mapToGlobal(r.bottomRight())
+        return (tl.x() / self.width, tl.y() / self.height, (br.x() + 1) / self.width, (br.y() + 1) / self.height)
+
     def visible_on_screen(self, widget, rect=None) -> bool:
         r = (rect if rect is not None else widget.rect()).intersected(self.shown_rect(widget))
         if r.isEmpty():

@@ -179,11 +179,11 @@ class Task:
             QStyle.SE_CheckBoxIndicator if check else QStyle.SE_RadioButtonIndicator, opt, button)
         return rect, indicator
 
-    def labelled_targets(self) -> list[tuple[str, Action]]:
-        """Every element on the shown screen that has a text and reacts to a click, with that click:
-        buttons, check boxes and radio buttons, list items, tabs and combo boxes (their shown
-        text), in the window's widget order; a text shown twice is left out (which one would be
-        meant?). Grounding data: "click on X" for each of them."""
+    def labelled_targets(self) -> list[tuple[str, Action, tuple[float, float, float, float]]]:
+        """Every element on the shown screen that has a text and reacts to a click, with that click
+        and the box it covers (normalized x0, y0, x1, y1): buttons, check boxes and radio buttons,
+        list items, tabs and combo boxes (their shown text), in the window's widget order; a text
+        shown twice is left out (which one would be meant?). Grounding: "click on X" for each."""
         from PySide6.QtWidgets import QAbstractButton, QCheckBox, QComboBox, QListWidget, QRadioButton, QTabBar
 
         root, out = self.screen.window, []
@@ -191,7 +191,7 @@ class Task:
         def add(text, widget, rect=None):
             text = text.replace("&", "").strip()
             if text and widget.isVisible() and self.screen.visible_on_screen(widget, rect):
-                out.append((text, self.click(widget, rect)))
+                out.append((text, self.click(widget, rect), self.screen.box_of(widget, rect)))
 
         for b in root.findChildren(QAbstractButton):
             add(b.text(), b, self._toggle_rects(b)[0] if isinstance(b, (QCheckBox, QRadioButton)) else None)
@@ -203,8 +203,8 @@ class Task:
                 add(bar.tabText(i), bar, bar.tabRect(i).intersected(self.screen.shown_rect(bar)))
         for combo in root.findChildren(QComboBox):
             add(combo.currentText(), combo)
-        counts = Counter(text for text, _ in out)
-        return [(text, action) for text, action in out if counts[text] == 1]  # "click on X" must be unambiguous
+        counts = Counter(t[0] for t in out)
+        return [t for t in out if counts[t[0]] == 1]  # "click on X" must be unambiguous
 
     def open_tab(self, tabs, name: str) -> tuple[str, Action]:
         """The next step to bring tab `name` forward: click it, or scroll the tab bar to it first."""

@@ -1,0 +1,91 @@
+"""Grounding on sandbox screens: finding a named element, the skill every task family needs.
+
+`grounding_samples` makes UI-TARS-style grounding data for SFT: on fresh task screens, for some
+of the labelled clickable elements (Task.labelled_targets), the agent's own first-turn prompt
+with the instruction "Click on 'X'." and a click on X's centre as the reply. `grounding_eval`
+scores a policy the same way on held-out screens: the share of its greedy clicks that land in
+the named element's box (what ScreenSpot measures on real screenshots), per family.
+"""
+from __future__ import annotations
+
+import random
+
+INSTRUCTIONS = ("Click on '{}'.", "Click '{}'.", "Press '{}'.", "Select '{}'.")
+
+
+def _screens(families, screens_per_family: int, seed_start: int, per_screen: int, width: int, height: int, rng,
+             memory_kw=None, progress=None):
+    """(family, seed, text, click, box, messages) for up to `per_screen` elements of each screen."""
+    from agent.memory import Memory
+    from agent.policies.base import build_prompt
+    from trainer.rollout import frame_of
+    from trainer.sandbox.env import SandboxEnv
+
+    env = SandboxEnv(width=width, height=height)
+    try:
+        for k in range(screens_per_family * len(families)):
+            fam, seed = families[k % len(families)], seed_start + k
+            obs, _ = env.reset(seed=seed, options={"family": fam})
+            targets = env.labelled_targets()
+            for text, action, box in rng.sample(targets, min(per_screen, len(targets))):
+                instruction = rng.choice(INSTRUCTIONS).format(text)
+                messages = Memory(**(memory_kw or {})).build_messages(build_prompt(instruction, ("desktop",)),
+                                                                      frame_of(obs), space=env.coords_space)
+                yield fam, seed, text, action, box, messages
+            if progress:
+                progress()
+    finally:
+        env.close()
+
+
+def grounding_samples(families, screens_per_family: int, *, width: int, height: int, per_screen: int = 4,
+                      seed_start: int = 500_000, memory_kw=None, progress: bool = True):
+    """SFT samples: "Click on 'X'." -> "Thought: I need to click 'X'.\\nAction: click(...)" on
+    training screens (seeds from `seed_start`, which must stay below the held-out split)."""
+    from tqdm import tqdm
+
+    from agent import coords
+    from agent.grammar import format_normalized
+    from trainer.sandbox.task import HELDOUT_START
+    from trainer.sft import Sample
+
+    if seed_start + screens_per_family * len(families) > HELDOUT_START:
+        raise ValueError("grounding screens must come from training seeds (below the held-out split)")
+    bar = tqdm(total=screens_per_family * len(families), desc="grounding", disable=not progress or None)
+    samples = []
+    for fam, seed, text, action, _, messages in _screens(families, screens_per_family, seed_start, per_screen, width,
+                                                          height, random.Random(f"grounding:{seed_start}"), memory_kw,
+                                                          progress=lambda: bar.update(1)):
+        reply = format_normalized(f"I need to click '{text}'.", [action], coords.SMART_RESIZE, width, height)
+        samples.append(Sample(messages, reply, f"grounding:{fam}:{seed}:{text}"))
+    bar.close()
+    return samples
+
+
+def grounding_eval(actor, families, screens_per_family: int, *, width: int, height: int, per_screen: int = 2,
+                   seed_start: int | None = None, memory_kw=None, progress=None) -> dict:
+    """Greedy clicks for "Click on 'X'." on held-out screens: {"families": {name: {"accuracy",
+    "asked", "unparsed"}}, "mean_accuracy"}; a reply that does not parse counts as a miss."""
+    from agent import coords
+    from agent.grammar import parse_normalized
+    from trainer.sandbox.task import HELDOUT_START
+
+    start = HELDOUT_START if seed_start is None else seed_start
+    out: dict = {"families": {f: {"hits": 0, "asked": 0, "unparsed": 0} for f in families}}
+    for fam, _, _, _, (x0, y0, x1, y1), messages in _screens(families, screens_per_family, start, per_screen, width,
+                                                               height, random.Random(f"grounding-eval:{start}"),
+                                                               memory_kw, progress):
+        row = out["families"][fam]
+        row["asked"] += 1
+        parsed = parse_normalized(actor.generate(messages, greedy=True).text, coords.SMART_RESIZE, width, height,
+                                  platform="sandbox")
+        point = parsed.actions[0].args.get("start_box") if parsed and parsed.actions else None
+        if point is None:
+            row["unparsed"] += not parsed
+            continue
+        row["hits"] += x0 <= point[0] < x1 and y0 <= point[1] < y1
+    for row in out["families"].values():
+        row["accuracy"] = row.pop("hits") / row["asked"] if row["asked"] else 0.0
+    accs = [r["accuracy"] for r in out["families"].values()]
+    out["mean_accuracy"] = sum(accs) / len(accs) if accs else 0.0
+    return out

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from main import main
+from tests.vlm_fixtures import one_thread  # noqa: F401 - fixture
 
 
 def test_show_saves_a_png_offscreen(tmp_path, capsys):
@@ -56,3 +57,19 @@ def test_eval_model_policy_without_a_model_says_so(tmp_path, capsys):
 def test_eval_endpoint_needs_url(policy, capsys):
     assert main(["sandbox", "eval", "--policy", policy, "--episodes", "1"]) == 2
     assert "--url" in capsys.readouterr().err
+
+
+def test_eval_grounding_scores_the_default_model_and_refuses_scripted_policies(capsys, one_thread):  # noqa: F811
+    assert main(["sandbox", "eval", "--policy", "default", "--grounding", "--episodes", "4", "--families",
+                 "click_button,list_pick", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["families"]) == {"click_button", "list_pick"}
+    assert all(0.0 <= v <= 1.0 for v in out["families"].values()) and 0.0 <= out["overall"] <= 1.0
+    assert main(["sandbox", "eval", "--policy", "default", "--grounding", "--episodes", "2", "--families",
+                 "radio"]) == 0
+    table = capsys.readouterr().out
+    row = table.splitlines()[1].split()
+    assert row[0] == "radio" and row[1] == "4"  # two screens, two elements asked on each
+    assert table.splitlines()[-1].startswith("mean")
+    assert main(["sandbox", "eval", "--policy", "expert", "--grounding", "--episodes", "4"]) == 2
+    assert "--grounding scores a model" in capsys.readouterr().err

@@ -15,7 +15,7 @@ INSTRUCTIONS = ("Click on '{}'.", "Click '{}'.", "Press '{}'.", "Select '{}'.")
 
 def _screens(families, screens_per_family: int, seed_start: int, per_screen: int, width: int, height: int, rng,
              memory_kw=None, progress=None):
-    """(family, seed, text, click, box, messages) for up to `per_screen` elements of each screen."""
+    """(family, seed, text, click, box, messages, instruction, obs) for up to `per_screen` elements of each screen."""
     from agent.memory import Memory
     from agent.policies.base import build_prompt
     from trainer.rollout import frame_of
@@ -31,7 +31,7 @@ def _screens(families, screens_per_family: int, seed_start: int, per_screen: int
                 instruction = rng.choice(INSTRUCTIONS).format(text)
                 messages = Memory(**(memory_kw or {})).build_messages(build_prompt(instruction, ("desktop",)),
                                                                       frame_of(obs), space=env.coords_space)
-                yield fam, seed, text, action, box, messages
+                yield fam, seed, text, action, box, messages, instruction, obs
             if progress:
                 progress()
     finally:
@@ -53,7 +53,7 @@ def grounding_samples(families, screens_per_family: int, *, width: int, height: 
         raise ValueError("grounding screens must come from training seeds (below the held-out split)")
     bar = tqdm(total=screens_per_family * len(families), desc="grounding", disable=not progress or None)
     samples = []
-    for fam, seed, text, action, _, messages in _screens(families, screens_per_family, seed_start, per_screen, width,
+    for fam, seed, text, action, _, messages, _, _ in _screens(families, screens_per_family, seed_start, per_screen, width,
                                                           height, random.Random(f"grounding:{seed_start}"), memory_kw,
                                                           progress=lambda: bar.update(1)):
         reply = format_normalized(f"I need to click '{text}'.", [action], coords.SMART_RESIZE, width, height)
@@ -65,23 +65,33 @@ def grounding_samples(families, screens_per_family: int, *, width: int, height: 
 def grounding_eval(actor, families, screens_per_family: int, *, width: int, height: int, per_screen: int = 2,
                    seed_start: int | None = None, memory_kw=None, progress=None) -> dict:
     """Greedy clicks for "Click on 'X'." on held-out screens: {"families": {name: {"accuracy",
-    "asked", "unparsed"}}, "mean_accuracy"}; a reply that does not parse counts as a miss."""
+    "asked", "unparsed"}}, "mean_accuracy"}; a reply that does not parse counts as a miss.
+
+    `actor` is a rollout actor (`generate(messages, greedy=True)`, as trainer.actor.VLMActor) or
+    an agent policy (`propose(instruction, memory, frame)`, any of agent.policies)."""
     from agent import coords
     from agent.grammar import parse_normalized
+    from agent.memory import Memory
+    from trainer.rollout import frame_of
     from trainer.sandbox.task import HELDOUT_START
 
     start = HELDOUT_START if seed_start is None else seed_start
     out: dict = {"families": {f: {"hits": 0, "asked": 0, "unparsed": 0} for f in families}}
-    for fam, _, _, _, (x0, y0, x1, y1), messages in _screens(families, screens_per_family, start, per_screen, width,
-                                                               height, random.Random(f"grounding-eval:{start}"),
-                                                               memory_kw, progress):
+    for fam, _, _, _, (x0, y0, x1, y1), messages, instruction, obs in _screens(
+            families, screens_per_family, start, per_screen, width, height, random.Random(f"grounding-eval:{start}"),
+            memory_kw, progress):
         row = out["families"][fam]
         row["asked"] += 1
-        parsed = parse_normalized(actor.generate(messages, greedy=True).text, coords.SMART_RESIZE, width, height,
-                                  platform="sandbox")
-        point = parsed.actions[0].args.get("start_box") if parsed and parsed.actions else None
+        if hasattr(actor, "propose"):  # an agent policy builds its prompt itself, from the same parts
+            p = actor.propose(instruction, Memory(**(memory_kw or {})), frame_of(obs))
+            ok, actions = p.parse_error is None, list(p.actions)
+        else:
+            parsed = parse_normalized(actor.generate(messages, greedy=True).text, coords.SMART_RESIZE, width, height,
+                                      platform="sandbox")
+            ok, actions = bool(parsed), list(parsed.actions) if parsed else []
+        point = actions[0].args.get("start_box") if ok and actions else None
         if point is None:
-            row["unparsed"] += not parsed
+            row["unparsed"] += not ok
             continue
         row["hits"] += x0 <= point[0] < x1 and y0 <= point[1] < y1
     for row in out["families"].values():

@@ -43,6 +43,9 @@ def register(sub, common) -> None:
     s.add_argument("--families", help="comma-separated families (default: all)")
     s.add_argument("--workers", type=int, default=1, help="worker processes for expert/random")
     s.add_argument("--json", action="store_true", help='print {"overall": rate, "families": {NAME: rate}}')
+    s.add_argument("--grounding", action="store_true",
+                   help="score grounding instead: 'Click on X' for two labelled elements of each of --episodes "
+                        "screens, a hit when the click lands inside X (trainer.grounding)")
     s.set_defaults(func=cmd_eval)
 
 
@@ -198,6 +201,39 @@ def make_policy(args):
     return local(model_dir, platform="sandbox")
 
 
+def _grounding(args, families) -> int:
+    from trainer.grounding import grounding_eval
+    from trainer.sandbox.families import FAMILIES
+    from trainer.sandbox.task import HELDOUT_START
+
+    if args.policy in ("expert", "random"):
+        return _fail("--grounding scores a model: use --policy default, local or endpoint")
+    families = families or list(FAMILIES)
+    per_family = max(1, args.episodes // len(families))
+    try:
+        policy = make_policy(args)
+    except Exception as e:
+        return _fail(str(e))
+    bar = _bar(per_family * len(families), f"{args.policy} grounding screens")
+    try:
+        res = grounding_eval(policy, families, per_family, width=args.width, height=args.height,
+                             seed_start=HELDOUT_START if args.split == "heldout" else 0, progress=lambda: bar.update(1))
+    except Exception as e:
+        return _fail(str(e))
+    finally:
+        bar.close()
+        policy.close()
+    if args.json:
+        print(json.dumps({"overall": res["mean_accuracy"],
+                          "families": {k: v["accuracy"] for k, v in res["families"].items()}}))
+    else:
+        print(f"{'family':<16} {'asked':>6} {'hits':>8} {'unparsed':>9}")
+        for name, row in res["families"].items():
+            print(f"{name:<16} {row['asked']:>6} {row['accuracy']:>8.2%} {row['unparsed']:>9}")
+        print(f"{'mean':<16} {sum(r['asked'] for r in res['families'].values()):>6} {res['mean_accuracy']:>8.2%}")
+    return 0
+
+
 def cmd_eval(args) -> int:
     from trainer.sandbox.rollout import plan, rates, run_episode, run_many
 
@@ -213,6 +249,8 @@ def cmd_eval(args) -> int:
         jobs = plan(args.episodes, args.split, families)
     except Exception as e:
         return _fail(str(e))
+    if args.grounding:
+        return _grounding(args, families)
     results = []
     bar = _bar(len(jobs), f"{args.policy} episodes")
     try:

@@ -223,15 +223,20 @@ def _grounding(args, families) -> int:
     finally:
         bar.close()
         policy.close()
-    if args.json:
-        print(json.dumps({"overall": res["mean_accuracy"],
-                          "families": {k: v["accuracy"] for k, v in res["families"].items()}}))
-    else:
-        print(f"{'family':<16} {'asked':>6} {'hits':>8} {'unparsed':>9}")
-        for name, row in res["families"].items():
-            print(f"{name:<16} {row['asked']:>6} {row['accuracy']:>8.2%} {row['unparsed']:>9}")
-        print(f"{'mean':<16} {sum(r['asked'] for r in res['families'].values()):>6} {res['mean_accuracy']:>8.2%}")
+    _print_rates(args.json, "hits", res["mean_accuracy"],
+                 {k: (v["asked"], v["accuracy"], v["unparsed"]) for k, v in res["families"].items()}, "unparsed")
     return 0
+
+
+def _print_rates(as_json: bool, what: str, overall: float, rows: dict, extra: str | None = None) -> None:
+    """{"overall": rate, "families": {name: rate}} as JSON, or a table of rows name -> (n, rate[, extra])."""
+    if as_json:
+        print(json.dumps({"overall": overall, "families": {k: r[1] for k, r in rows.items()}}))
+        return
+    print(f"{'family':<16} {'n':>5} {what:>8}" + (f" {extra:>9}" if extra else ""))
+    for name, r in rows.items():
+        print(f"{name:<16} {r[0]:>5} {r[1]:>8.2%}" + (f" {r[2]:>9}" if extra else ""))
+    print(f"{'overall':<16} {sum(r[0] for r in rows.values()):>5} {overall:>8.2%}")
 
 
 def cmd_eval(args) -> int:
@@ -276,11 +281,5 @@ def cmd_eval(args) -> int:
     finally:
         bar.close()
     out = rates(results)
-    if args.json:
-        print(json.dumps({"overall": out["overall"], "families": out["families"]}))
-    else:
-        print(f"{'family':<16} {'n':>4} {'success':>8}")
-        for name, rate in out["families"].items():
-            print(f"{name:<16} {out['counts'][name]:>4} {rate:>8.2%}")
-        print(f"{'overall':<16} {len(results):>4} {out['overall']:>8.2%}")
+    _print_rates(args.json, "success", out["overall"], {k: (out["counts"][k], r) for k, r in out["families"].items()})
     return 0

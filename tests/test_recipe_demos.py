@@ -77,7 +77,7 @@ def test_train_default_refuses_bad_settings_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "m").exists() and not (tmp_path / "m-work").exists()
 
 
-def test_resume_refuses_an_sft_stage_made_with_other_settings(tmp_path):
+def test_resume_refuses_an_sft_stage_made_with_other_settings(tmp_path, capsys):
     from dataclasses import asdict
 
     from trainer.recipe import SFT_STAGE_KEYS, RecipeConfig, run_recipe
@@ -92,6 +92,13 @@ def test_resume_refuses_an_sft_stage_made_with_other_settings(tmp_path):
     with pytest.raises(ValueError, match=r"made with other settings \(demo_slip=0.2, sft_epochs=4.0\)"):
         run_recipe(tmp_path / "out", RecipeConfig(demo_slip=0.0, sft_epochs=3.0), work_dir=work, resume=True,
                    progress=False)
+    # from the command line: one clear line, no traceback, nothing written
+    from main import main
+
+    assert main(["--data", str(tmp_path / "data"), "train", "default", "--out", str(tmp_path / "out"), "--work",
+                 str(work), "--resume", "--demo-slip", "0", "--sft-epochs", "3"]) == 2
+    assert "made with other settings (demo_slip=0.2, sft_epochs=4.0)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_grounding_samples_ask_for_one_element_and_click_its_centre():

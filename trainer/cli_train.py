@@ -202,7 +202,8 @@ def recipe_config(args):
     cfg = RecipeConfig(seed=args.seed)
     if args.families:
         cfg.families = [f.strip() for f in args.families.split(",")]
-    for arg, attr in (("demos", "demo_episodes_per_family"), ("demo_slip", "demo_slip"), ("grounding", "grounding_screens_per_family"), ("eval_seeds", "eval_seeds_per_family"),
+    for arg, attr in (("demos", "demo_episodes_per_family"), ("demo_slip", "demo_slip"),
+                      ("grounding", "grounding_screens_per_family"), ("eval_seeds", "eval_seeds_per_family"),
                       ("updates", "ppo_updates"), ("workers", "n_workers"), ("sft_epochs", "sft_epochs"),
                       ("ppo_minutes", "ppo_max_minutes"), ("ppo_lr", "ppo_lr"), ("ppo_batch", "ppo_batch"),
                       ("ppo_epochs", "ppo_epochs"), ("temperature", "ppo_temperature"),
@@ -215,14 +216,14 @@ def recipe_config(args):
 
 
 def cmd_default(args) -> int:
-    from trainer.recipe import run_recipe
+    from trainer.recipe import RecipeError, run_recipe
 
     cfg = recipe_config(args)
     try:
         cfg.validate()
-    except ValueError as e:
+        report = run_recipe(args.out, cfg, work_dir=args.work, resume=args.resume)
+    except RecipeError as e:
         return _fail(str(e))
-    report = run_recipe(args.out, cfg, work_dir=args.work, resume=args.resume)
     print(json.dumps({k: report[k] for k in ("demos", "eval_sft", "eval_ppo", "plots", "seconds") if k in report},
                      indent=2, default=str))
     return 0

@@ -23,6 +23,10 @@ from pathlib import Path
 from agent import coords
 
 
+class RecipeError(ValueError):
+    """A recipe that cannot run as asked (a bad setting, a work folder from other settings)."""
+
+
 @dataclass
 class RecipeConfig:
     width: int = 320  # the sandbox screen (the model sees it smart-resized: 336x252, 108 image tokens)
@@ -64,14 +68,14 @@ class RecipeConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        """Raise ValueError naming the first setting that cannot work (before any work is done)."""
+        """Raise RecipeError naming the first setting that cannot work (before any work is done)."""
         from trainer.sandbox.families import family_class
 
         for f in self.families:
             try:
                 family_class(f)
             except Exception as e:  # SandboxError names the known families
-                raise ValueError(str(e)) from None
+                raise RecipeError(str(e)) from None
         checks = [(0.0 <= self.demo_slip <= 1.0, "--demo-slip must be in [0, 1]", self.demo_slip),
                   (self.demo_episodes_per_family >= 1, "--demos must be at least 1", self.demo_episodes_per_family),
                   (self.grounding_screens_per_family >= 0, "--grounding must be >= 0", self.grounding_screens_per_family),
@@ -83,7 +87,7 @@ class RecipeConfig:
                    (self.ppo_batch, self.ppo_updates))]
         for ok, msg, value in checks:
             if not ok:
-                raise ValueError(f"{msg}, got {value}")
+                raise RecipeError(f"{msg}, got {value}")
 
 
 # the settings that shape the SFT stage (demonstrations, model, SFT, its evaluation): --resume needs them unchanged
@@ -241,7 +245,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
         was = done.get("config", {})  # stages written before this check carry no config
         changed = sorted(k for k in SFT_STAGE_KEYS if k in was and was[k] != asdict(cfg)[k])
         if changed:
-            raise ValueError(f"--resume: the SFT stage in {work} was made with other settings "
+            raise RecipeError(f"--resume: the SFT stage in {work} was made with other settings "
                              f"({', '.join(f'{k}={was[k]!r}' for k in changed)}); use another --work folder or drop --resume")
         report.update({k: done[k] for k in ("demos", "params", "sft", "eval_sft")})
         report["resumed_from"] = str(work / "sft")

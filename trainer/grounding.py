@@ -9,29 +9,46 @@ the named element's box (what ScreenSpot measures on real screenshots), per fami
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+
+from agent import coords
 
 INSTRUCTIONS = ("Click on '{}'.", "Click '{}'.", "Press '{}'.", "Select '{}'.")
+SPACE = coords.SMART_RESIZE  # the coordinate space of the prompts and replies, as in the recipe's rollouts
 
 
-def _screens(families, screens_per_family: int, seed_start: int, per_screen: int, width: int, height: int, rng,
-             memory_kw=None, progress=None):
-    """(family, seed, text, click, box, messages, instruction, obs) for up to `per_screen` elements of each screen."""
+@dataclass
+class _Ask:
+    """One "Click on 'X'." on one screen: the element, its click and box, the agent's prompt."""
+    family: str
+    seed: int
+    text: str
+    click: object  # agent.schema.Action
+    box: tuple[float, float, float, float]
+    instruction: str
+    frame: object  # agent.executors.base.Frame
+    messages: list
+
+
+def _asks(families, screens_per_family: int, seed_start: int, per_screen: int, width: int, height: int, rng,
+          memory_kw=None, progress=None):
+    """An _Ask for each of up to `per_screen` labelled elements of each screen."""
     from agent.memory import Memory
     from agent.policies.base import build_prompt
     from trainer.rollout import frame_of
     from trainer.sandbox.env import SandboxEnv
 
-    env = SandboxEnv(width=width, height=height)
+    env = SandboxEnv(width=width, height=height, coords_space=SPACE)
     try:
         for k in range(screens_per_family * len(families)):
             fam, seed = families[k % len(families)], seed_start + k
             obs, _ = env.reset(seed=seed, options={"family": fam})
-            targets = env.labelled_targets()
+            frame, targets = frame_of(obs), env.labelled_targets()
             for text, action, box in rng.sample(targets, min(per_screen, len(targets))):
                 instruction = rng.choice(INSTRUCTIONS).format(text)
-                messages = Memory(**(memory_kw or {})).build_messages(build_prompt(instruction, ("desktop",)),
-                                                                      frame_of(obs), space=env.coords_space)
-                yield fam, seed, text, action, box, messages, instruction, obs
+                messages = Memory(**(memory_kw or {})).build_messages(build_prompt(instruction, ("desktop",)), frame,
+                                                                      space=SPACE)
+                yield _Ask(fam, seed, text, action, box, instruction, frame, messages)
             if progress:
                 progress()
     finally:
@@ -44,7 +61,6 @@ def grounding_samples(families, screens_per_family: int, *, width: int, height: 
     training screens (seeds from `seed_start`, which must stay below the held-out split)."""
     from tqdm import tqdm
 
-    from agent import coords
     from agent.grammar import format_normalized
     from trainer.sandbox.task import HELDOUT_START
     from trainer.sft import Sample
@@ -53,11 +69,10 @@ def grounding_samples(families, screens_per_family: int, *, width: int, height: 
         raise ValueError("grounding screens must come from training seeds (below the held-out split)")
     bar = tqdm(total=screens_per_family * len(families), desc="grounding", disable=not progress or None)
     samples = []
-    for fam, seed, text, action, _, messages, _, _ in _screens(families, screens_per_family, seed_start, per_screen, width,
-                                                          height, random.Random(f"grounding:{seed_start}"), memory_kw,
-                                                          progress=lambda: bar.update(1)):
-        reply = format_normalized(f"I need to click '{text}'.", [action], coords.SMART_RESIZE, width, height)
-        samples.append(Sample(messages, reply, f"grounding:{fam}:{seed}:{text}"))
+    for a in _asks(families, screens_per_family, seed_start, per_screen, width, height,
+                   random.Random(f"grounding:{seed_start}"), memory_kw, progress=lambda: bar.update(1)):
+        reply = format_normalized(f"I need to click '{a.text}'.", [a.click], SPACE, width, height)
+        samples.append(Sample(a.messages, reply, f"grounding:{a.family}:{a.seed}:{a.text}"))
     bar.close()
     return samples
 
@@ -69,30 +84,28 @@ def grounding_eval(actor, families, screens_per_family: int, *, width: int, heig
 
     `actor` is a rollout actor (`generate(messages, greedy=True)`, as trainer.actor.VLMActor) or
     an agent policy (`propose(instruction, memory, frame)`, any of agent.policies)."""
-    from agent import coords
     from agent.grammar import parse_normalized
     from agent.memory import Memory
-    from trainer.rollout import frame_of
     from trainer.sandbox.task import HELDOUT_START
 
     start = HELDOUT_START if seed_start is None else seed_start
     out: dict = {"families": {f: {"hits": 0, "asked": 0, "unparsed": 0} for f in families}}
-    for fam, _, _, _, (x0, y0, x1, y1), messages, instruction, obs in _screens(
-            families, screens_per_family, start, per_screen, width, height, random.Random(f"grounding-eval:{start}"),
-            memory_kw, progress):
-        row = out["families"][fam]
+    for a in _asks(families, screens_per_family, start, per_screen, width, height,
+                   random.Random(f"grounding-eval:{start}"), memory_kw, progress):
+        row = out["families"][a.family]
         row["asked"] += 1
         if hasattr(actor, "propose"):  # an agent policy builds its prompt itself, from the same parts
-            p = actor.propose(instruction, Memory(**(memory_kw or {})), frame_of(obs))
+            p = actor.propose(a.instruction, Memory(**(memory_kw or {})), a.frame)
             ok, actions = p.parse_error is None, list(p.actions)
         else:
-            parsed = parse_normalized(actor.generate(messages, greedy=True).text, coords.SMART_RESIZE, width, height,
+            parsed = parse_normalized(actor.generate(a.messages, greedy=True).text, SPACE, width, height,
                                       platform="sandbox")
             ok, actions = bool(parsed), list(parsed.actions) if parsed else []
         point = actions[0].args.get("start_box") if ok and actions else None
         if point is None:
             row["unparsed"] += not ok
             continue
+        x0, y0, x1, y1 = a.box
         row["hits"] += x0 <= point[0] < x1 and y0 <= point[1] < y1
     for row in out["families"].values():
         row["accuracy"] = row.pop("hits") / row["asked"] if row["asked"] else 0.0

@@ -92,8 +92,13 @@ class RecipeConfig:
 
 # the settings that shape the SFT stage (demonstrations, model, SFT, its evaluation): --resume needs them unchanged
 SFT_STAGE_KEYS = ("width", "height", "families", "demo_episodes_per_family", "demo_slip", "grounding_screens_per_family",
-                  "eval_seeds_per_family",
-                  "hidden", "layers", "vision_depth", "sft_epochs", "sft_lr", "sft_batch", "seed")
+                  "eval_seeds_per_family", "hidden", "layers", "vision_depth", "sft_epochs", "sft_lr", "sft_batch", "seed")
+
+
+def sft_stage_config(cfg: RecipeConfig) -> dict:
+    """The part of `cfg` an SFT stage is recorded with (and compared against on --resume)."""
+    full = asdict(cfg)
+    return {k: full[k] for k in SFT_STAGE_KEYS}
 
 
 class ExpertActor:
@@ -103,9 +108,9 @@ class ExpertActor:
     With `slip` > 0 each turn may, with that chance and at most once per episode, be a mistake
     instead of the expert's answer (UI-TARS's error-correction data; DART-style noise
     injection): a click at a random point under the expert's thought, or the expert's reply cut
-    off so it does not parse. The expert then carries on from the state the slip left (a wrong option ticked, a re-ask for a
-    readable answer), so SFT sees how to recover from the states a policy's own mistakes lead
-    to, which pure expert demonstrations never visit. The slipped turns are listed in `slipped`
+    off so it does not parse. The expert then carries on from the state the slip left (a wrong
+    option ticked, a re-ask for a readable answer), so SFT sees how to recover from the states a
+    policy's own mistakes lead to, which pure expert demonstrations never visit. The slipped turns are listed in `slipped`
     (per episode, after `start_episode()`) and are not trained on."""
 
     def __init__(self, env, *, slip: float = 0.0, seed: int = 0):
@@ -242,8 +247,8 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     if resume and stage.is_file() and (work / "sft" / "model.safetensors").is_file():
         # -- 1+2 done before: the SFT checkpoint and its held-out numbers are in the work folder
         done = json.loads(stage.read_text(encoding="utf-8"))
-        was = done.get("config", {})  # stages written before this check carry no config
-        changed = sorted(k for k in SFT_STAGE_KEYS if k in was and was[k] != asdict(cfg)[k])
+        was, now = done.get("config", {}), sft_stage_config(cfg)  # stages written before this check carry no config
+        changed = sorted(k for k in now if k in was and was[k] != now[k])
         if changed:
             raise RecipeError(f"--resume: the SFT stage in {work} was made with other settings "
                              f"({', '.join(f'{k}={was[k]!r}' for k in changed)}); use another --work folder or drop --resume")
@@ -275,7 +280,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
         report["sft"] = train_sft(model, processor, samples, sft_cfg, work / "sft", log=log, progress=progress)
         report["eval_sft"] = heldout("sft")
         stage.write_text(json.dumps(_slim({**{k: report[k] for k in ("demos", "params", "sft", "eval_sft")},
-                                           "config": {k: asdict(cfg)[k] for k in SFT_STAGE_KEYS}}), indent=2)
+                                           "config": sft_stage_config(cfg)}), indent=2)
                          + "\n", encoding="utf-8")
 
     # -- 3. PPO on the sandbox, from the SFT model

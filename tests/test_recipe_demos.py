@@ -70,7 +70,9 @@ def test_train_default_refuses_bad_settings_before_any_work(tmp_path, capsys):
     for flags, message in ((["--demo-slip", "1.5"], "--demo-slip must be in [0, 1], got 1.5"),
                            (["--format-penalty", "-1"], "--format-penalty must be >= 0, got -1.0"),
                            (["--target-kl", "0"], "--target-kl must be > 0, got 0.0"),
-                           (["--families", "radio,bogus"], "unknown task family 'bogus'")):
+                           (["--families", "radio,bogus"], "unknown task family 'bogus'"),
+                           (["--hidden", "100"], "--hidden must be a positive multiple of 32, got 100"),
+                           (["--vision-depth", "0"], "--layers and --vision-depth must be at least 1, got (2, 0)")):
         rc = main(["--data", str(tmp_path / "data"), "train", "default", "--out", str(tmp_path / "m"), *flags])
         assert rc == 2, flags
         assert message in capsys.readouterr().err

@@ -77,6 +77,9 @@ def register(sub, common) -> None:
     s.add_argument("--ppo-epochs", type=int, help="PPO passes over each batch")
     s.add_argument("--temperature", type=float, help="sampling temperature of the PPO rollouts")
     s.add_argument("--policy-alpha", type=float, help="alpha of the length-adaptive policy lambda 1 - 1/(alpha*l)")
+    s.add_argument("--hidden", type=int, help="width of the model's language and vision layers (a multiple of 32)")
+    s.add_argument("--layers", type=int, help="language model layers")
+    s.add_argument("--vision-depth", type=int, help="vision tower layers")
     _add_ppo_shaping_args(s, recipe=True)
     s.add_argument("--resume", action="store_true", help="reuse a finished SFT stage (checkpoint + eval) in the work folder")
     s.add_argument("--seed", type=int, default=0)
@@ -209,7 +212,8 @@ def recipe_config(args):
                       ("ppo_epochs", "ppo_epochs"), ("temperature", "ppo_temperature"),
                       ("policy_alpha", "ppo_policy_alpha"), ("train_vision", "ppo_train_vision"),
                       ("format_penalty", "ppo_format_penalty"), ("target_kl", "ppo_target_kl"),
-                      ("progress_reward", "ppo_progress_reward"), ("end_on_parse_error", "ppo_end_on_parse_error")):
+                      ("progress_reward", "ppo_progress_reward"), ("end_on_parse_error", "ppo_end_on_parse_error"),
+                      ("hidden", "hidden"), ("layers", "layers"), ("vision_depth", "vision_depth")):
         if getattr(args, arg) is not None:
             setattr(cfg, attr, getattr(args, arg))
     return cfg

@@ -80,6 +80,9 @@ def register(sub, common) -> None:
     s.add_argument("--hidden", type=int, help="width of the model's language and vision layers (a multiple of 32)")
     s.add_argument("--layers", type=int, help="language model layers")
     s.add_argument("--vision-depth", type=int, help="vision tower layers")
+    s.add_argument("--rope-theta", type=float, help="rotary base of the language model (default 10000)")
+    s.add_argument("--mrope", help="rotary frequencies per image axis: interleaved (default) or blocks "
+                                   "(Qwen2.5-VL's stock split, which vLLM and SGLang serve)")
     _add_ppo_shaping_args(s, recipe=True)
     s.add_argument("--resume", action="store_true", help="reuse a finished SFT stage (checkpoint + eval) in the work folder")
     s.add_argument("--seed", type=int, default=0)
@@ -213,7 +216,8 @@ def recipe_config(args):
                       ("policy_alpha", "ppo_policy_alpha"), ("train_vision", "ppo_train_vision"),
                       ("format_penalty", "ppo_format_penalty"), ("target_kl", "ppo_target_kl"),
                       ("progress_reward", "ppo_progress_reward"), ("end_on_parse_error", "ppo_end_on_parse_error"),
-                      ("hidden", "hidden"), ("layers", "layers"), ("vision_depth", "vision_depth")):
+                      ("hidden", "hidden"), ("layers", "layers"), ("vision_depth", "vision_depth"),
+                      ("rope_theta", "rope_theta"), ("mrope", "mrope")):
         if getattr(args, arg) is not None:
             setattr(cfg, attr, getattr(args, arg))
     return cfg

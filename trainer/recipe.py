@@ -39,11 +39,15 @@ class RecipeConfig:
     # from (ExpertActor). Without them the SFT model had never seen a second turn of most families nor a
     # re-ask: 0.3-0.4 of its rollout turns did not parse; with 0.3-0.4, 0.01-0.08 (measured, 20-seed runs)
     demo_slip: float = 0.3
-    grounding_screens_per_family: int = 0  # screens of "click on X" samples (grounding_samples) added to SFT
+    grounding_screens_per_family: int = 60  # screens of "click on X" samples (grounding_samples) added to SFT
     eval_seeds_per_family: int = 20  # a family's rate moves about +-9 points by chance at 20
     hidden: int = 128
     layers: int = 2
     vision_depth: int = 2
+    # the language model's rotary positions (trainer.tiny_model.mrope_section): with Qwen2.5-VL's stock
+    # "blocks" at theta 1e6 this model cannot tell image columns apart, so cannot learn where to click
+    rope_theta: float = 10_000.0
+    mrope: str = "interleaved"
     sft_epochs: float = 4.0
     sft_lr: float = 2e-3
     sft_batch: int = 8
@@ -74,6 +78,7 @@ class RecipeConfig:
     def validate(self) -> None:
         """Raise RecipeError naming the first setting that cannot work (before any work is done)."""
         from trainer.sandbox.families import family_class
+        from trainer.tiny_model import MROPE_LAYOUTS
 
         for f in self.families:
             try:
@@ -83,6 +88,8 @@ class RecipeConfig:
         checks = [(self.hidden >= 32 and self.hidden % 32 == 0, "--hidden must be a positive multiple of 32", self.hidden),
                   (self.layers >= 1 and self.vision_depth >= 1, "--layers and --vision-depth must be at least 1",
                    (self.layers, self.vision_depth)),
+                  (self.rope_theta > 1, "--rope-theta must be > 1", self.rope_theta),
+                  (self.mrope in MROPE_LAYOUTS, f"--mrope must be one of {', '.join(MROPE_LAYOUTS)}", self.mrope),
                   (0.0 <= self.demo_slip <= 1.0, "--demo-slip must be in [0, 1]", self.demo_slip),
                   (self.demo_episodes_per_family >= 1, "--demos must be at least 1", self.demo_episodes_per_family),
                   (self.grounding_screens_per_family >= 0, "--grounding must be >= 0", self.grounding_screens_per_family),
@@ -99,7 +106,8 @@ class RecipeConfig:
 
 # the settings that shape the SFT stage (demonstrations, model, SFT, its evaluation): --resume needs them unchanged
 SFT_STAGE_KEYS = ("width", "height", "families", "demo_episodes_per_family", "demo_slip", "grounding_screens_per_family",
-                  "eval_seeds_per_family", "hidden", "layers", "vision_depth", "sft_epochs", "sft_lr", "sft_batch", "seed")
+                  "eval_seeds_per_family", "hidden", "layers", "vision_depth", "rope_theta", "mrope", "sft_epochs", "sft_lr",
+                  "sft_batch", "seed")
 
 
 def sft_stage_config(cfg: RecipeConfig) -> dict:
@@ -196,7 +204,8 @@ def build_default_model(out_dir, cfg: RecipeConfig, demo_texts: list[str]) -> Pa
     h, w = coords.smart_resize(cfg.height, cfg.width)
     side = int((h * w) ** 0.5) + 1
     out = build_tiny_model(out_dir, default_corpus(cfg.seed) + demo_texts, hidden=cfg.hidden, layers=cfg.layers,
-                           vision_depth=cfg.vision_depth, image_size=side, seed=cfg.seed)
+                           vision_depth=cfg.vision_depth, image_size=side, seed=cfg.seed, rope_theta=cfg.rope_theta,
+                           mrope=cfg.mrope)
     proc = load_processor(out)
     ip = proc.image_processor
     ip.size = {"shortest_edge": coords.MIN_PIXELS, "longest_edge": max(side * side, coords.MIN_PIXELS)}
@@ -365,7 +374,7 @@ CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "d
              "ppo_train_vision": "--train-vision", "ppo_format_penalty": "--format-penalty",
              "ppo_target_kl": "--target-kl", "ppo_progress_reward": "--progress-reward",
              "ppo_end_on_parse_error": "--end-on-parse-error", "hidden": "--hidden", "layers": "--layers",
-             "vision_depth": "--vision-depth", "seed": "--seed"}
+             "vision_depth": "--vision-depth", "rope_theta": "--rope-theta", "mrope": "--mrope", "seed": "--seed"}
 
 
 def reproduce_command(config: dict) -> str:

@@ -72,7 +72,9 @@ def test_train_default_refuses_bad_settings_before_any_work(tmp_path, capsys):
                            (["--target-kl", "0"], "--target-kl must be > 0, got 0.0"),
                            (["--families", "radio,bogus"], "unknown task family 'bogus'"),
                            (["--hidden", "100"], "--hidden must be a positive multiple of 32, got 100"),
-                           (["--vision-depth", "0"], "--layers and --vision-depth must be at least 1, got (2, 0)")):
+                           (["--vision-depth", "0"], "--layers and --vision-depth must be at least 1, got (2, 0)"),
+                           (["--mrope", "spiral"], "--mrope must be one of interleaved, blocks, got spiral"),
+                           (["--rope-theta", "0.5"], "--rope-theta must be > 1, got 0.5")):
         rc = main(["--data", str(tmp_path / "data"), "train", "default", "--out", str(tmp_path / "m"), *flags])
         assert rc == 2, flags
         assert message in capsys.readouterr().err

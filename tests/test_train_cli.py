@@ -44,13 +44,13 @@ def test_the_reproduce_command_of_a_run_asks_for_the_same_recipe():
                        ppo_lr=2e-4,
                        ppo_batch=24, ppo_temperature=0.7, ppo_policy_alpha=1.0, ppo_train_vision=True,
                        ppo_format_penalty=0.25, ppo_target_kl=0.2, ppo_progress_reward=1.0, hidden=256, layers=4,
-                       vision_depth=3, seed=3)
+                       vision_depth=3, rope_theta=1e6, mrope="blocks", seed=3)
     line = reproduce_command(asdict(cfg))
     assert "--ppo-lr 0.0002" in line and "--temperature 0.7" in line and "--demos " not in line
     assert "--demo-slip 0.5 --grounding 40" in line
     # a switch carries no value
     assert line.endswith("--train-vision --format-penalty 0.25 --target-kl 0.2 --progress-reward 1 --hidden 256 --layers 4 "
-                         "--vision-depth 3 --seed 3")
+                         "--vision-depth 3 --rope-theta 1e+06 --mrope blocks --seed 3")
     args = main.build_parser().parse_args(shlex.split(line)[2:])
     assert asdict(recipe_config(args)) == asdict(cfg)
     assert reproduce_command(asdict(RecipeConfig())) == "python main.py train default --out assets/default_model"

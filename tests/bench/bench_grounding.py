@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_table import print_table  # noqa: E402
 
 FAMILIES = ["click_button", "radio", "list_pick", "check_boxes", "dropdown", "tabs"]
 
@@ -78,10 +80,9 @@ def main(argv=None) -> int:
             rows.append(run(hidden, layers, vision, steps, samples, a.eval_screens, Path(tmp)))
     base = rows[0]["heldout"] or float("nan")
     print(f"\n{len(samples)} grounding samples; held-out = {a.eval_screens} screens x 2 elements x {len(FAMILIES)} families")
-    print(f"{'size':>9} {'params':>9} {'steps':>6} {'seconds':>8} {'loss':>6} {'held-out':>9} {'train':>7} {'ratio':>6}")
-    for r in rows:
-        print(f"{r['size']:>9} {r['params']:>9,} {r['steps']:>6} {r['seconds']:>8.0f} {r['loss']:>6.3f} "
-              f"{r['heldout']:>9.1%} {r['train']:>7.1%} {r['heldout'] / base:>6.2f}")
+    print_table(rows, [("size", "size", ""), ("params", "params", ","), ("steps", "steps", ""), ("seconds", "seconds", ".0f"),
+                       ("loss", "loss", ".3f"), ("held-out", "heldout", ".1%"), ("train", "train", ".1%"),
+                       ("ratio", lambda r: r["heldout"] / base, ".2f")])
     return 0
 
 

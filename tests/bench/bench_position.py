@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_table import print_table  # noqa: E402
 
 WIDTH, HEIGHT, SQUARE = 320, 240, (40, 30)
 
@@ -110,10 +112,9 @@ def main(argv=None) -> int:
             rows.append(run(layout, float(theta or 1e4), a.steps, Path(tmp)))
     base = rows[0]["err_x"] or float("nan")
     print(f"\none dark {SQUARE[0]}x{SQUARE[1]} square on a {WIDTH}x{HEIGHT} screen; {a.steps} SFT steps; 60 fresh screens")
-    print(f"{'layout':>16} {'seconds':>8} {'loss':>6} {'hit':>6} {'err x':>6} {'err y':>6} {'distinct':>8} {'x err ratio':>11}")
-    for r in rows:
-        print(f"{r['layout']:>16} {r['seconds']:>8.0f} {r['loss']:>6.3f} {r['hit']:>6.0%} {r['err_x']:>6.1f} "
-              f"{r['err_y']:>6.1f} {r['distinct']:>8} {r['err_x'] / base:>11.2f}")
+    print_table(rows, [("layout", "layout", ""), ("seconds", "seconds", ".0f"), ("loss", "loss", ".3f"), ("hit", "hit", ".0%"),
+                       ("err x", "err_x", ".1f"), ("err y", "err_y", ".1f"), ("distinct", "distinct", ""),
+                       ("x err ratio", lambda r: r["err_x"] / base, ".2f")])
     return 0
 
 

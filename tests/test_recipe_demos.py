@@ -74,7 +74,8 @@ def test_train_default_refuses_bad_settings_before_any_work(tmp_path, capsys):
                            (["--hidden", "100"], "--hidden must be a positive multiple of 32, got 100"),
                            (["--vision-depth", "0"], "--layers and --vision-depth must be at least 1, got (2, 0)"),
                            (["--mrope", "spiral"], "--mrope must be one of interleaved, blocks, got spiral"),
-                           (["--rope-theta", "0.5"], "--rope-theta must be > 1, got 0.5")):
+                           (["--rope-theta", "0.5"], "--rope-theta must be > 1, got 0.5"),
+                           (["--click-reward", "-1"], "--click-reward must be >= 0, got -1.0")):
         rc = main(["--data", str(tmp_path / "data"), "train", "default", "--out", str(tmp_path / "m"), *flags])
         assert rc == 2, flags
         assert message in capsys.readouterr().err
@@ -194,3 +195,47 @@ def test_eval_summary_reports_grounding_when_measured():
     assert summary["grounding"] == {"sft": 0.4, "ppo": 0.45}
     report["eval_sft"] = ev(0.25)  # an SFT stage resumed from before grounding was measured
     assert eval_summary(report)["grounding"] == {"ppo": 0.45}
+
+
+def test_rollouts_record_each_click_beside_the_experts_and_asking_leaves_the_task_as_it_was():
+    """What the dense grounding reward (PPOConfig.click_reward) compares: the turn's click and
+    where the expert would have clicked in the same state."""
+    from trainer.actor import ActorOutput
+    from trainer.recipe import ExpertActor
+    from trainer.rl.rewards import click_rewards
+    from trainer.rollout import run_episode
+    from trainer.sandbox.env import SandboxEnv
+
+    env = SandboxEnv(**ENV)
+    try:
+        env.reset(seed=11, options={"family": "check_boxes"})
+        before = env.task.rng.getstate()
+        first = env.expert_click()
+        assert first is not None and all(0.0 < v < 1.0 for v in first)
+        assert env.expert_click() == first and env.task.rng.getstate() == before  # no random choice used up
+        _, action = env.expert_action()  # the expert's own answer is one of the two places a box reacts
+        assert env.task.rng.getstate() != before
+
+        expert = ExpertActor(env)
+        for seed in range(3):
+            expert.start_episode()
+            tr = run_episode(expert, env, seed, family="click_button")
+            assert tr.success and len(tr.turns) == 1
+            # the expert's reply, written in the model's pixels and parsed back, lands where it asked
+            assert click_rewards([tr.turns[0].point], [tr.turns[0].expert_point]) == [pytest.approx(1.0, abs=0.01)]
+
+        class Corner:  # clicks the top-left corner, then writes something that does not parse
+            def __init__(self):
+                self.n = 0
+
+            def generate(self, messages, greedy=False):
+                self.n += 1
+                return ActorOutput("Thought: corner\nAction: click(start_box='(1,1)')" if self.n == 1 else "nonsense")
+
+        tr = run_episode(Corner(), env, 5, family="radio", max_steps=2)
+        a, b = tr.turns
+        assert a.point == pytest.approx((1 / 336, 1 / 252), abs=1e-3) and a.expert_point is not None
+        assert b.point is None and b.parse_error  # no click: nothing to compare
+        assert click_rewards([a.point, b.point], [a.expert_point, b.expert_point])[0] < 0.01
+    finally:
+        env.close()

@@ -549,6 +549,39 @@ def test_ppo_turn_rewards_add_progress_shaping_and_the_format_penalty():
     assert shaped_turn_rewards(tr, PPOConfig(format_penalty=0.5, progress_reward=2.0)) == approx([0.5, -0.5, 2.0])
 
 
+def test_click_rewards_are_a_gaussian_of_the_distance_to_the_experts_click():
+    sigma = 0.05
+    got = R.click_rewards([(0.5, 0.5), (0.55, 0.5), (0.53, 0.54), None, (0.1, 0.1), (0.9, 0.9)],
+                          [(0.5, 0.5), (0.5, 0.5), (0.5, 0.5), (0.5, 0.5), None, (0.1, 0.1)], sigma)
+    d2 = 0.03 ** 2 + 0.04 ** 2  # a 3-4-5 triangle: 0.05 = one sigma away
+    assert got == approx([1.0, math.exp(-0.5), math.exp(-d2 / (2 * sigma ** 2)), 0.0, 0.0, math.exp(-1.28 / 0.005)])
+    assert got[1] == approx(got[2])  # only the distance counts, not its direction
+    assert R.click_rewards([], []) == []
+    with pytest.raises(R.RewardError, match="click sigma must be > 0, got 0"):
+        R.click_rewards([(0, 0)], [(0, 0)], 0)
+    with pytest.raises(R.RewardError, match="2 clicks but 1 expert targets"):
+        R.click_rewards([(0, 0), (1, 1)], [(0, 0)])
+
+
+def test_ppo_turn_rewards_add_the_click_term_per_turn():
+    from trainer.ppo import PPOConfig, shaped_turn_rewards
+    from trainer.rollout import Trajectory, Turn
+
+    turns = [Turn([], [5, 2], [-0.1], "a", 0.0, None, 0.0, point=(0.2, 0.3), expert_point=(0.25, 0.3)),
+             Turn([], [5, 2], [-0.1], "junk", 0.0, "no 'Action:' section", 0.0, expert_point=(0.25, 0.3)),
+             Turn([], [5, 2], [-0.1], "b", 1.0, None, 1.0, point=(0.6, 0.6), expert_point=(0.6, 0.6))]
+    tr = Trajectory(seed=1, family="radio", instruction="x", turns=turns)
+    assert shaped_turn_rewards(tr, PPOConfig(format_penalty=0.5)) == approx([0.0, -0.5, 1.0])
+    assert shaped_turn_rewards(tr, PPOConfig(format_penalty=0.5, click_reward=0.5)) == approx(
+        [0.5 * math.exp(-0.5), -0.5, 1.5])
+    # the batch's click_score: the mean over the turns that had an expert click (the junk one scores 0)
+    from trainer.ppo import batch_metrics
+
+    assert batch_metrics([tr])["click_score"] == approx((math.exp(-0.5) + 0.0 + 1.0) / 3)
+    tr.turns = [Turn([], [5], [-0.1], "c", 0.0, None, 0.0, point=(0.1, 0.1))]  # no expert: nothing to score
+    assert math.isnan(batch_metrics([tr])["click_score"])
+
+
 def test_episode_turn_rewards_combines_the_terms():
     cfg = R.RewardConfig(outcome_weight=2.0, format_penalty=0.1, step_penalty=0.01, thought_budget=10,
                          length_penalty_per_token=0.01, length_penalty_cap=0.05)

@@ -104,6 +104,9 @@ def _add_ppo_shaping_args(s, *, recipe: bool) -> None:
                    help="a rollout ends at an output that does not parse (default: the agent is asked again)")
     s.add_argument("--progress-reward", type=float, default=default(0.0),
                    help="weight of shaping by the verifier's partial progress (each subgoal met earns its share)")
+    s.add_argument("--click-reward", type=float, default=default(0.0),
+                   help="weight of a dense grounding reward: each click earns exp(-d^2/2s^2) for its distance d to "
+                        "where the task's expert would click (s = 0.05 of the screen)")
 
 
 def _fail(msg: str) -> int:
@@ -170,6 +173,8 @@ def cmd_ppo(args) -> int:
         return _fail("--temperature must be > 0, --max-new-tokens and --updates at least 1")
     if args.format_penalty < 0:
         return _fail(f"--format-penalty must be >= 0, got {args.format_penalty}")
+    if args.click_reward < 0:
+        return _fail(f"--click-reward must be >= 0, got {args.click_reward}")
     if args.target_kl is not None and args.target_kl <= 0:
         return _fail(f"--target-kl must be > 0, got {args.target_kl}")
     try:
@@ -185,7 +190,7 @@ def cmd_ppo(args) -> int:
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, policy_alpha=args.policy_alpha,
                     seed=args.seed, max_seconds=args.minutes * 60 if args.minutes else None,
                     train_vision=args.train_vision, format_penalty=args.format_penalty,
-                    target_kl=args.target_kl, progress_reward=args.progress_reward,
+                    target_kl=args.target_kl, progress_reward=args.progress_reward, click_reward=args.click_reward,
                     end_on_parse_error=args.end_on_parse_error)
     env_kw = {"width": args.width, "height": args.height}
     if args.max_steps:
@@ -195,7 +200,7 @@ def cmd_ppo(args) -> int:
     save_checkpoint(model, processor, out, {"ppo": res["config"], "last": res["history"][-1] if res["history"] else None})
     res["critic"].save(work / "critic")
     plot = _plot(log, work, "ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "explained_variance",
-                                     "value_loss", "think_length", "episode_length"])
+                                     "value_loss", "think_length", "episode_length", "click_score"])
     print(json.dumps({"out": str(out), "updates": res["updates"], "last": res["history"][-1] if res["history"] else None,
                       "plot": plot}, indent=2, default=str))
     return 0
@@ -216,6 +221,7 @@ def recipe_config(args):
                       ("policy_alpha", "ppo_policy_alpha"), ("train_vision", "ppo_train_vision"),
                       ("format_penalty", "ppo_format_penalty"), ("target_kl", "ppo_target_kl"),
                       ("progress_reward", "ppo_progress_reward"), ("end_on_parse_error", "ppo_end_on_parse_error"),
+                      ("click_reward", "ppo_click_reward"),
                       ("hidden", "hidden"), ("layers", "layers"), ("vision_depth", "vision_depth"),
                       ("rope_theta", "rope_theta"), ("mrope", "mrope")):
         if getattr(args, arg) is not None:

@@ -66,6 +66,8 @@ class PPOConfig:
     format_penalty: float = 0.5
     step_penalty: float = 0.0
     progress_reward: float = 0.0  # weight of potential-based shaping from the verifier's partial progress
+    click_reward: float = 0.0  # weight of the dense grounding reward (rl.rewards.click_rewards) per turn
+    click_sigma: float = 0.05  # its width, a fraction of the screenshot
     end_on_parse_error: bool = False  # rollouts end at an unparseable output (no retries to stall for)
     max_grad_norm: float = 1.0
     n_workers: int = 2  # 0: rollouts in the learner's process
@@ -234,12 +236,16 @@ def bootstrap_value(critic, traj, processor) -> float:
 
 
 def shaped_turn_rewards(traj, cfg: PPOConfig) -> list[float]:
-    """Per generated turn: the env's reward minus the penalties, plus the progress term."""
+    """Per generated turn: the env's reward minus the penalties, plus the progress and click terms."""
     shaped = [rl_rewards.shape_turn_reward(t.reward, parsed=t.parse_error is None, format_penalty=cfg.format_penalty,
                                            step_penalty=cfg.step_penalty) for t in traj.turns]
     if cfg.progress_reward:
         gains = rl_rewards.progress_rewards([t.progress for t in traj.turns], start=traj.start_progress)
         shaped = [r + cfg.progress_reward * g for r, g in zip(shaped, gains)]
+    if cfg.click_reward:
+        near = rl_rewards.click_rewards([t.point for t in traj.turns], [t.expert_point for t in traj.turns],
+                                        cfg.click_sigma)
+        shaped = [r + cfg.click_reward * c for r, c in zip(shaped, near)]
     return [r for r, t in zip(shaped, traj.turns) if t.response_ids]
 
 
@@ -344,6 +350,8 @@ def batch_metrics(trajs) -> dict:
 
     turns = [t for tr in trajs for t in tr.turns]
     thoughts = [len(re.split(r"\nAction", t.text)[0].split()) for t in turns]
+    asked = [t for t in turns if t.expert_point is not None]  # turns whose state has an expert click
+    near = rl_rewards.click_rewards([t.point for t in asked], [t.expert_point for t in asked])
     return {
         "reward": sum(sum(t.reward for t in tr.turns) for tr in trajs) / len(trajs),
         "success_rate": sum(tr.success for tr in trajs) / len(trajs),
@@ -352,6 +360,8 @@ def batch_metrics(trajs) -> dict:
         "tokens_per_turn": sum(len(t.response_ids) for t in turns) / max(1, len(turns)),
         "parse_error_rate": sum(t.parse_error is not None for t in turns) / max(1, len(turns)),
         "truncated_rate": sum(tr.truncated for tr in trajs) / len(trajs),
+        # how near the rollouts' clicks come to the expert's (rl.rewards.click_rewards, sigma 0.05): grounding
+        "click_score": sum(near) / len(near) if near else float("nan"),
     }
 
 

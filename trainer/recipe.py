@@ -66,6 +66,7 @@ class RecipeConfig:
     ppo_format_penalty: float = 0.5  # see PPOConfig.format_penalty
     ppo_target_kl: float | None = 0.1  # see PPOConfig.target_kl
     ppo_progress_reward: float = 0.0  # see PPOConfig.progress_reward
+    ppo_click_reward: float = 0.0  # see PPOConfig.click_reward
     ppo_end_on_parse_error: bool = False  # see PPOConfig.end_on_parse_error
     ppo_train_vision: bool = False  # frozen, the vision tower is encoded once per screenshot (learner ~2x faster)
     n_workers: int = 2
@@ -96,6 +97,7 @@ class RecipeConfig:
                   (self.eval_seeds_per_family >= 1, "--eval-seeds must be at least 1", self.eval_seeds_per_family),
                   (self.ppo_temperature > 0, "--temperature must be > 0", self.ppo_temperature),
                   (self.ppo_format_penalty >= 0, "--format-penalty must be >= 0", self.ppo_format_penalty),
+                  (self.ppo_click_reward >= 0, "--click-reward must be >= 0", self.ppo_click_reward),
                   (self.ppo_target_kl is None or self.ppo_target_kl > 0, "--target-kl must be > 0", self.ppo_target_kl),
                   (self.ppo_batch >= 1 and self.ppo_updates >= 1, "--ppo-batch and --updates must be at least 1",
                    (self.ppo_batch, self.ppo_updates))]
@@ -307,6 +309,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
                         policy_alpha=cfg.ppo_policy_alpha, train_vision=cfg.ppo_train_vision,
                         format_penalty=cfg.ppo_format_penalty,
                         target_kl=cfg.ppo_target_kl, progress_reward=cfg.ppo_progress_reward,
+                        click_reward=cfg.ppo_click_reward,
                         end_on_parse_error=cfg.ppo_end_on_parse_error, value_pretrain_iters=1, value_pretrain_epochs=3,
                         seed=cfg.seed,
                         max_seconds=cfg.ppo_max_minutes * 60 if cfg.ppo_max_minutes else None)
@@ -328,7 +331,8 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     plots = {}
     for phase, keys in (("sft", ["loss", "grad_norm"]),
                         ("ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "explained_variance",
-                                 "value_loss", "think_length", "episode_length", "policy_loss", "learner_tokens_per_s"])):
+                                 "value_loss", "think_length", "episode_length", "policy_loss", "learner_tokens_per_s",
+                                 "click_score"])):
         try:
             since = started if phase == "ppo" else None  # the SFT stage may come from an earlier run
             plots[phase] = str(plot_metrics(log.path, work / f"{phase}_curves.png", phase=phase, keys=keys,
@@ -372,7 +376,7 @@ CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "d
              "ppo_max_minutes": "--ppo-minutes", "ppo_lr": "--ppo-lr", "ppo_batch": "--ppo-batch",
              "ppo_epochs": "--ppo-epochs", "ppo_temperature": "--temperature", "ppo_policy_alpha": "--policy-alpha",
              "ppo_train_vision": "--train-vision", "ppo_format_penalty": "--format-penalty",
-             "ppo_target_kl": "--target-kl", "ppo_progress_reward": "--progress-reward",
+             "ppo_target_kl": "--target-kl", "ppo_progress_reward": "--progress-reward", "ppo_click_reward": "--click-reward",
              "ppo_end_on_parse_error": "--end-on-parse-error", "hidden": "--hidden", "layers": "--layers",
              "vision_depth": "--vision-depth", "rope_theta": "--rope-theta", "mrope": "--mrope", "seed": "--seed"}
 

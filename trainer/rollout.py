@@ -49,6 +49,8 @@ class Turn:
     reward: float = 0.0  # the env's reward for this turn (shaping is the learner's business)
     parse_error: str | None = None
     progress: float = 0.0  # the verifier's partial progress after this turn (0..1)
+    point: tuple | None = None  # the turn's first click (start_box), normalized; None if none
+    expert_point: tuple | None = None  # where the task's expert would have clicked in that state
 
 
 @dataclass
@@ -104,10 +106,12 @@ def run_episode(actor, env, seed: int, *, family: str | None = None, memory_kw: 
         frame = frame_of(obs)
         messages = memory.build_messages(prompt, frame, space=env.coords_space, feedback=feedback)
         gen = actor.generate(messages, greedy=greedy)
+        ask = getattr(env, "expert_click", None)  # before the step: the state the reply answers
+        expert = ask() if ask else None
         obs, reward, terminated, truncated, info = env.step(gen.text)
         error = info.get("parse_error") or info.get("action_error")
         traj.turns.append(Turn(messages, list(gen.ids), list(gen.logprobs), gen.text, float(reward), error,
-                               float(info.get("progress", 0.0))))
+                               float(info.get("progress", 0.0)), expert_point=expert))
         if info.get("parse_error"):
             if end_on_parse_error:
                 terminated = True
@@ -118,6 +122,8 @@ def run_episode(actor, env, seed: int, *, family: str | None = None, memory_kw: 
             parsed = parse_normalized(gen.text, env.coords_space, w, h)
             if parsed:
                 memory.add(MemoryStep(parsed.thought, list(parsed.actions), frame))
+                box = parsed.actions[0].args.get("start_box") if parsed.actions else None
+                traj.turns[-1].point = tuple(box[:2]) if box else None
         if not (terminated or truncated) and len(traj.turns) >= limit:
             truncated = True
         if terminated or truncated:

@@ -102,6 +102,26 @@ def progress_rewards(progress: list[float], start: float = 0.0) -> list[float]:
     return out
 
 
+def click_rewards(points, targets, sigma: float = 0.05) -> list[float]:
+    """A dense grounding reward per turn: exp(-d^2 / (2 sigma^2)) for the distance d between the
+    turn's click and the click the task's expert would make in the same state (both normalized
+    to the screenshot, so sigma is a fraction of it); 0 where either is missing (no click, an
+    unparseable reply, no expert move). A success pays once; this pays every near miss a little,
+    as Gaussian point rewards for GUI grounding RL do."""
+    if not sigma > 0:
+        raise RewardError(f"click sigma must be > 0, got {sigma!r}")
+    if len(points) != len(targets):
+        raise RewardError(f"{len(points)} clicks but {len(targets)} expert targets")
+    out = []
+    for p, t in zip(points, targets):
+        if p is None or t is None:
+            out.append(0.0)
+            continue
+        d2 = (float(p[0]) - float(t[0])) ** 2 + (float(p[1]) - float(t[1])) ** 2
+        out.append(math.exp(-d2 / (2 * sigma * sigma)))
+    return out
+
+
 def _score(value, source: str) -> float:
     if isinstance(value, bool):
         return 1.0 if value else 0.0

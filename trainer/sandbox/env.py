@@ -185,6 +185,21 @@ class SandboxEnv(gym.Env):
             raise RuntimeError("call reset() before expert_action()")
         return self.task.expert()
 
+    def expert_click(self) -> tuple[float, float] | None:
+        """Where the expert would click now (normalized), or None when its next move is no click or
+        it has none; leaves the task as it was (its random choices included), so asking is free."""
+        if self.task is None:
+            raise RuntimeError("call reset() before expert_click()")
+        state = self.task.rng.getstate()
+        try:
+            _, action = self.task.expert()
+        except Exception:  # noqa: BLE001 - a task with no expert move in this state (done, failed) has no target
+            return None
+        finally:
+            self.task.rng.setstate(state)
+        box = action.args.get("start_box") if isinstance(action, Action) and action.name == "click" else None
+        return (float(box[0]), float(box[1])) if box else None
+
     def labelled_targets(self) -> list[tuple[str, Action, tuple[float, float, float, float]]]:
         """(text, click, box) for each clickable labelled element on the screen now (Task.labelled_targets)."""
         if self.task is None:

@@ -174,7 +174,8 @@ def build_tiny_model(out_dir, corpus_texts=None, hidden: int = 128, layers: int 
         raise ValueError(f"layers and vision_depth must be at least 1, got {layers} and {vision_depth}")
     if rope_theta <= 1:
         raise ValueError(f"rope_theta must be > 1, got {rope_theta}")
-    mrope_section(32, mrope)  # an unknown layout fails here, before any work
+    if mrope not in MROPE_LAYOUTS:
+        raise ValueError(f"mrope layout must be one of {', '.join(MROPE_LAYOUTS)}, got {mrope!r}")
     if image_size < 56:
         raise ValueError(f"image_size must be at least 56 (two merged patches), got {image_size}")
     out = Path(out_dir)

@@ -147,3 +147,42 @@ def test_target_kl_stops_the_policy_passes_of_an_update(tiny_vlm_dir, one_thread
     assert results[None]["policy_tokens"] == 3 * n_tok
     assert 0 < results[1e-4]["policy_tokens"] < n_tok and results[1e-4]["learner_tokens"] == n_tok
     assert results[1e-4]["value_loss"] > 0  # the critic's passes still ran
+
+
+def test_an_update_makes_the_rewarded_reply_likelier_and_the_penalised_one_less_likely(tiny_vlm_dir, one_thread):  # noqa: F811
+    """The direction of learning, end to end through scoring, GAE, whitening and the clipped
+    loss: one reply rewarded +1, another -1 (one turn each, critic head at zero so the
+    advantages carry the rewards' signs); after one update the first reply's tokens are likelier
+    under the policy and the second's less likely."""
+    import torch
+
+    from agent.vlm import action_logprobs, load_vlm
+    from trainer.ppo import Learner, PPOConfig, prepare_turns
+    from trainer.actor import VLMActor
+    from trainer.rollout import run_episode
+    from trainer.sandbox.env import SandboxEnv
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    torch.manual_seed(0)
+    env = SandboxEnv(width=224, height=168)
+    try:
+        actor = VLMActor(model, proc, max_new_tokens=10)
+        trajs = [run_episode(actor, env, s, family="click_button", max_steps=1) for s in (1, 2)]
+    finally:
+        env.close()
+    assert all(len(t.turns) == 1 and t.turns[0].response_ids for t in trajs)
+    trajs[0].turns[0].reward, trajs[1].turns[0].reward = 1.0, -1.0
+    cfg = PPOConfig(epochs=1, lr=1e-3, minibatch_turns=2, format_penalty=0.0, policy_alpha=1.0)
+
+    def mean_logprobs():
+        with torch.no_grad():
+            return [float(action_logprobs(model, tb.inputs, tb.target)[tb.target].mean())
+                    for tb in prepare_turns(trajs, proc, model, cfg)]
+
+    before = mean_logprobs()
+    learner = Learner(model, proc, cfg)
+    learner.update(trajs)
+    learner.close()
+    after = mean_logprobs()
+    assert after[0] > before[0] + 1e-3, (before, after)
+    assert after[1] < before[1] - 1e-3, (before, after)

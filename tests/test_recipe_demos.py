@@ -165,14 +165,28 @@ def test_grounding_eval_scores_clicks_inside_the_named_element():
     finally:
         env.close()
 
-    def reply(action):
-        return format_normalized("I need to click it.", [action], SMART_RESIZE, ENV["width"], ENV["height"])
+    def reply(action, thought="I need to click it."):
+        return format_normalized(thought, [action], SMART_RESIZE, ENV["width"], ENV["height"])
 
     right = grounding_eval(_Scripted(lambda key, name: reply(truth[key, name])), fams, n, **ENV)
     assert right["mean_accuracy"] == 1.0 and all(r["asked"] == 2 * n for r in right["families"].values())
+    assert right["mean_named"] == 0.0  # "it" names nothing
     corner = grounding_eval(_Scripted(lambda key, name: reply(Action("click", {"start_box": (0.001, 0.999)}))),
                             fams, n, **ENV)
     assert corner["mean_accuracy"] == 0.0 and all(r["unparsed"] == 0 for r in corner["families"].values())
+    # the instruction read (the thought names X) against X found: the two halves of a miss
+    read_and_hit = grounding_eval(_Scripted(lambda key, name: reply(truth[key, name], f"I need to click '{name}'.")),
+                                  fams, n, **ENV)
+    assert read_and_hit["mean_named"] == 1.0
+    assert all(r["named"] == 1.0 and r["accuracy_named"] == 1.0 for r in read_and_hit["families"].values())
+    read_and_missed = grounding_eval(_Scripted(lambda key, name: reply(Action("click", {"start_box": (0.001, 0.999)}),
+                                                                       f"The {name} one, I think.")), fams, n, **ENV)
+    assert read_and_missed["mean_named"] == 1.0 and read_and_missed["mean_accuracy"] == 0.0
+    assert all(r["accuracy_named"] == 0.0 for r in read_and_missed["families"].values())
+    # a label inside a longer word is not a mention of it
+    inside = grounding_eval(_Scripted(lambda key, name: reply(truth[key, name], f"I need to click 'x{name}x'.")),
+                            fams, n, **ENV)
+    assert inside["mean_named"] == 0.0 and inside["mean_accuracy"] == 1.0
     garbled = grounding_eval(_Scripted(lambda key, name: "Action: click(start_box='(1"), fams, n, **ENV)
     assert garbled["mean_accuracy"] == 0.0
     assert all(r["unparsed"] == r["asked"] for r in garbled["families"].values())
@@ -183,16 +197,22 @@ def test_eval_summary_reports_grounding_when_measured():
 
     from trainer.recipe import RecipeConfig, eval_summary
 
-    def ev(success, grounding=None):
+    def ev(success, grounding=None, named=None):
         r = {"families": {"radio": {"success": success}}, "mean_success": success}
         if grounding is not None:
             r["grounding"] = {"mean_accuracy": grounding, "families": {}}
+        if named is not None:
+            r["grounding"]["mean_named"] = named
         return r
 
-    report = {"config": asdict(RecipeConfig(families=["radio"])), "eval_sft": ev(0.25, 0.4), "eval_ppo": ev(0.5, 0.45)}
+    report = {"config": asdict(RecipeConfig(families=["radio"])), "eval_sft": ev(0.25, 0.4, 0.7),
+              "eval_ppo": ev(0.5, 0.45, 0.8)}
     summary = eval_summary(report)
     assert summary["mean"] == {"sft": 0.25, "ppo": 0.5, "delta": 0.25}
     assert summary["grounding"] == {"sft": 0.4, "ppo": 0.45}
+    assert summary["named"] == {"sft": 0.7, "ppo": 0.8}
+    report["eval_sft"] = ev(0.25, 0.4)  # an SFT stage resumed from before the thought's naming was measured
+    assert eval_summary(report)["named"] == {"ppo": 0.8}
     report["eval_sft"] = ev(0.25)  # an SFT stage resumed from before grounding was measured
     assert eval_summary(report)["grounding"] == {"ppo": 0.45}
 

@@ -65,11 +65,14 @@ def test_eval_grounding_scores_the_default_model_and_refuses_scripted_policies(c
     out = json.loads(capsys.readouterr().out)
     assert set(out["families"]) == {"click_button", "list_pick"}
     assert all(0.0 <= v <= 1.0 for v in out["families"].values()) and 0.0 <= out["overall"] <= 1.0
+    assert set(out["named"]["families"]) == {"click_button", "list_pick"} and 0.0 <= out["named"]["overall"] <= 1.0
     assert main(["sandbox", "eval", "--policy", "default", "--grounding", "--episodes", "2", "--families",
                  "radio"]) == 0
     table = capsys.readouterr().out
+    assert table.splitlines()[0].split()[-3:] == ["unparsed", "named", "hits|named"]
     row = table.splitlines()[1].split()
     assert row[0] == "radio" and row[1] == "4"  # two screens, two elements asked on each
+    assert len(row) == 6 and row[4].endswith("%") and row[5].endswith("%")
     assert table.splitlines()[-1].split()[:2] == ["overall", "4"]
     assert main(["sandbox", "eval", "--policy", "expert", "--grounding", "--episodes", "4"]) == 2
     assert "--grounding scores a model" in capsys.readouterr().err

@@ -9,6 +9,7 @@ the named element's box (what ScreenSpot measures on real screenshots), per fami
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 from agent import coords
@@ -80,7 +81,10 @@ def grounding_samples(families, screens_per_family: int, *, width: int, height: 
 def grounding_eval(actor, families, screens_per_family: int, *, width: int, height: int, per_screen: int = 2,
                    seed_start: int | None = None, memory_kw=None, progress=None) -> dict:
     """Greedy clicks for "Click on 'X'." on held-out screens: {"families": {name: {"accuracy",
-    "asked", "unparsed"}}, "mean_accuracy"}; a reply that does not parse counts as a miss.
+    "asked", "unparsed", "named", "accuracy_named"}}, "mean_accuracy", "mean_named"}; a reply
+    that does not parse counts as a miss. "named" is the share of replies whose thought names X
+    (the instruction was read), "accuracy_named" the hits among those (X found on the screen once
+    it was read): the two halves of a miss, told apart.
 
     `actor` is a rollout actor (`generate(messages, greedy=True)`, as trainer.actor.VLMActor) or
     an agent policy (`propose(instruction, memory, frame)`, any of agent.policies)."""
@@ -89,26 +93,34 @@ def grounding_eval(actor, families, screens_per_family: int, *, width: int, heig
     from trainer.sandbox.task import HELDOUT_START
 
     start = HELDOUT_START if seed_start is None else seed_start
-    out: dict = {"families": {f: {"hits": 0, "asked": 0, "unparsed": 0} for f in families}}
+    out: dict = {"families": {f: {"hits": 0, "asked": 0, "unparsed": 0, "named": 0, "hits_named": 0} for f in families}}
     for a in _asks(families, screens_per_family, start, per_screen, width, height,
                    random.Random(f"grounding-eval:{start}"), memory_kw, progress):
         row = out["families"][a.family]
         row["asked"] += 1
         if hasattr(actor, "propose"):  # an agent policy builds its prompt itself, from the same parts
             p = actor.propose(a.instruction, Memory(**(memory_kw or {})), a.frame)
-            ok, actions = p.parse_error is None, list(p.actions)
+            ok, actions, thought = p.parse_error is None, list(p.actions), p.thought or p.raw_text.split("Action:")[0]
         else:
-            parsed = parse_normalized(actor.generate(a.messages, greedy=True).text, SPACE, width, height,
-                                      platform="sandbox")
-            ok, actions = bool(parsed), list(parsed.actions) if parsed else []
+            text = actor.generate(a.messages, greedy=True).text
+            parsed = parse_normalized(text, SPACE, width, height, platform="sandbox")
+            ok, actions, thought = bool(parsed), list(parsed.actions) if parsed else [], text.split("Action:")[0]
+        named = re.search(rf"(?<!\w){re.escape(a.text)}(?!\w)", thought) is not None
+        row["named"] += named
         point = actions[0].args.get("start_box") if ok and actions else None
         if point is None:
             row["unparsed"] += not ok
             continue
         x0, y0, x1, y1 = a.box
-        row["hits"] += x0 <= point[0] < x1 and y0 <= point[1] < y1
+        hit = x0 <= point[0] < x1 and y0 <= point[1] < y1
+        row["hits"] += hit
+        row["hits_named"] += hit and named
     for row in out["families"].values():
-        row["accuracy"] = row.pop("hits") / row["asked"] if row["asked"] else 0.0
-    accs = [r["accuracy"] for r in out["families"].values()]
-    out["mean_accuracy"] = sum(accs) / len(accs) if accs else 0.0
+        hits, hits_named = row.pop("hits"), row.pop("hits_named")
+        row["accuracy"] = hits / row["asked"] if row["asked"] else 0.0
+        row["accuracy_named"] = hits_named / row["named"] if row["named"] else 0.0
+        row["named"] = row["named"] / row["asked"] if row["asked"] else 0.0
+    rows = list(out["families"].values())
+    out["mean_accuracy"] = sum(r["accuracy"] for r in rows) / len(rows) if rows else 0.0
+    out["mean_named"] = sum(r["named"] for r in rows) / len(rows) if rows else 0.0
     return out

@@ -257,7 +257,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
         res["grounding"] = grounding_eval(actor, cfg.families, cfg.eval_seeds_per_family, **env_kw,
                                           progress=lambda: bar.update(1))
         bar.close()
-        log.log(0, f"eval_{tag}", mean_success=res["mean_success"], grounding=res["grounding"]["mean_accuracy"],
+        log.log(0, f"eval_{tag}", mean_success=res["mean_success"], grounding=res["grounding"]["mean_accuracy"], named=res["grounding"]["mean_named"],
                 **{f"success_{k}": v["success"] for k, v in res["families"].items()})
         return res
 
@@ -362,6 +362,9 @@ def eval_summary(report: dict) -> dict:
         # greedy "Click on 'X'." on held-out screens: the share of clicks inside X (trainer.grounding)
         "grounding": {tag: r["grounding"]["mean_accuracy"] for tag, r in (("sft", sft), ("ppo", ppo))
                       if "grounding" in r},
+        # of those replies, the share whose thought names X: the instruction read, whatever the click
+        "named": {tag: r["grounding"]["mean_named"] for tag, r in (("sft", sft), ("ppo", ppo))
+                  if "mean_named" in r.get("grounding", {})},
         "demos": report.get("demos"), "ppo_updates": report.get("ppo", {}).get("updates"),
         "seconds": report.get("seconds"), "config": report["config"],
         "reproduce": reproduce_command(report["config"]),

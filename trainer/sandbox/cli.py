@@ -223,19 +223,24 @@ def _grounding(args, families) -> int:
     finally:
         bar.close()
         policy.close()
+    # "named": the thought names the element (the instruction was read); "hits|named": hits among those
     _print_rates(args.json, "hits", res["mean_accuracy"],
-                 {k: (v["asked"], v["accuracy"], v["unparsed"]) for k, v in res["families"].items()}, "unparsed")
+                 {k: (v["asked"], v["accuracy"], v["unparsed"], f"{v['named']:.0%}", f"{v['accuracy_named']:.0%}")
+                  for k, v in res["families"].items()}, ("unparsed", "named", "hits|named"),
+                 {"named": {"overall": res["mean_named"], "families": {k: v["named"] for k, v in res["families"].items()}}})
     return 0
 
 
-def _print_rates(as_json: bool, what: str, overall: float, rows: dict, extra: str | None = None) -> None:
-    """{"overall": rate, "families": {name: rate}} as JSON, or a table of rows name -> (n, rate[, extra])."""
+def _print_rates(as_json: bool, what: str, overall: float, rows: dict, extra: tuple[str, ...] = (),
+                 more_json: dict | None = None) -> None:
+    """{"overall": rate, "families": {name: rate}} (plus `more_json`) as JSON, or a table of rows
+    name -> (n, rate, *one value per `extra` column)."""
     if as_json:
-        print(json.dumps({"overall": overall, "families": {k: r[1] for k, r in rows.items()}}))
+        print(json.dumps({"overall": overall, "families": {k: r[1] for k, r in rows.items()}, **(more_json or {})}))
         return
-    print(f"{'family':<16} {'n':>5} {what:>8}" + (f" {extra:>9}" if extra else ""))
+    print(f"{'family':<16} {'n':>5} {what:>8}" + "".join(f" {h:>10}" for h in extra))
     for name, r in rows.items():
-        print(f"{name:<16} {r[0]:>5} {r[1]:>8.2%}" + (f" {r[2]:>9}" if extra else ""))
+        print(f"{name:<16} {r[0]:>5} {r[1]:>8.2%}" + "".join(f" {v:>10}" for v in r[2:2 + len(extra)]))
     print(f"{'overall':<16} {sum(r[0] for r in rows.values()):>5} {overall:>8.2%}")
 
 

@@ -186,3 +186,44 @@ def test_an_update_makes_the_rewarded_reply_likelier_and_the_penalised_one_less_
     after = mean_logprobs()
     assert after[0] > before[0] + 1e-3, (before, after)
     assert after[1] < before[1] - 1e-3, (before, after)
+
+
+def test_kl_coef_holds_the_policy_near_where_it_started(tiny_vlm_dir, one_thread):  # noqa: F811
+    """With kl_coef the learner keeps a frozen copy of the start policy and adds a per-token k3
+    KL penalty to it: the same aggressive updates then end closer to the start (measured on the
+    batch's own tokens), the copy itself never moves, and with kl_coef 0 no copy is kept."""
+    import torch
+
+    from agent.vlm import action_logprobs, load_vlm
+    from trainer.ppo import Learner, PPOConfig, prepare_turns
+    from trainer.rl.losses import kl_estimate
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    trajs = _short_episodes(model, proc, n=3)
+    for t in trajs:
+        t.turns[-1].reward = 1.0 if t.seed % 2 else -1.0
+    start_lp = None
+    drift, kl_logged = {}, {}
+    for coef in (0.0, 5.0):
+        m, p = load_vlm(tiny_vlm_dir, device="cpu")
+        cfg = PPOConfig(epochs=4, lr=3e-3, minibatch_turns=2, format_penalty=0.0, kl_coef=coef)
+        turns = prepare_turns(trajs, p, m, cfg)
+        with torch.no_grad():
+            lps = [action_logprobs(m, tb.inputs, tb.target)[tb.target] for tb in turns]
+        start_lp = start_lp or lps
+        torch.manual_seed(0)
+        learner = Learner(m, p, cfg)
+        assert (learner.ref is None) == (coef == 0.0)
+        ref_before = None if learner.ref is None else {k: v.clone() for k, v in learner.ref.state_dict().items()}
+        rows = [learner.update(trajs) for _ in range(3)]
+        if learner.ref is not None:
+            assert all(torch.equal(ref_before[k], v) for k, v in learner.ref.state_dict().items())
+            kl_logged[coef] = [r["kl_ref"] for r in rows]
+        else:
+            assert "kl_ref" not in rows[-1]
+        learner.close()
+        with torch.no_grad():
+            now = [action_logprobs(m, tb.inputs, tb.target)[tb.target] for tb in prepare_turns(trajs, p, m, cfg)]
+        drift[coef] = float(torch.cat([kl_estimate(a, b) for a, b in zip(now, start_lp)]).mean())
+    assert kl_logged[5.0][0] >= 0.0 and max(kl_logged[5.0]) > 0.0  # the penalty saw the policy move
+    assert drift[5.0] < 0.7 * drift[0.0], drift

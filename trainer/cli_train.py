@@ -107,6 +107,8 @@ def _add_ppo_shaping_args(s, *, recipe: bool) -> None:
     s.add_argument("--click-reward", type=float, default=default(0.0),
                    help="weight of a dense grounding reward: each click earns exp(-d^2/2s^2) for its distance d to "
                         "where the task's expert would click (s = 0.05 of the screen)")
+    s.add_argument("--kl-coef", type=float, default=default(0.0),
+                   help="weight of a per-token KL penalty (k3) to the policy PPO started from (0: none, no copy kept)")
 
 
 def _fail(msg: str) -> int:
@@ -177,6 +179,8 @@ def cmd_ppo(args) -> int:
         return _fail(f"--click-reward must be >= 0, got {args.click_reward}")
     if args.target_kl is not None and args.target_kl <= 0:
         return _fail(f"--target-kl must be > 0, got {args.target_kl}")
+    if args.kl_coef < 0:
+        return _fail(f"--kl-coef must be >= 0, got {args.kl_coef}")
     try:
         model, processor = load_vlm(args.model, device="cpu")
     except VLMError as e:
@@ -191,7 +195,7 @@ def cmd_ppo(args) -> int:
                     seed=args.seed, max_seconds=args.minutes * 60 if args.minutes else None,
                     train_vision=args.train_vision, format_penalty=args.format_penalty,
                     target_kl=args.target_kl, progress_reward=args.progress_reward, click_reward=args.click_reward,
-                    end_on_parse_error=args.end_on_parse_error)
+                    kl_coef=args.kl_coef, end_on_parse_error=args.end_on_parse_error)
     env_kw = {"width": args.width, "height": args.height}
     if args.max_steps:
         env_kw["max_steps"] = args.max_steps
@@ -221,7 +225,7 @@ def recipe_config(args):
                       ("policy_alpha", "ppo_policy_alpha"), ("train_vision", "ppo_train_vision"),
                       ("format_penalty", "ppo_format_penalty"), ("target_kl", "ppo_target_kl"),
                       ("progress_reward", "ppo_progress_reward"), ("end_on_parse_error", "ppo_end_on_parse_error"),
-                      ("click_reward", "ppo_click_reward"),
+                      ("click_reward", "ppo_click_reward"), ("kl_coef", "ppo_kl_coef"),
                       ("hidden", "hidden"), ("layers", "layers"), ("vision_depth", "vision_depth"),
                       ("rope_theta", "rope_theta"), ("mrope", "mrope")):
         if getattr(args, arg) is not None:

@@ -50,7 +50,7 @@ class PPOConfig:
     clip_high: float = 0.28
     value_clip: float | None = 0.5
     ent_coef: float = 0.0
-    kl_coef: float = 0.0  # to the frozen start policy; 0 turns it off (no reference model kept)
+    kl_coef: float = 0.0  # k3 KL penalty to the frozen start policy, per token; 0 turns it off (no reference kept)
     gamma: float = 1.0
     critic_lambda: float = 1.0
     policy_alpha: float = 0.05  # length-adaptive lambda = 1 - 1/(alpha * l)
@@ -124,6 +124,7 @@ class TurnBatch:
     weight: float = 1.0
     images: list[str] = field(default_factory=list)  # ImageBank keys, when the pixels live there
     old_lp: torch.Tensor | None = None
+    ref_lp: torch.Tensor | None = None  # under the frozen start policy (kl_coef > 0)
     values: torch.Tensor | None = None
     adv: torch.Tensor | None = None
     ret: torch.Tensor | None = None
@@ -250,12 +251,15 @@ def shaped_turn_rewards(traj, cfg: PPOConfig) -> list[float]:
 
 
 @torch.no_grad()
-def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConfig) -> dict:
-    """Proximal log-probs, values, then decoupled GAE per trajectory; fills the TurnBatches."""
+def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConfig, ref=None) -> dict:
+    """Proximal log-probs (and the reference's, given one), values, then decoupled GAE per
+    trajectory; fills the TurnBatches."""
     from agent.vlm import action_logprobs
 
     for tb in turns:
         tb.old_lp = action_logprobs(policy, tb.inputs, tb.target, temperature=cfg.temperature)[tb.target]
+        if ref is not None:
+            tb.ref_lp = action_logprobs(ref, tb.inputs, tb.target, temperature=cfg.temperature)[tb.target]
         tb.values = turn_values(critic, tb)
     stats = {"returns": [], "values": []}
     for i, tr in enumerate(trajs):
@@ -309,6 +313,8 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
     from agent.vlm import action_logprobs
 
     m = {"policy_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
+    if cfg.kl_coef:
+        m["kl_ref"] = []
     stopped, tokens = False, 0
     for mb in _minibatches(turns, cfg.minibatch_turns):
         n = sum(int(tb.target.sum()) for tb in mb)  # token-mean over the minibatch
@@ -320,7 +326,12 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
             lp, ent = lp[tb.target], ent[tb.target]
             out = rl_losses.ppo_policy_loss(lp, tb.old_lp, tb.adv, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                             reduction="sum")
-            loss = (out["loss"] - cfg.ent_coef * ent.sum()) * tb.weight / n
+            loss = out["loss"] - cfg.ent_coef * ent.sum()
+            if cfg.kl_coef:  # keeps the policy near where it started (k3: unbiased, never negative)
+                kl_ref = rl_losses.kl_estimate(lp, tb.ref_lp, "k3")
+                loss = loss + cfg.kl_coef * kl_ref.sum()
+                m["kl_ref"].append(float(kl_ref.detach().mean()))
+            loss = loss * tb.weight / n
             loss.backward()
             m["policy_loss"].append(float(out["loss"].detach()) / lp.numel())
             m["entropy"].append(float(ent.detach().mean()))
@@ -379,6 +390,9 @@ class Learner:
         self.critic = Critic(policy)
         # frozen, the two vision towers stay equal, so the critic can use the policy's image features
         self._frozen = [] if cfg.train_vision else freeze_vision(policy.model, self.critic.backbone)
+        self.ref = None  # the start policy, frozen, for the KL penalty
+        if cfg.kl_coef:
+            self.ref = copy.deepcopy(policy).eval().requires_grad_(False)
         self.opt_p = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
         self.opt_c = torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=cfg.critic_lr,
                                        weight_decay=0.0)
@@ -387,7 +401,7 @@ class Learner:
         """The batch's turns with proximal log-probs, values and advantages; explained variance."""
         self.policy.eval()
         turns = prepare_turns(trajs, self.processor, self.policy, self.cfg)
-        return turns, score(self.policy, self.critic, trajs, turns, self.processor, self.cfg)["explained_variance"]
+        return turns, score(self.policy, self.critic, trajs, turns, self.processor, self.cfg, self.ref)["explained_variance"]
 
     def value_pretrain(self, trajs) -> dict:
         cfg = self.cfg

@@ -195,7 +195,7 @@ def test_kl_coef_holds_the_policy_near_where_it_started(tiny_vlm_dir, one_thread
     import torch
 
     from agent.vlm import action_logprobs, load_vlm
-    from trainer.ppo import Learner, PPOConfig, prepare_turns
+    from trainer.ppo import KL_REF_CAP, Learner, PPOConfig, prepare_turns
     from trainer.rl.losses import kl_estimate
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
@@ -226,4 +226,5 @@ def test_kl_coef_holds_the_policy_near_where_it_started(tiny_vlm_dir, one_thread
             now = [action_logprobs(m, tb.inputs, tb.target)[tb.target] for tb in prepare_turns(trajs, p, m, cfg)]
         drift[coef] = float(torch.cat([kl_estimate(a, b) for a, b in zip(now, start_lp)]).mean())
     assert kl_logged[5.0][0] >= 0.0 and max(kl_logged[5.0]) > 0.0  # the penalty saw the policy move
+    assert max(kl_logged[5.0]) <= KL_REF_CAP  # per token, so the mean is under the cap too
     assert drift[5.0] < 0.7 * drift[0.0], drift

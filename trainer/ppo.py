@@ -82,6 +82,9 @@ class PPOConfig:
     target_kl: float | None = None
 
 
+KL_REF_CAP = 10.0  # per-token cap of the KL-to-start penalty's k3 estimate
+
+
 # ---------------------------------------------------------------- the critic
 
 
@@ -328,7 +331,10 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
                                             reduction="sum")
             loss = out["loss"] - cfg.ent_coef * ent.sum()
             if cfg.kl_coef:  # keeps the policy near where it started (k3: unbiased, never negative)
-                kl_ref = rl_losses.kl_estimate(lp, tb.ref_lp, "k3")
+                # capped per token, as verl's low_var_kl: tokens come from the behaviour policy, so a
+                # token the policy has since pushed far below the start gives exp(log r) in the
+                # thousands (seen: batch means of 2e4), and its gradient would swamp the batch's
+                kl_ref = rl_losses.kl_estimate(lp, tb.ref_lp, "k3").clamp(max=KL_REF_CAP)
                 loss = loss + cfg.kl_coef * kl_ref.sum()
                 m["kl_ref"].append(float(kl_ref.detach().mean()))
             loss = loss * tb.weight / n

@@ -403,15 +403,17 @@ class Learner:
         self.opt_c = torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=cfg.critic_lr,
                                        weight_decay=0.0)
 
-    def _scored(self, trajs) -> tuple[list[TurnBatch], float]:
-        """The batch's turns with proximal log-probs, values and advantages; explained variance."""
+    def _scored(self, trajs, with_ref: bool = True) -> tuple[list[TurnBatch], float]:
+        """The batch's turns with proximal log-probs (and the start policy's, for the policy's
+        KL penalty), values and advantages; explained variance."""
         self.policy.eval()
         turns = prepare_turns(trajs, self.processor, self.policy, self.cfg)
-        return turns, score(self.policy, self.critic, trajs, turns, self.processor, self.cfg, self.ref)["explained_variance"]
+        ref = self.ref if with_ref else None
+        return turns, score(self.policy, self.critic, trajs, turns, self.processor, self.cfg, ref)["explained_variance"]
 
     def value_pretrain(self, trajs) -> dict:
         cfg = self.cfg
-        turns, ev = self._scored(trajs)
+        turns, ev = self._scored(trajs, with_ref=False)  # the critic alone: no policy loss, no penalty
         vl = [critic_step(self.critic, self.opt_c, turns, cfg, clip=False) for _ in range(cfg.value_pretrain_epochs)]
         return {"value_loss": vl[-1], "explained_variance": ev}
 

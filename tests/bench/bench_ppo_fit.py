@@ -60,9 +60,6 @@ def fit(model_dir: str, family: str, pool: int, updates: int, heldout: int, seed
     held = list(range(HELDOUT_START, HELDOUT_START + heldout))
     shown = train[:heldout]
     t0 = time.perf_counter()
-    row = {"pool": pool, "train_before": greedy_success(actor, env, shown, family),
-           "held_before": greedy_success(actor, env, held, family)}
-    learner = Learner(model, processor, cfg)
     k = 0
 
     def batch():
@@ -74,17 +71,21 @@ def fit(model_dir: str, family: str, pool: int, updates: int, heldout: int, seed
 
     sampled = []
     try:
+        row = {"pool": pool, "train_before": greedy_success(actor, env, shown, family),
+               "held_before": greedy_success(actor, env, held, family)}
+        learner = Learner(model, processor, cfg)
         learner.value_pretrain(batch())
         for _ in tqdm(range(updates), desc=f"ppo on {pool} seeds"):
             trajs = batch()
             sampled.append(batch_metrics(trajs)["success_rate"])
             learner.update(trajs)
-    finally:
         learner.close()
-    row.update(train_after=greedy_success(actor, env, shown, family), held_after=greedy_success(actor, env, held, family),
-               sampled_first=sampled[0], sampled_last=sum(sampled[-3:]) / len(sampled[-3:]),
+        row.update(train_after=greedy_success(actor, env, shown, family),
+                   held_after=greedy_success(actor, env, held, family))
+    finally:
+        env.close()
+    row.update(sampled_first=sampled[0], sampled_last=sum(sampled[-3:]) / len(sampled[-3:]),
                seconds=time.perf_counter() - t0, shown=len(shown))
-    env.close()
     return row
 
 

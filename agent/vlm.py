@@ -1,4 +1,5 @@
-"""Local Qwen2.5-VL-class models (UI-TARS-1.5-7B, or the tiny one trainer.tiny_model builds).
+"""Local Qwen-VL-class models: Qwen2-VL, Qwen2.5-VL (UI-TARS-1.5-7B) and Qwen3-VL, or the tiny
+ones trainer.tiny_model builds.
 
 Loading, generation, and per-token log-probs for SFT/PPO; chat -> inputs lives in
 agent.vlm_inputs and is re-exported here, so `from agent import vlm` is the whole API. torch and
@@ -23,7 +24,11 @@ from agent.vlm_inputs import (  # noqa: F401  (re-exported: the public API)
 SUPPORTED_MODEL_TYPES = {
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",  # UI-TARS-1.5, Qwen2.5-VL
     "qwen2_vl": "Qwen2VLForConditionalGeneration",  # UI-TARS-1.0, Qwen2-VL
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",  # Qwen3-VL: learned absolute positions in its vision tower
 }
+# the stock processor class of each model type (what a checkpoint's processor_class names)
+STOCK_PROCESSORS = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen2_vl": "Qwen2_5_VLProcessor",
+                    "qwen3_vl": "Qwen3VLProcessor"}
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16",
            "float32": "float32", "fp32": "float32", "float": "float32"}
 
@@ -31,21 +36,24 @@ _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp
 _CLASSES: dict = {}
 
 
-def processor_class():
-    """The image-only Qwen2.5-VL processor class. The stock processor insists on a video
+def processor_class(model_type: str = "qwen2_5_vl"):
+    """The image-only processor class for a model type. The stock processors insist on a video
     processor, which needs torchvision, which does not load beside this torch build."""
-    if "processor" not in _CLASSES:
-        from transformers import Qwen2_5_VLProcessor
+    stock = STOCK_PROCESSORS.get(model_type)
+    if stock is None:
+        raise VLMError(f"model_type {model_type!r} is not supported here; expected one of {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if stock not in _CLASSES:
+        import transformers
 
-        class ImageOnlyQwenVLProcessor(Qwen2_5_VLProcessor):
-            """Qwen2.5-VL's processor without the video half (no torchvision needed)."""
+        base = getattr(transformers, stock)
 
-            def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-                super().__init__(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
-                                 chat_template=chat_template, **kwargs)
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            base.__init__(self, image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
+                          chat_template=chat_template, **kwargs)
 
-        _CLASSES["processor"] = ImageOnlyQwenVLProcessor
-    return _CLASSES["processor"]
+        name = "ImageOnlyQwenVLProcessor" if stock == "Qwen2_5_VLProcessor" else f"ImageOnly{stock}"
+        _CLASSES[stock] = type(name, (base,), {"__init__": __init__, "__doc__": f"{stock} without the video half (no torchvision needed)."})
+    return _CLASSES[stock]
 
 
 def __getattr__(name):  # `from agent.vlm import ImageOnlyQwenVLProcessor` imports transformers only then
@@ -81,7 +89,7 @@ def check_model_dir(model_dir) -> dict:
             or _has_key(d / "tokenizer_config.json", "chat_template")):
         missing.append("chat template (chat_template.jinja or chat_template.json)")
     if missing:
-        raise VLMError(f"{d} is not a usable Qwen2.5-VL model directory: missing {'; '.join(missing)}")
+        raise VLMError(f"{d} is not a usable Qwen-VL model directory: missing {'; '.join(missing)}")
     mtype = config.get("model_type") if isinstance(config, dict) else None
     if mtype not in SUPPORTED_MODEL_TYPES:
         raise VLMError(f"{d}: model_type {mtype!r} is not supported here; expected one of {', '.join(SUPPORTED_MODEL_TYPES)}")
@@ -97,14 +105,28 @@ def _has_key(path: Path, key: str) -> bool:
 
 def load_processor(model_dir):
     """The image-only processor of a model directory (tokenizer, image processor, chat template)."""
-    check_model_dir(model_dir)
+    config = check_model_dir(model_dir)
     try:
-        proc = processor_class().from_pretrained(str(model_dir))
+        proc = processor_class(config["model_type"]).from_pretrained(str(model_dir))
     except Exception as e:  # a damaged tokenizer.json / preprocessor config, whatever type it raises
         raise VLMError(f"{model_dir}: the tokenizer or image processor did not load: {e}") from e
     if not proc.chat_template:
         raise VLMError(f"{model_dir}: the processor loaded without a chat template")
     return proc
+
+
+def name_stock_processor(model_dir) -> None:
+    """Name the stock processor class in a saved directory's configs, as UI-TARS's files do
+    (our image-only subclass is a loading detail); the model type comes from its config.json."""
+    d = Path(model_dir)
+    stock = STOCK_PROCESSORS[json.loads((d / "config.json").read_text(encoding="utf-8"))["model_type"]]
+    for name in ("processor_config.json", "tokenizer_config.json", "preprocessor_config.json"):
+        path = d / name
+        if path.is_file():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if "processor_class" in data:
+                data["processor_class"] = stock
+                path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
 def resolve_device_dtype(device=None, dtype=None):
@@ -133,7 +155,7 @@ def resolve_device_dtype(device=None, dtype=None):
 
 
 def load_vlm(model_dir, device=None, dtype=None):
-    """(model, processor) for a Qwen2.5-VL / Qwen2-VL checkpoint directory, in eval mode.
+    """(model, processor) for a Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint directory, in eval mode.
     Raises VLMError naming the directory and what is missing when it is not one."""
     config = check_model_dir(model_dir)
     import transformers

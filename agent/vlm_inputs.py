@@ -174,7 +174,8 @@ def to_model(inputs: dict, model) -> dict:
 
     inputs may carry "image_embeds" (one tensor of merged vision features per image, in order)
     instead of pixel_values: the images were encoded before (a learner encodes each distinct
-    screenshot once), and they reach the model as transformers' mm_encoder_outputs."""
+    screenshot once), and they reach the model as transformers' mm_encoder_outputs; for Qwen3-VL
+    with "image_deepstack" (each image's DeepStack features, one tensor per layer)."""
     dev, dt = model.device, model.dtype
     out = {}
     for k in MODEL_INPUT_KEYS:
@@ -183,11 +184,21 @@ def to_model(inputs: dict, model) -> dict:
             out[k] = v.to(dev, dtype=dt) if v.is_floating_point() else v.to(dev)
     embeds = inputs.get("image_embeds")
     if embeds is not None:
-        from transformers.modeling_outputs import BaseModelOutputWithPooling
-
         out.pop("pixel_values", None)
-        out["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(
-            pooler_output=tuple(e.to(dev, dtype=dt) for e in embeds))}
+        pooled = tuple(e.to(dev, dtype=dt) for e in embeds)
+        if getattr(model.config, "model_type", None) == "qwen3_vl":
+            # Qwen3-VL also takes DeepStack features (per layer, per image): "image_deepstack" holds
+            # each image's list of them, empty for a model without DeepStack layers
+            from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+            per_image = inputs.get("image_deepstack") or [[] for _ in embeds]
+            layers = [tuple(img[i].to(dev, dtype=dt) for img in per_image) for i in range(len(per_image[0]))]
+            out["mm_encoder_outputs"] = {"image": BaseModelOutputWithDeepstackFeatures(
+                pooler_output=pooled, deepstack_features=layers)}
+        else:
+            from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+            out["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=pooled)}
     return out
 
 

@@ -74,6 +74,7 @@ def test_train_default_refuses_bad_settings_before_any_work(tmp_path, capsys):
                            (["--hidden", "100"], "--hidden must be a positive multiple of 32, got 100"),
                            (["--vision-depth", "0"], "--layers and --vision-depth must be at least 1, got (2, 0)"),
                            (["--mrope", "spiral"], "--mrope must be one of interleaved, blocks, got spiral"),
+                           (["--arch", "llava"], "--arch must be one of qwen2_5_vl, qwen3_vl, got llava"),
                            (["--rope-theta", "0.5"], "--rope-theta must be > 1, got 0.5"),
                            (["--click-reward", "-1"], "--click-reward must be >= 0, got -1.0"),
                            (["--kl-coef", "-1"], "--kl-coef must be >= 0, got -1.0")):

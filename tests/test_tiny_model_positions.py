@@ -76,4 +76,15 @@ def test_build_tiny_model_refuses_an_unknown_layout_or_theta(tmp_path):
         build_tiny_model(tmp_path / "a", ["x y"], mrope="diagonal")
     with pytest.raises(ValueError, match="rope_theta must be > 1, got 0.0"):
         build_tiny_model(tmp_path / "b", ["x y"], rope_theta=0.0)
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    with pytest.raises(ValueError, match="arch must be one of qwen2_5_vl, qwen3_vl, got 'llava'"):
+        build_tiny_model(tmp_path / "c", ["x y"], arch="llava")
+    with pytest.raises(ValueError, match="deepstack is a Qwen3-VL feature"):
+        build_tiny_model(tmp_path / "d", ["x y"], deepstack=True)
+    assert not any((tmp_path / n).exists() for n in "abcd")
+
+
+def test_qwen3_mrope_section_scales_the_stock_split():
+    from trainer.tiny_model import qwen3_mrope_section
+
+    assert qwen3_mrope_section(128) == [24, 20, 20]  # exactly Qwen3-VL's
+    assert qwen3_mrope_section(32) == [6, 5, 5] and sum(qwen3_mrope_section(64)) == 32

@@ -6,19 +6,19 @@ import math
 
 import pytest
 
-from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
+from tests.vlm_fixtures import one_thread, tiny_any_dir, tiny_qwen3_dir, tiny_vlm_dir  # noqa: F401 - fixtures
 
 pytest.importorskip("trainer.rl.gae", reason="trainer/rl (the PPO math) is not written yet")
 
 
-def test_two_ppo_updates_with_value_pretraining(tiny_vlm_dir, tmp_path, one_thread):  # noqa: F811
+def test_two_ppo_updates_with_value_pretraining(tiny_any_dir, tmp_path, one_thread):  # noqa: F811
     import torch
 
     from agent.vlm import load_vlm
     from trainer.metrics import MetricsLog, read_metrics
     from trainer.ppo import Critic, PPOConfig, train_ppo
 
-    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    model, proc = load_vlm(tiny_any_dir, device="cpu")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     critic0 = Critic(model)
     # the critic starts from the policy's weights, with a zero head
@@ -26,7 +26,7 @@ def test_two_ppo_updates_with_value_pretraining(tiny_vlm_dir, tmp_path, one_thre
     cfg = PPOConfig(updates=2, batch_episodes=2, epochs=1, minibatch_turns=4, n_workers=0, value_pretrain_iters=1,
                     value_pretrain_epochs=1, max_new_tokens=12)
     log = MetricsLog(tmp_path / "log", tensorboard=False)
-    res = train_ppo(model, proc, cfg, model_dir=tiny_vlm_dir, work_dir=tmp_path / "w",
+    res = train_ppo(model, proc, cfg, model_dir=tiny_any_dir, work_dir=tmp_path / "w",
                     env_kw={"width": 224, "height": 168, "families": ["click_button"], "max_steps": 2}, log=log,
                     progress=False)
     rows = read_metrics(log.path)
@@ -53,15 +53,16 @@ def _short_episodes(model, proc, n=2):
         env.close()
 
 
-def test_image_bank_keeps_each_screenshot_once_and_scores_like_pixels(tiny_vlm_dir, one_thread):  # noqa: F811
+def test_image_bank_keeps_each_screenshot_once_and_scores_like_pixels(tiny_any_dir, one_thread):  # noqa: F811
     """Turns of an episode share screenshots (the memory's working steps): the bank holds each
-    once, and log-probs and values through its features equal those through the pixels."""
+    once, and log-probs and values through its features equal those through the pixels (for
+    Qwen3-VL, DeepStack features included)."""
     import torch
 
     from agent.vlm import action_logprobs, load_vlm
     from trainer.ppo import Critic, ImageBank, build_turns, turn_values
 
-    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    model, proc = load_vlm(tiny_any_dir, device="cpu")
     trajs = _short_episodes(model, proc)
     plain = build_turns(trajs, proc)
     bank = ImageBank(chunk=2)
@@ -72,6 +73,9 @@ def test_image_bank_keeps_each_screenshot_once_and_scores_like_pixels(tiny_vlm_d
     assert all("pixel_values" not in tb.inputs for tb in banked)
     bank.encode(model.model)
     bank.attach(banked)
+    if model.config.model_type == "qwen3_vl":  # one DeepStack layer: each image carries its features
+        assert all(len(bank.deepstack[k]) == 1 for k in bank.pixels)
+        assert all(len(tb.inputs["image_deepstack"]) == len(tb.images) for tb in banked if tb.images)
     critic = Critic(model)
     with torch.no_grad():
         for a, b in zip(plain, banked):

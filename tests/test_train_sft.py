@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.factories import make_episode
-from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
+from tests.vlm_fixtures import one_thread, tiny_any_dir, tiny_qwen3_dir, tiny_vlm_dir  # noqa: F401 - fixtures
 
 
 def test_assistant_ce_ignores_everything_off_the_mask():
@@ -93,14 +93,14 @@ def test_vlm_loss_equals_the_pure_loss(store, tiny_vlm_dir, one_thread):  # noqa
     assert torch.allclose(a, b, atol=1e-5)
 
 
-def test_sft_lowers_the_loss_and_saves_a_reloadable_checkpoint(store, tiny_vlm_dir, tmp_path, one_thread):  # noqa: F811
+def test_sft_lowers_the_loss_and_saves_a_reloadable_checkpoint(store, tiny_any_dir, tmp_path, one_thread):  # noqa: F811
     import torch
 
-    from agent.vlm import load_vlm, to_model
+    from agent.vlm import STOCK_PROCESSORS, load_vlm, to_model
     from trainer.metrics import MetricsLog, read_metrics
     from trainer.sft import SFTConfig, encode, train_sft
 
-    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    model, proc = load_vlm(tiny_any_dir, device="cpu")
     samples = _samples(store, 1)
     log = MetricsLog(tmp_path / "run", tensorboard=False)
     out = tmp_path / "ckpt"
@@ -111,7 +111,8 @@ def test_sft_lowers_the_loss_and_saves_a_reloadable_checkpoint(store, tiny_vlm_d
     assert len(rows) == 8 and rows[0]["phase"] == "sft" and rows[-1]["loss"] == pytest.approx(res["last_loss"])
     for name in ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"):
         assert (out / name).is_file(), name
-    assert json.loads((out / "processor_config.json").read_text())["processor_class"] == "Qwen2_5_VLProcessor"
+    assert json.loads((out / "processor_config.json").read_text())["processor_class"] == \
+        STOCK_PROCESSORS[model.config.model_type]
     again, proc2 = load_vlm(out, device="cpu")
     inputs = encode(proc2, samples[0])
     with torch.no_grad():

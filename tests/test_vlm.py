@@ -1,4 +1,4 @@
-"""agent.vlm on the tiny Qwen2.5-VL built by trainer.tiny_model: loading, inputs, generation,
+"""agent.vlm on the tiny Qwen2.5-VL and Qwen3-VL built by trainer.tiny_model: loading, inputs, generation,
 assistant masks, log-probs, and real AdamW steps that lower the loss."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from agent import vlm
 from agent.grammar import parse_response, system_prompt
 from tests.conftest import ROOT
-from tests.vlm_fixtures import TIMINGS, one_thread, tiny_vlm_dir  # noqa: F401  (fixtures)
+from tests.vlm_fixtures import TIMINGS, one_thread, tiny_qwen3_dir, tiny_vlm_dir  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,9 +44,11 @@ def chat(*answers, instruction="Press OK then type hello"):
     return msgs
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_vlm_dir):
-    model, processor = vlm.load_vlm(tiny_vlm_dir)
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def tiny(request):
+    """(model, processor) of each tiny model class in turn: Qwen2.5-VL, then Qwen3-VL."""
+    model_dir = request.getfixturevalue("tiny_vlm_dir" if request.param == "qwen2_5_vl" else "tiny_qwen3_dir")
+    model, processor = vlm.load_vlm(model_dir)
     return model, processor
 
 
@@ -56,18 +58,25 @@ def test_importing_vlm_does_not_import_torch():
     assert r.returncode == 0, r.stderr
 
 
-def test_tiny_directory_is_a_small_standard_checkpoint(tiny_vlm_dir, tiny):
+def test_tiny_directory_is_a_small_standard_checkpoint(tiny):
+    from pathlib import Path
+
     model, processor = tiny
-    names = {p.name for p in tiny_vlm_dir.iterdir()}
+    model_dir = Path(model.name_or_path)
+    names = {p.name for p in model_dir.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja", "generation_config.json"} <= names
-    size = sum(p.stat().st_size for p in tiny_vlm_dir.iterdir())
+    size = sum(p.stat().st_size for p in model_dir.iterdir())
     assert size < 12 * 2**20, f"tiny checkpoint is {size / 2**20:.1f} MiB"
-    config = json.loads((tiny_vlm_dir / "config.json").read_text())
-    assert config["model_type"] == "qwen2_5_vl"
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["model_type"] in ("qwen2_5_vl", "qwen3_vl")
     text = config["text_config"]
     head_dim = text["hidden_size"] // text["num_attention_heads"]
     assert sum(text["rope_parameters"]["mrope_section"]) == head_dim // 2
-    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert type(model).__name__ == vlm.SUPPORTED_MODEL_TYPES[config["model_type"]]
+    assert json.loads((model_dir / "processor_config.json").read_text())["processor_class"] == \
+        vlm.STOCK_PROCESSORS[config["model_type"]]
+    if config["model_type"] == "qwen3_vl":  # learned absolute positions in the vision tower
+        assert config["vision_config"]["num_position_embeddings"] > 0
     assert str(model.device) == "cpu" and str(model.dtype) == "torch.float32"
     tok = processor.tokenizer
     assert 500 < len(tok) <= 4096
@@ -352,7 +361,7 @@ def test_load_errors_name_the_directory_and_what_is_missing(tmp_path, tiny_vlm_d
         vlm.load_vlm(broken)
 
 
-def test_ui_tars_file_layout_loads_the_same(tmp_path, tiny_vlm_dir, tiny):
+def test_ui_tars_file_layout_loads_the_same(tmp_path, tiny_vlm_dir):
     """UI-TARS-1.5-7B ships preprocessor_config.json and chat_template.json (older layout)."""
     d = tmp_path / "uitars"
     shutil.copytree(tiny_vlm_dir, d)
@@ -363,7 +372,7 @@ def test_ui_tars_file_layout_loads_the_same(tmp_path, tiny_vlm_dir, tiny):
     (d / "chat_template.json").write_text(json.dumps({"chat_template": (d / "chat_template.jinja").read_text()}))
     (d / "chat_template.jinja").unlink()
     model2, processor2 = vlm.load_vlm(d, dtype="fp32")
-    model, processor = tiny
+    model, processor = vlm.load_vlm(tiny_vlm_dir)
     assert type(processor2).__name__ == "ImageOnlyQwenVLProcessor"
     assert vlm.image_token_count(processor2, 1280, 800) == vlm.image_token_count(processor, 1280, 800)
     msgs = chat()

@@ -22,6 +22,20 @@ def tiny_vlm_dir(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory):
+    """A tiny Qwen3-VL directory with one DeepStack layer (so its features are exercised)."""
+    from trainer.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3") / "model", arch="qwen3_vl", deepstack=True)
+
+
+@pytest.fixture(params=["qwen2_5_vl", "qwen3_vl"])
+def tiny_any_dir(request):
+    """Each tiny model class in turn: Qwen2.5-VL, then Qwen3-VL."""
+    return request.getfixturevalue("tiny_vlm_dir" if request.param == "qwen2_5_vl" else "tiny_qwen3_dir")
+
+
 @pytest.fixture
 def one_thread():
     """torch on one intra-op thread for the duration of a test: ops this small lose to

@@ -77,6 +77,7 @@ def register(sub, common) -> None:
     s.add_argument("--ppo-epochs", type=int, help="PPO passes over each batch")
     s.add_argument("--temperature", type=float, help="sampling temperature of the PPO rollouts")
     s.add_argument("--policy-alpha", type=float, help="alpha of the length-adaptive policy lambda 1 - 1/(alpha*l)")
+    s.add_argument("--arch", help="the model class: qwen2_5_vl (default) or qwen3_vl (learned absolute vision positions)")
     s.add_argument("--hidden", type=int, help="width of the model's language and vision layers (a multiple of 32)")
     s.add_argument("--layers", type=int, help="language model layers")
     s.add_argument("--vision-depth", type=int, help="vision tower layers")
@@ -226,7 +227,7 @@ def recipe_config(args):
                       ("format_penalty", "ppo_format_penalty"), ("target_kl", "ppo_target_kl"),
                       ("progress_reward", "ppo_progress_reward"), ("end_on_parse_error", "ppo_end_on_parse_error"),
                       ("click_reward", "ppo_click_reward"), ("kl_coef", "ppo_kl_coef"),
-                      ("hidden", "hidden"), ("layers", "layers"), ("vision_depth", "vision_depth"),
+                      ("arch", "arch"), ("hidden", "hidden"), ("layers", "layers"), ("vision_depth", "vision_depth"),
                       ("rope_theta", "rope_theta"), ("mrope", "mrope")):
         if getattr(args, arg) is not None:
             setattr(cfg, attr, getattr(args, arg))

@@ -93,7 +93,7 @@ class Critic(nn.Module):
 
     def __init__(self, policy):
         super().__init__()
-        self.backbone = copy.deepcopy(policy.model)  # Qwen2_5_VLModel: vision tower + language model
+        self.backbone = copy.deepcopy(policy.model)  # Qwen2_5_VLModel / Qwen3VLModel: vision tower + language model
         hidden = policy.config.text_config.hidden_size
         self.head = nn.Linear(hidden, 1)
         nn.init.zeros_(self.head.weight)
@@ -146,6 +146,7 @@ class ImageBank:
         self.chunk = chunk
         self.pixels: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.features: dict[str, torch.Tensor] = {}
+        self.deepstack: dict[str, list[torch.Tensor]] = {}
 
     def add(self, inputs: dict) -> list[str]:
         pv, grid = inputs.get("pixel_values"), inputs.get("image_grid_thw")
@@ -165,20 +166,26 @@ class ImageBank:
 
     @torch.no_grad()
     def encode(self, backbone) -> dict[str, torch.Tensor]:
-        """Features of every image not encoded yet; `backbone` is a Qwen2.5-VL model (policy.model)."""
+        """Features of every image not encoded yet; `backbone` is a Qwen-VL model (policy.model)."""
         todo = [k for k in self.pixels if k not in self.features]
         for at in range(0, len(todo), self.chunk):
             keys = todo[at: at + self.chunk]
             pv = torch.cat([self.pixels[k][0] for k in keys]).to(backbone.device)
             grid = torch.stack([self.pixels[k][1] for k in keys]).to(backbone.device)
-            out = backbone.get_image_features(pv, grid, return_dict=True).pooler_output
-            self.features.update({k: f.detach() for k, f in zip(keys, out)})
+            out = backbone.get_image_features(pv, grid, return_dict=True)
+            self.features.update({k: f.detach() for k, f in zip(keys, out.pooler_output)})
+            # Qwen3-VL's DeepStack: per layer, a tuple of per-image features; kept per image here
+            layers = getattr(out, "deepstack_features", None) or []
+            for i, k in enumerate(keys):
+                self.deepstack[k] = [layer[i].detach() for layer in layers]
         return self.features
 
     def attach(self, turns) -> None:
         for tb in turns:
             if tb.images:
                 tb.inputs["image_embeds"] = tuple(self.features[k] for k in tb.images)
+                if any(self.deepstack.get(k) for k in tb.images):
+                    tb.inputs["image_deepstack"] = [self.deepstack[k] for k in tb.images]
 
 
 def build_turns(trajs, processor, bank: ImageBank | None = None) -> list[TurnBatch]:

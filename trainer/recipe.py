@@ -41,6 +41,9 @@ class RecipeConfig:
     demo_slip: float = 0.3
     grounding_screens_per_family: int = 60  # screens of "click on X" samples (grounding_samples) added to SFT
     eval_seeds_per_family: int = 20  # a family's rate moves about +-9 points by chance at 20
+    # the model class (trainer.tiny_model.ARCHS): "qwen3_vl" adds Qwen3-VL's learned absolute positions to
+    # the vision tower; trained to click a lone dark square it hit it far more often (bench_position)
+    arch: str = "qwen2_5_vl"
     hidden: int = 128
     layers: int = 2
     vision_depth: int = 2
@@ -80,7 +83,7 @@ class RecipeConfig:
     def validate(self) -> None:
         """Raise RecipeError naming the first setting that cannot work (before any work is done)."""
         from trainer.sandbox.families import family_class
-        from trainer.tiny_model import MROPE_LAYOUTS
+        from trainer.tiny_model import ARCHS, MROPE_LAYOUTS
 
         for f in self.families:
             try:
@@ -91,6 +94,7 @@ class RecipeConfig:
                   (self.layers >= 1 and self.vision_depth >= 1, "--layers and --vision-depth must be at least 1",
                    (self.layers, self.vision_depth)),
                   (self.rope_theta > 1, "--rope-theta must be > 1", self.rope_theta),
+                  (self.arch in ARCHS, f"--arch must be one of {', '.join(ARCHS)}", self.arch),
                   (self.mrope in MROPE_LAYOUTS, f"--mrope must be one of {', '.join(MROPE_LAYOUTS)}", self.mrope),
                   (0.0 <= self.demo_slip <= 1.0, "--demo-slip must be in [0, 1]", self.demo_slip),
                   (self.demo_episodes_per_family >= 1, "--demos must be at least 1", self.demo_episodes_per_family),
@@ -110,7 +114,7 @@ class RecipeConfig:
 
 # the settings that shape the SFT stage (demonstrations, model, SFT, its evaluation): --resume needs them unchanged
 SFT_STAGE_KEYS = ("width", "height", "families", "demo_episodes_per_family", "demo_slip", "grounding_screens_per_family",
-                  "eval_seeds_per_family", "hidden", "layers", "vision_depth", "rope_theta", "mrope", "sft_epochs", "sft_lr",
+                  "eval_seeds_per_family", "arch", "hidden", "layers", "vision_depth", "rope_theta", "mrope", "sft_epochs", "sft_lr",
                   "sft_batch", "seed")
 
 
@@ -209,7 +213,7 @@ def build_default_model(out_dir, cfg: RecipeConfig, demo_texts: list[str]) -> Pa
     side = int((h * w) ** 0.5) + 1
     out = build_tiny_model(out_dir, default_corpus(cfg.seed) + demo_texts, hidden=cfg.hidden, layers=cfg.layers,
                            vision_depth=cfg.vision_depth, image_size=side, seed=cfg.seed, rope_theta=cfg.rope_theta,
-                           mrope=cfg.mrope)
+                           mrope=cfg.mrope, arch=cfg.arch)
     proc = load_processor(out)
     ip = proc.image_processor
     ip.size = {"shortest_edge": coords.MIN_PIXELS, "longest_edge": max(side * side, coords.MIN_PIXELS)}
@@ -383,7 +387,7 @@ CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "d
              "ppo_train_vision": "--train-vision", "ppo_format_penalty": "--format-penalty",
              "ppo_target_kl": "--target-kl", "ppo_progress_reward": "--progress-reward", "ppo_click_reward": "--click-reward",
              "ppo_kl_coef": "--kl-coef",
-             "ppo_end_on_parse_error": "--end-on-parse-error", "hidden": "--hidden", "layers": "--layers",
+             "ppo_end_on_parse_error": "--end-on-parse-error", "arch": "--arch", "hidden": "--hidden", "layers": "--layers",
              "vision_depth": "--vision-depth", "rope_theta": "--rope-theta", "mrope": "--mrope", "seed": "--seed"}
 
 

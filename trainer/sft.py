@@ -199,13 +199,9 @@ def save_checkpoint(model, processor, out_dir, extra: dict | None = None) -> Pat
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
     processor.save_pretrained(str(out))
-    for name in ("processor_config.json", "tokenizer_config.json", "preprocessor_config.json"):
-        p = out / name  # name the stock class, as UI-TARS's files do; our subclass is a loading detail
-        if p.is_file():
-            data = json.loads(p.read_text(encoding="utf-8"))
-            if "processor_class" in data:
-                data["processor_class"] = "Qwen2_5_VLProcessor"
-                p.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    from agent.vlm import name_stock_processor
+
+    name_stock_processor(out)
     if extra is not None:
         (out / "tandem_training.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
     return out

@@ -134,6 +134,17 @@ def train_tokenizer(corpus_texts, vocab_size: int = 3000):
 
 
 MROPE_LAYOUTS = ("interleaved", "blocks")
+ARCHS = ("qwen2_5_vl", "qwen3_vl")
+# Qwen3-VL's table of learned vision positions (a square side of 32 patches): interpolated to any grid
+QWEN3_POSITIONS = 32 * 32
+
+
+def qwen3_mrope_section(head_dim: int) -> list[int]:
+    """Qwen3-VL's (time, height, width) split of head_dim / 2 frequencies, its 128-dim heads'
+    [24, 20, 20] scaled down; with mrope_interleaved the axes take every third frequency."""
+    half = head_dim // 2
+    h = w = (half * 5) // 16
+    return [half - h - w, h, w]
 
 
 def mrope_section(head_dim: int, layout: str = "interleaved") -> list[int]:
@@ -159,14 +170,20 @@ def mrope_section(head_dim: int, layout: str = "interleaved") -> list[int]:
 
 def build_tiny_model(out_dir, corpus_texts=None, hidden: int = 128, layers: int = 2, vision_depth: int = 2,
                      image_size: int = 224, seed: int = 0, vocab_size: int = 3000, rope_theta: float = 10_000.0,
-                     mrope: str = "interleaved") -> Path:
+                     mrope: str = "interleaved", arch: str = "qwen2_5_vl", deepstack: bool = False) -> Path:
     """Build and save the tiny model directory; returns its path. image_size bounds the image
-    area (max_pixels = image_size**2), so a screenshot gives at most (image_size/28)**2 tokens."""
+    area (max_pixels = image_size**2), so a screenshot gives at most (image_size/28)**2 tokens.
+
+    arch "qwen2_5_vl" (Qwen2.5-VL: rotary positions only, windowed vision attention) or "qwen3_vl"
+    (Qwen3-VL: learned absolute position embeddings in the vision tower, full attention, QK-norm;
+    built here with 14-pixel patches, so it sees exactly the Qwen2.5-VL tokens, and without DeepStack
+    unless `deepstack`, which feeds the first vision layer's features to the first language layers).
+    `mrope` applies to Qwen2.5-VL; Qwen3-VL interleaves its axes natively."""
     import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from agent.vlm import processor_class
+    from agent.vlm import SUPPORTED_MODEL_TYPES, name_stock_processor, processor_class
 
     if hidden < 32 or hidden % 32:
         raise ValueError(f"hidden must be a positive multiple of 32 (heads of 32 dims), got {hidden}")
@@ -176,6 +193,10 @@ def build_tiny_model(out_dir, corpus_texts=None, hidden: int = 128, layers: int 
         raise ValueError(f"rope_theta must be > 1, got {rope_theta}")
     if mrope not in MROPE_LAYOUTS:
         raise ValueError(f"mrope layout must be one of {', '.join(MROPE_LAYOUTS)}, got {mrope!r}")
+    if deepstack and arch != "qwen3_vl":
+        raise ValueError("deepstack is a Qwen3-VL feature: pass arch='qwen3_vl'")
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
     if image_size < 56:
         raise ValueError(f"image_size must be at least 56 (two merged patches), got {image_size}")
     out = Path(out_dir)
@@ -188,7 +209,7 @@ def build_tiny_model(out_dir, corpus_texts=None, hidden: int = 128, layers: int 
     tokenizer = train_tokenizer(texts, vocab_size)
     image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=image_size * image_size,
                                                patch_size=14, merge_size=2, temporal_patch_size=2)
-    processor = processor_class()(image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
+    processor = processor_class(arch)(image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
 
     tid = tokenizer.convert_tokens_to_ids
     heads = hidden // 32
@@ -199,34 +220,38 @@ def build_tiny_model(out_dir, corpus_texts=None, hidden: int = 128, layers: int 
                          "mrope_section": mrope_section(hidden // heads, mrope)},
         bos_token_id=tid("<|endoftext|>"), eos_token_id=tid("<|im_end|>"), pad_token_id=tid("<|endoftext|>"),
     )
-    vision_config = dict(
-        depth=vision_depth, hidden_size=hidden, intermediate_size=2 * hidden, num_heads=heads, out_hidden_size=hidden,
-        patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
-        fullatt_block_indexes=[vision_depth - 1],
-    )
-    config = Qwen2_5_VLConfig(
+    if arch == "qwen3_vl":
+        text_config.update(head_dim=hidden // heads, rope_parameters={
+            "rope_type": "default", "rope_theta": rope_theta, "mrope_interleaved": True,
+            "mrope_section": qwen3_mrope_section(hidden // heads)})
+        vision_config = dict(
+            depth=vision_depth, hidden_size=hidden, intermediate_size=2 * hidden, num_heads=heads, out_hidden_size=hidden,
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=QWEN3_POSITIONS,
+            deepstack_visual_indexes=[0] if deepstack else [],
+        )
+    else:
+        vision_config = dict(
+            depth=vision_depth, hidden_size=hidden, intermediate_size=2 * hidden, num_heads=heads, out_hidden_size=hidden,
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+            fullatt_block_indexes=[vision_depth - 1],
+        )
+    config_cls = getattr(transformers, SUPPORTED_MODEL_TYPES[arch].replace("ForConditionalGeneration", "Config"))
+    config = config_cls(
         text_config=text_config, vision_config=vision_config, image_token_id=tid("<|image_pad|>"),
         video_token_id=tid("<|video_pad|>"), vision_start_token_id=tid("<|vision_start|>"),
         vision_end_token_id=tid("<|vision_end|>"), tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config)
+    model = getattr(transformers, SUPPORTED_MODEL_TYPES[arch])(config)
     model.generation_config.eos_token_id = [tid("<|im_end|>"), tid("<|endoftext|>")]
     model.generation_config.pad_token_id = tid("<|endoftext|>")
     model.generation_config.bos_token_id = tid("<|endoftext|>")
     model.save_pretrained(str(out))
     processor.save_pretrained(str(out))
-    # Name the stock processor class, as UI-TARS's files do: our subclass is a loading detail.
-    for name in ("processor_config.json", "tokenizer_config.json", "preprocessor_config.json"):
-        path = out / name
-        if path.is_file():
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if "processor_class" in data:
-                data["processor_class"] = "Qwen2_5_VLProcessor"
-                path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    name_stock_processor(out)
     params = sum(p.numel() for p in model.parameters())
     info = {"built_by": "trainer.tiny_model", "random_weights": True, "seed": seed, "hidden": hidden,
-            "layers": layers, "vision_depth": vision_depth, "image_size": image_size, "rope_theta": rope_theta,
+            "arch": arch, "layers": layers, "vision_depth": vision_depth, "image_size": image_size, "rope_theta": rope_theta,
             "mrope": mrope, "vocab": len(tokenizer),
             "params": params, "corpus_texts": len(texts), "seconds": round(time.perf_counter() - t0, 3)}
     (out / "tiny_model.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
@@ -234,7 +259,7 @@ def build_tiny_model(out_dir, corpus_texts=None, hidden: int = 128, layers: int 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.tiny_model", description="Build a tiny random Qwen2.5-VL directory.")
+    ap = argparse.ArgumentParser(prog="python -m trainer.tiny_model", description="Build a tiny random Qwen-VL directory.")
     ap.add_argument("out_dir")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
@@ -245,6 +270,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rope-theta", type=float, default=10_000.0)
     ap.add_argument("--mrope", choices=MROPE_LAYOUTS, default="interleaved",
                     help="rotary frequencies shared out between time/height/width (see mrope_section)")
+    ap.add_argument("--arch", choices=ARCHS, default="qwen2_5_vl", help="the model class (see build_tiny_model)")
     ap.add_argument("--corpus", help="a UTF-8 text file, one training text per line (default: UI-TARS grammar text)")
     a = ap.parse_args(argv)
     corpus = None
@@ -257,7 +283,7 @@ def main(argv=None) -> int:
     try:
         out = build_tiny_model(a.out_dir, corpus, hidden=a.hidden, layers=a.layers, vision_depth=a.vision_depth,
                                image_size=a.image_size, seed=a.seed, vocab_size=a.vocab_size,
-                               rope_theta=a.rope_theta, mrope=a.mrope)
+                               rope_theta=a.rope_theta, mrope=a.mrope, arch=a.arch)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,5 +1,5 @@
-"""A local transformers vision-language model (the Qwen2.5-VL class of UI-TARS-1.5) from a
-directory, through agent.vlm (load_vlm, generate). The model loads on first use, not when the
+"""A local transformers vision-language model (the Qwen2.5-VL class of UI-TARS-1.5, or Qwen2-VL
+or Qwen3-VL) from a directory, through agent.vlm (load_vlm, generate). The model loads on first use, not when the
 policy is built; device and dtype default to cuda + bf16 with a GPU, else cpu + float32.
 
 UI-TARS-1.5 writes coordinates in the image its processor actually made (smart_resize with the

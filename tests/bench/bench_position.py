@@ -54,7 +54,7 @@ def square_screen(rng: random.Random):
     return messages, box, f"Thought: I click the square.\nAction: click(start_box='({cx},{cy})')"
 
 
-def run(layout: str, theta: float, steps: int, workdir: Path, eval_screens: int = 60) -> dict:
+def run(layout: str, theta: float, steps: int, workdir: Path, eval_screens: int = 60, arch: str = "qwen2_5_vl") -> dict:
     import statistics
 
     import torch
@@ -66,11 +66,12 @@ def run(layout: str, theta: float, steps: int, workdir: Path, eval_screens: int 
     from trainer.sft import Sample, SFTConfig, train_sft
 
     rng = random.Random(0)
-    samples = [Sample(m, t, f"square:{i}") for i, (m, _, t) in enumerate(square_screen(rng) for _ in range(steps * 8))]
+    # at most 2,400 distinct screens, cycled (each sample's pixel_values take ~2 MB once encoded)
+    samples = [Sample(m, t, f"square:{i}") for i, (m, _, t) in enumerate(square_screen(rng) for _ in range(min(steps, 300) * 8))]
     h, w = coords.smart_resize(HEIGHT, WIDTH)
     # the recipe's model, screenshots seen at exactly smart_resize's size, with only the rotary layout changed
-    out = build_default_model(workdir / f"{layout}-{theta:g}", RecipeConfig(rope_theta=theta, mrope=layout),
-                              [s.target for s in samples[:200]])
+    out = build_default_model(workdir / f"{arch}-{layout}-{theta:g}",
+                              RecipeConfig(rope_theta=theta, mrope=layout, arch=arch), [s.target for s in samples[:200]])
     model, proc = load_vlm(out, device="cpu")
     torch.manual_seed(0)
     t0 = time.perf_counter()
@@ -92,7 +93,8 @@ def run(layout: str, theta: float, steps: int, workdir: Path, eval_screens: int 
         hits += x0 <= x < x1 and y0 <= y < y1
         ex.append(abs(x - (x0 + x1) / 2))
         ey.append(abs(y - (y0 + y1) / 2))
-    return {"layout": f"{layout}:{theta:g}", "seconds": seconds, "loss": rep.get("last_loss", float("nan")),
+    name = f"{layout}:{theta:g}" if arch == "qwen2_5_vl" else f"{arch} (theta {theta:g})"
+    return {"layout": name, "seconds": seconds, "loss": rep.get("last_loss", float("nan")),
             "hit": hits / eval_screens, "err_x": statistics.median(ex), "err_y": statistics.median(ey),
             "distinct": len(clicks)}
 
@@ -100,7 +102,8 @@ def run(layout: str, theta: float, steps: int, workdir: Path, eval_screens: int 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300, help="SFT steps of 8 samples per layout")
-    ap.add_argument("--layouts", default="blocks:1e6,interleaved:1e4,blocks:20", help="LAYOUT:THETA,...")
+    ap.add_argument("--layouts", default="blocks:1e6,interleaved:1e4,blocks:20,qwen3_vl",
+                    help="LAYOUT:THETA of a Qwen2.5-VL model, or qwen3_vl[:THETA] for a Qwen3-VL one, comma-separated")
     a = ap.parse_args(argv)
     import torch
 
@@ -109,7 +112,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for part in a.layouts.split(","):
             layout, _, theta = part.partition(":")
-            rows.append(run(layout, float(theta or 1e4), a.steps, Path(tmp)))
+            if layout == "qwen3_vl":
+                rows.append(run("interleaved", float(theta or 1e4), a.steps, Path(tmp), arch="qwen3_vl"))
+            else:
+                rows.append(run(layout, float(theta or 1e4), a.steps, Path(tmp)))
     base = rows[0]["err_x"] or float("nan")
     print(f"\none dark {SQUARE[0]}x{SQUARE[1]} square on a {WIDTH}x{HEIGHT} screen; {a.steps} SFT steps; 60 fresh screens")
     print_table(rows, [("layout", "layout", ""), ("seconds", "seconds", ".0f"), ("loss", "loss", ".3f"), ("hit", "hit", ".0%"),

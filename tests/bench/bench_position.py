@@ -1,20 +1,33 @@
-"""Can the tiny VLM say where something is? Rotary layouts compared on the simplest grounding task.
+"""Can the tiny VLM say where something is, and what it says? Rotary layouts and model classes
+compared on the simplest grounding tasks.
 
-    python tests/bench/bench_position.py [--steps 300 --layouts blocks:1e6,interleaved:1e4,blocks:20]
+    python tests/bench/bench_position.py [--task square|words] [--steps 300]
+        [--layouts blocks:1e6,interleaved:1e4,blocks:20,qwen3_vl]
 
-Each screenshot (320x240, the sandbox's size) is plain but for one dark 40x30 square at a random
-place; the sample asks "Click the dark square." and the target is the click on its centre, in the
-model's smart_resize pixels. For each LAYOUT:THETA (trainer.tiny_model.mrope_section) a model of
-the default shape (128 x 2 x 2, Qwen2's digit-per-token tokenizer) is built from random weights and
-trained by trainer.sft for --steps steps of 8 samples (lr 2e-3), then answers 60 fresh screens
-greedily. The table gives the hit rate (click inside the square), the median x and y errors in
-pixels, how many distinct clicks it gave (a model blind to position gives one or two), and the
-x-error ratio to the first row, all from the same run.
+--task square: each screenshot (320x240, the sandbox's size) is plain but for one dark 40x30
+square at a random place; the sample asks "Click the dark square." and the target is the click on
+its centre, in the model's smart_resize pixels. --task words: two 72x24 buttons with action words
+("Paste", "Print", ...), the sample asks "Click 'X'." for one of them; a model that finds buttons
+but cannot read hits the named one half the time ("other" counts clicks on the wrong one). For each
+LAYOUT:THETA (a Qwen2.5-VL, trainer.tiny_model.mrope_section) or qwen3_vl[:THETA] (a Qwen3-VL) a
+model of the default shape (128 x 2 x 2, Qwen2's digit-per-token tokenizer) is built from random
+weights and trained by trainer.sft for --steps steps of 8 samples (lr 2e-3; at most 2,400 distinct
+screens, cycled), then answers 60 fresh screens greedily. The table gives the hit rate, the median
+x and y errors in pixels, how many distinct clicks it gave (a model blind to position gives one or
+two), and the x-error ratio to the first row, all from the same run.
 
-Measured on 2 CPU cores (stop 16, 300 steps, three runs side by side, ~195 s each):
-  blocks:1e6 (Qwen2.5-VL's stock split)   hit 0%,  err x 72 / y 61 px, 2 distinct clicks
-  interleaved:1e4 (the tiny model's)      hit 10%, err x 37 / y 30 px, 25 distinct clicks
-  blocks:20                               hit 15%, err x 39 / y 21 px, 29 distinct clicks
+Measured on 2 CPU cores, square:
+  stop 16, 300 steps:  blocks:1e6 (Qwen2.5-VL's stock split) hit 0%, err x 72 / y 61 px, 2 distinct;
+                       interleaved:1e4 (the tiny model's) hit 10%, 37 / 30 px, 25 distinct;
+                       blocks:20 hit 15%, 39 / 21 px, 29 distinct
+  stop 18, 300 steps:  interleaved:1e4 hit 10%, 36.5 / 30.2 px (95 s); qwen3_vl hit 22%, 31.3 / 12.7 px (82 s)
+  stop 18, 1200 steps (the same models, trained by scripts equivalent to this one):
+                       interleaved:1e4 hit 47%, err x 27 px; the same with full attention in both
+                       vision layers 45%; with a learned absolute row+column embedding added to its
+                       patches 73%, 5.4 px; qwen3_vl 93%, 3.5 px (with 16-px patches 100%, and 90%
+                       with its position table zeroed and frozen: most of Qwen3-VL's gain is not the table)
+Words, stop 18, 600 steps: interleaved:1e4 hit 5% (other 3%, 4 distinct clicks), qwen3_vl 2% (other 3%,
+  1 distinct): neither has yet learned to find the buttons, let alone read them, at this budget.
 """
 from __future__ import annotations
 
@@ -54,7 +67,54 @@ def square_screen(rng: random.Random):
     return messages, box, f"Thought: I click the square.\nAction: click(start_box='({cx},{cy})')"
 
 
-def run(layout: str, theta: float, steps: int, workdir: Path, eval_screens: int = 60, arch: str = "qwen2_5_vl") -> dict:
+WORD_BOX = (72, 24)
+
+
+def words_screen(rng: random.Random):
+    """(messages, box of the named button, target reply, box of the other one) for one screen
+    with two labelled buttons, asked to click one by name: a model that finds buttons but cannot
+    read their labels hits the named one half the time."""
+    import numpy as np
+    from PIL import Image, ImageDraw, ImageFont
+
+    from agent import coords
+    from agent.executors.base import Frame
+    from agent.schema import ScreenGeometry
+    from trainer.sandbox.task import WORDS
+
+    h, w = coords.smart_resize(HEIGHT, WIDTH)
+    img = Image.new("RGB", (WIDTH, HEIGHT), (240, 240, 240))
+    d = ImageDraw.Draw(img)
+    font = ImageFont.load_default(size=12)
+    words = rng.sample(WORDS["actions"], 2)
+    boxes = []
+    while len(boxes) < 2:  # two buttons that do not touch
+        x0, y0 = rng.randrange(0, WIDTH - WORD_BOX[0]), rng.randrange(0, HEIGHT - WORD_BOX[1])
+        b = (x0, y0, x0 + WORD_BOX[0], y0 + WORD_BOX[1])
+        if all(b[2] + 4 < o[0] or o[2] + 4 < b[0] or b[3] + 4 < o[1] or o[3] + 4 < b[1] for o in boxes):
+            boxes.append(b)
+    for word, b in zip(words, boxes):
+        d.rectangle(b, fill=(225, 228, 235), outline=(120, 120, 130))
+        d.text(((b[0] + b[2]) / 2, (b[1] + b[3]) / 2), word, fill=(20, 20, 20), font=font, anchor="mm")
+    frame = Frame(geometry=ScreenGeometry(WIDTH, HEIGHT, WIDTH, HEIGHT, 1.0, 0, 0), pixels=np.asarray(img), time=0.0)
+    messages = [{"role": "user", "content": [{"type": "text", "text": f"Click '{words[0]}'."},
+                                             {"type": "image", "frame": frame}]}]
+    sx, sy = w / WIDTH, h / HEIGHT
+    named, other = [(b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy) for b in boxes]
+    cx, cy = round((named[0] + named[2]) / 2), round((named[1] + named[3]) / 2)
+    return messages, named, f"Thought: I click '{words[0]}'.\nAction: click(start_box='({cx},{cy})')", other
+
+
+def square_task(rng: random.Random):
+    messages, box, target = square_screen(rng)
+    return messages, box, target, None
+
+
+TASKS = {"square": square_task, "words": words_screen}
+
+
+def run(layout: str, theta: float, steps: int, workdir: Path, eval_screens: int = 60, arch: str = "qwen2_5_vl",
+        task: str = "square") -> dict:
     import statistics
 
     import torch
@@ -67,7 +127,8 @@ def run(layout: str, theta: float, steps: int, workdir: Path, eval_screens: int 
 
     rng = random.Random(0)
     # at most 2,400 distinct screens, cycled (each sample's pixel_values take ~2 MB once encoded)
-    samples = [Sample(m, t, f"square:{i}") for i, (m, _, t) in enumerate(square_screen(rng) for _ in range(min(steps, 300) * 8))]
+    make = TASKS[task]
+    samples = [Sample(m, t, f"{task}:{i}") for i, (m, _, t, _) in enumerate(make(rng) for _ in range(min(steps, 300) * 8))]
     h, w = coords.smart_resize(HEIGHT, WIDTH)
     # the recipe's model, screenshots seen at exactly smart_resize's size, with only the rotary layout changed
     out = build_default_model(workdir / f"{arch}-{layout}-{theta:g}",
@@ -80,9 +141,9 @@ def run(layout: str, theta: float, steps: int, workdir: Path, eval_screens: int 
     seconds = time.perf_counter() - t0
     actor = VLMActor(model, proc, max_new_tokens=32)
     erng = random.Random(99)
-    hits, ex, ey, clicks = 0, [], [], set()
+    hits, other_hits, ex, ey, clicks = 0, 0, [], [], set()
     for _ in range(eval_screens):
-        messages, (x0, y0, x1, y1), _ = square_screen(erng)
+        messages, (x0, y0, x1, y1), _, other = make(erng)
         m = re.search(r"\((\d+),(\d+)\)", actor.generate(messages, greedy=True).text)
         if not m:  # no click at all: the worst error there is
             ex.append(w)
@@ -91,17 +152,20 @@ def run(layout: str, theta: float, steps: int, workdir: Path, eval_screens: int 
         x, y = int(m[1]), int(m[2])
         clicks.add((x, y))
         hits += x0 <= x < x1 and y0 <= y < y1
+        other_hits += other is not None and other[0] <= x < other[2] and other[1] <= y < other[3]
         ex.append(abs(x - (x0 + x1) / 2))
         ey.append(abs(y - (y0 + y1) / 2))
     name = f"{layout}:{theta:g}" if arch == "qwen2_5_vl" else f"{arch} (theta {theta:g})"
     return {"layout": name, "seconds": seconds, "loss": rep.get("last_loss", float("nan")),
-            "hit": hits / eval_screens, "err_x": statistics.median(ex), "err_y": statistics.median(ey),
+            "hit": hits / eval_screens, "other": other_hits / eval_screens, "err_x": statistics.median(ex), "err_y": statistics.median(ey),
             "distinct": len(clicks)}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300, help="SFT steps of 8 samples per layout")
+    ap.add_argument("--task", choices=sorted(TASKS), default="square",
+                    help="square: click a lone dark square (where); words: click one of two labelled buttons by name (what)")
     ap.add_argument("--layouts", default="blocks:1e6,interleaved:1e4,blocks:20,qwen3_vl",
                     help="LAYOUT:THETA of a Qwen2.5-VL model, or qwen3_vl[:THETA] for a Qwen3-VL one, comma-separated")
     a = ap.parse_args(argv)
@@ -113,12 +177,15 @@ def main(argv=None) -> int:
         for part in a.layouts.split(","):
             layout, _, theta = part.partition(":")
             if layout == "qwen3_vl":
-                rows.append(run("interleaved", float(theta or 1e4), a.steps, Path(tmp), arch="qwen3_vl"))
+                rows.append(run("interleaved", float(theta or 1e4), a.steps, Path(tmp), arch="qwen3_vl", task=a.task))
             else:
-                rows.append(run(layout, float(theta or 1e4), a.steps, Path(tmp)))
+                rows.append(run(layout, float(theta or 1e4), a.steps, Path(tmp), task=a.task))
     base = rows[0]["err_x"] or float("nan")
-    print(f"\none dark {SQUARE[0]}x{SQUARE[1]} square on a {WIDTH}x{HEIGHT} screen; {a.steps} SFT steps; 60 fresh screens")
-    print_table(rows, [("layout", "layout", ""), ("seconds", "seconds", ".0f"), ("loss", "loss", ".3f"), ("hit", "hit", ".0%"),
+    what = (f"one dark {SQUARE[0]}x{SQUARE[1]} square" if a.task == "square"
+            else f"two {WORD_BOX[0]}x{WORD_BOX[1]} labelled buttons, one named")
+    print(f"\n{what} on a {WIDTH}x{HEIGHT} screen; {a.steps} SFT steps; 60 fresh screens")
+    other = [("other", "other", ".0%")] if a.task == "words" else []
+    print_table(rows, [("layout", "layout", ""), ("seconds", "seconds", ".0f"), ("loss", "loss", ".3f"), ("hit", "hit", ".0%"), *other,
                        ("err x", "err_x", ".1f"), ("err y", "err_y", ".1f"), ("distinct", "distinct", ""),
                        ("x err ratio", lambda r: r["err_x"] / base, ".2f")])
     return 0

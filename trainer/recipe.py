@@ -41,8 +41,8 @@ class RecipeConfig:
     demo_slip: float = 0.3
     grounding_screens_per_family: int = 60  # screens of "click on X" samples (grounding_samples) added to SFT
     eval_seeds_per_family: int = 20  # a family's rate moves about +-9 points by chance at 20
-    # the model class (trainer.tiny_model.ARCHS): "qwen3_vl" adds Qwen3-VL's learned absolute positions to
-    # the vision tower; trained to click a lone dark square it hit it far more often (bench_position)
+    # the model class (trainer.tiny_model.ARCHS): "qwen3_vl" is a Qwen3-VL (learned absolute positions in the
+    # vision tower); not better so far (bench_position, and one recipe run: 22.5% SFT, 15.8% PPO held-out)
     arch: str = "qwen2_5_vl"
     hidden: int = 128
     layers: int = 2

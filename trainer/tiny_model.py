@@ -220,21 +220,15 @@ def build_tiny_model(out_dir, corpus_texts=None, hidden: int = 128, layers: int 
                          "mrope_section": mrope_section(hidden // heads, mrope)},
         bos_token_id=tid("<|endoftext|>"), eos_token_id=tid("<|im_end|>"), pad_token_id=tid("<|endoftext|>"),
     )
+    vision_config = dict(depth=vision_depth, hidden_size=hidden, intermediate_size=2 * hidden, num_heads=heads,
+                         out_hidden_size=hidden, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
     if arch == "qwen3_vl":
         text_config.update(head_dim=hidden // heads, rope_parameters={
             "rope_type": "default", "rope_theta": rope_theta, "mrope_interleaved": True,
             "mrope_section": qwen3_mrope_section(hidden // heads)})
-        vision_config = dict(
-            depth=vision_depth, hidden_size=hidden, intermediate_size=2 * hidden, num_heads=heads, out_hidden_size=hidden,
-            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=QWEN3_POSITIONS,
-            deepstack_visual_indexes=[0] if deepstack else [],
-        )
+        vision_config.update(num_position_embeddings=QWEN3_POSITIONS, deepstack_visual_indexes=[0] if deepstack else [])
     else:
-        vision_config = dict(
-            depth=vision_depth, hidden_size=hidden, intermediate_size=2 * hidden, num_heads=heads, out_hidden_size=hidden,
-            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
-            fullatt_block_indexes=[vision_depth - 1],
-        )
+        vision_config.update(window_size=112, fullatt_block_indexes=[vision_depth - 1])
     config_cls = getattr(transformers, SUPPORTED_MODEL_TYPES[arch].replace("ForConditionalGeneration", "Config"))
     config = config_cls(
         text_config=text_config, vision_config=vision_config, image_token_id=tid("<|image_pad|>"),

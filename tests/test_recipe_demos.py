@@ -77,7 +77,8 @@ def test_train_default_refuses_bad_settings_before_any_work(tmp_path, capsys):
                            (["--arch", "llava"], "--arch must be one of qwen2_5_vl, qwen3_vl, got llava"),
                            (["--rope-theta", "0.5"], "--rope-theta must be > 1, got 0.5"),
                            (["--click-reward", "-1"], "--click-reward must be >= 0, got -1.0"),
-                           (["--kl-coef", "-1"], "--kl-coef must be >= 0, got -1.0")):
+                           (["--kl-coef", "-1"], "--kl-coef must be >= 0, got -1.0"),
+                           (["--sft-clip", "-1"], "--sft-clip must be >= 0, got -1.0")):
         rc = main(["--data", str(tmp_path / "data"), "train", "default", "--out", str(tmp_path / "m"), *flags])
         assert rc == 2, flags
         assert message in capsys.readouterr().err

@@ -41,13 +41,14 @@ def test_the_reproduce_command_of_a_run_asks_for_the_same_recipe():
     from trainer.recipe import RecipeConfig, reproduce_command
 
     cfg = RecipeConfig(families=["radio", "tabs"], demo_slip=0.5, grounding_screens_per_family=40, eval_seeds_per_family=20, ppo_max_minutes=30.0,
-                       ppo_lr=2e-4,
+                       sft_lr=1e-3, sft_schedule="constant", sft_grad_clip=0.0, ppo_lr=2e-4,
                        ppo_batch=24, ppo_temperature=0.7, ppo_policy_alpha=1.0, ppo_train_vision=True,
                        ppo_format_penalty=0.25, ppo_target_kl=0.2, ppo_progress_reward=1.0, ppo_click_reward=0.5, ppo_kl_coef=0.05, hidden=256, layers=4,
                        vision_depth=3, rope_theta=1e6, mrope="blocks", seed=3)
     line = reproduce_command(asdict(cfg))
     assert "--ppo-lr 0.0002" in line and "--temperature 0.7" in line and "--demos " not in line
     assert "--demo-slip 0.5 --grounding 40" in line
+    assert "--sft-lr 0.001 --sft-schedule constant --sft-clip 0 " in line
     # a switch carries no value
     assert line.endswith("--train-vision --format-penalty 0.25 --target-kl 0.2 --progress-reward 1 --click-reward 0.5 --kl-coef 0.05 --hidden 256 --layers 4 "
                          "--vision-depth 3 --rope-theta 1e+06 --mrope blocks --seed 3")

@@ -159,3 +159,32 @@ def test_plots_of_a_resumed_run_leave_out_the_rows_of_earlier_runs(tmp_path):
     log.close()
     out = plot_metrics(log.path, tmp_path / "b.png", phase="ppo", since=started)
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_lr_factor_warms_up_then_decays_or_holds():
+    from trainer.sft import lr_factor
+
+    # warmup over 5 steps: 1/5, 2/5, ... then the schedule
+    assert [lr_factor(s, 100, 5, "constant") for s in (0, 1, 4, 50, 99)] == pytest.approx([0.2, 0.4, 1.0, 1.0, 1.0])
+    assert lr_factor(0, 100, 5, "linear") == pytest.approx(0.2 * 1.0)
+    assert lr_factor(50, 100, 5, "linear") == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_factor(100, 100, 0, "linear") == pytest.approx(0.1)  # decays to a tenth, never to zero
+
+
+def test_the_schedule_and_clipping_reach_the_optimizer(store, tiny_vlm_dir, tmp_path, one_thread):  # noqa: F811
+    from agent.vlm import load_vlm
+    from trainer.metrics import MetricsLog, read_metrics
+    from trainer.sft import SFTConfig, SFTError, train_sft
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    samples = _samples(store, 1)
+    lrs = {}
+    for schedule in ("linear", "constant"):
+        log = MetricsLog(tmp_path / schedule, tensorboard=False)
+        train_sft(model, proc, samples, SFTConfig(lr=1e-3, max_steps=4, batch_size=2, schedule=schedule, grad_clip=0),
+                  log=log, progress=False)
+        lrs[schedule] = [r["lr"] for r in read_metrics(log.path)]
+    assert lrs["constant"] == pytest.approx([1e-3] * 4)
+    assert lrs["linear"] == pytest.approx([1e-3 * (0.1 + 0.9 * (1 - s / 4)) for s in range(1, 5)])
+    with pytest.raises(SFTError, match="schedule must be one of linear, constant, got 'cosine'"):
+        train_sft(model, proc, samples, SFTConfig(schedule="cosine"), progress=False)

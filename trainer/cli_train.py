@@ -30,6 +30,7 @@ def register(sub, common) -> None:
         s.add_argument("--lr", type=float, default=5e-4 if kind == "ct" else 1e-3)
         s.add_argument("--batch", type=int, default=8, help="samples per optimizer step (gradient accumulation)")
         s.add_argument("--max-steps", type=int)
+        _add_sft_schedule_args(s, recipe=False)
         s.add_argument("--seed", type=int, default=0)
         s.set_defaults(func=cmd_sft, phase=kind)
 
@@ -71,6 +72,8 @@ def register(sub, common) -> None:
     s.add_argument("--updates", type=int, help="PPO updates")
     s.add_argument("--workers", type=int, help="rollout worker processes")
     s.add_argument("--sft-epochs", type=float, help="SFT epochs over the demonstrations")
+    s.add_argument("--sft-lr", type=float, help="SFT learning rate (default 2e-3)")
+    _add_sft_schedule_args(s, recipe=True)
     s.add_argument("--ppo-minutes", type=float, help="wall-clock budget of the PPO phase (stops after that update)")
     s.add_argument("--ppo-lr", type=float, help="PPO learning rate")
     s.add_argument("--ppo-batch", type=int, help="episodes per PPO update")
@@ -88,6 +91,16 @@ def register(sub, common) -> None:
     s.add_argument("--resume", action="store_true", help="reuse a finished SFT stage (checkpoint + eval) in the work folder")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_default)
+
+
+def _add_sft_schedule_args(s, *, recipe: bool) -> None:
+    """The learning-rate schedule and clipping flags of SFT, for `train sft|ct` and (prefixed
+    --sft-, no defaults so the recipe's values stand) `train default`."""
+    pre = "--sft-" if recipe else "--"
+    s.add_argument(f"{pre}schedule", choices=("linear", "constant"), default=None if recipe else "linear",
+                   help="linear: decay the rate to a tenth by the last step; constant: hold it after warmup")
+    s.add_argument(f"{pre}clip", type=float, default=None if recipe else 1.0,
+                   help="max gradient norm of a step (0: no clipping)")
 
 
 def _add_ppo_shaping_args(s, *, recipe: bool) -> None:
@@ -147,7 +160,8 @@ def cmd_sft(args) -> int:
                          else f"{args.jsonl} holds no samples")
         out = Path(args.out)
         log = MetricsLog(out.parent / (out.name + "-logs"))
-        cfg = SFTConfig(lr=args.lr, epochs=args.epochs, batch_size=args.batch, max_steps=args.max_steps, seed=args.seed)
+        cfg = SFTConfig(lr=args.lr, epochs=args.epochs, batch_size=args.batch, max_steps=args.max_steps,
+                        schedule=args.schedule, grad_clip=args.clip, seed=args.seed)
         res = train_sft(model, processor, samples, cfg, out, log=log, phase=args.phase)
         log.close()
         res["plot"] = _plot(log, log.dir, args.phase, ["loss", "grad_norm", "lr"])
@@ -221,7 +235,8 @@ def recipe_config(args):
     for arg, attr in (("demos", "demo_episodes_per_family"), ("demo_slip", "demo_slip"),
                       ("grounding", "grounding_screens_per_family"), ("eval_seeds", "eval_seeds_per_family"),
                       ("updates", "ppo_updates"), ("workers", "n_workers"), ("sft_epochs", "sft_epochs"),
-                      ("ppo_minutes", "ppo_max_minutes"), ("ppo_lr", "ppo_lr"), ("ppo_batch", "ppo_batch"),
+                      ("sft_lr", "sft_lr"), ("sft_schedule", "sft_schedule"),
+                      ("sft_clip", "sft_grad_clip"), ("ppo_minutes", "ppo_max_minutes"), ("ppo_lr", "ppo_lr"), ("ppo_batch", "ppo_batch"),
                       ("ppo_epochs", "ppo_epochs"), ("temperature", "ppo_temperature"),
                       ("policy_alpha", "ppo_policy_alpha"), ("train_vision", "ppo_train_vision"),
                       ("format_penalty", "ppo_format_penalty"), ("target_kl", "ppo_target_kl"),

@@ -54,6 +54,8 @@ class RecipeConfig:
     sft_epochs: float = 4.0
     sft_lr: float = 2e-3
     sft_batch: int = 8
+    sft_schedule: str = "linear"  # trainer.sft.SCHEDULES: "constant" holds the rate after warmup
+    sft_grad_clip: float = 1.0  # max gradient norm of an SFT step; 0: none
     ppo_updates: int = 40
     ppo_batch: int = 32
     ppo_lr: float = 1e-4  # 5e-4 drove approx_kl to 0.3-0.6 per update and the parse rate down (measured)
@@ -83,6 +85,7 @@ class RecipeConfig:
     def validate(self) -> None:
         """Raise RecipeError naming the first setting that cannot work (before any work is done)."""
         from trainer.sandbox.families import family_class
+        from trainer.sft import SCHEDULES
         from trainer.tiny_model import ARCHS, MROPE_LAYOUTS
 
         for f in self.families:
@@ -96,6 +99,10 @@ class RecipeConfig:
                   (self.rope_theta > 1, "--rope-theta must be > 1", self.rope_theta),
                   (self.arch in ARCHS, f"--arch must be one of {', '.join(ARCHS)}", self.arch),
                   (self.mrope in MROPE_LAYOUTS, f"--mrope must be one of {', '.join(MROPE_LAYOUTS)}", self.mrope),
+                  (self.sft_schedule in SCHEDULES, f"--sft-schedule must be one of {', '.join(SCHEDULES)}",
+                   self.sft_schedule),
+                  (self.sft_grad_clip >= 0, "--sft-clip must be >= 0", self.sft_grad_clip),
+                  (self.sft_lr > 0, "--sft-lr must be > 0", self.sft_lr),
                   (0.0 <= self.demo_slip <= 1.0, "--demo-slip must be in [0, 1]", self.demo_slip),
                   (self.demo_episodes_per_family >= 1, "--demos must be at least 1", self.demo_episodes_per_family),
                   (self.grounding_screens_per_family >= 0, "--grounding must be >= 0", self.grounding_screens_per_family),
@@ -115,7 +122,7 @@ class RecipeConfig:
 # the settings that shape the SFT stage (demonstrations, model, SFT, its evaluation): --resume needs them unchanged
 SFT_STAGE_KEYS = ("width", "height", "families", "demo_episodes_per_family", "demo_slip", "grounding_screens_per_family",
                   "eval_seeds_per_family", "arch", "hidden", "layers", "vision_depth", "rope_theta", "mrope", "sft_epochs", "sft_lr",
-                  "sft_batch", "seed")
+                  "sft_batch", "sft_schedule", "sft_grad_clip", "seed")
 
 
 def sft_stage_config(cfg: RecipeConfig) -> dict:
@@ -300,7 +307,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
 
         # -- 2. SFT on the demonstrations, then the held-out numbers
         sft_cfg = SFTConfig(lr=cfg.sft_lr, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch, warmup_steps=5,
-                            seed=cfg.seed)
+                            schedule=cfg.sft_schedule, grad_clip=cfg.sft_grad_clip, seed=cfg.seed)
         report["sft"] = train_sft(model, processor, samples, sft_cfg, work / "sft", log=log, progress=progress)
         report["eval_sft"] = heldout("sft")
         stage.write_text(json.dumps(_slim({**{k: report[k] for k in ("demos", "params", "sft", "eval_sft")},
@@ -382,6 +389,7 @@ def eval_summary(report: dict) -> dict:
 CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "demo_slip": "--demo-slip",
              "grounding_screens_per_family": "--grounding", "eval_seeds_per_family": "--eval-seeds",
              "ppo_updates": "--updates", "n_workers": "--workers", "sft_epochs": "--sft-epochs",
+             "sft_lr": "--sft-lr", "sft_schedule": "--sft-schedule", "sft_grad_clip": "--sft-clip",
              "ppo_max_minutes": "--ppo-minutes", "ppo_lr": "--ppo-lr", "ppo_batch": "--ppo-batch",
              "ppo_epochs": "--ppo-epochs", "ppo_temperature": "--temperature", "ppo_policy_alpha": "--policy-alpha",
              "ppo_train_vision": "--train-vision", "ppo_format_penalty": "--format-penalty",

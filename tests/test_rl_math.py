@@ -638,3 +638,32 @@ def test_shaped_rewards_through_gae_credit_the_successful_turns():
     assert adv[0].tolist() == approx([0.98, 0.98, 0.98, 0.99, 0.99])
     assert adv[1].tolist() == approx([-0.12, -0.12, -0.12, -0.01, -0.01])
     assert torch.equal(adv, ret)
+
+
+def test_no_effect_penalties_charge_only_actions_that_left_the_screen_as_it_was():
+    assert R.no_effect_penalties([True, False, None, False], 0.2) == approx([0.0, 0.2, 0.0, 0.2])
+    assert R.no_effect_penalties([], 0.2) == []
+    assert R.no_effect_penalties([False], 0.0) == [0.0]
+    with pytest.raises(R.RewardError, match="no-effect penalty must be a finite number >= 0, got -0.1"):
+        R.no_effect_penalties([False], -0.1)
+    with pytest.raises(R.RewardError, match=r"changed\[1\] must be True, False or None, got 0"):
+        R.no_effect_penalties([True, 0], 0.1)  # 0 is not "unchanged": a caller mixing up types is told
+
+
+def test_ppo_turn_rewards_subtract_the_no_effect_penalty():
+    from trainer.ppo import PPOConfig, shaped_turn_rewards
+    from trainer.rollout import Trajectory, Turn
+
+    turns = [Turn([], [5, 2], [-0.1], "click on nothing", 0.0, None, 0.0, changed=False),
+             Turn([], [5, 2], [-0.1], "junk", 0.0, "no 'Action:' section", 0.0),
+             Turn([], [5, 2], [-0.1], "a click that ticked a box", 0.0, None, 0.5, changed=True),
+             Turn([], [5, 2], [-0.1], "the winning click", 1.0, None, 1.0)]
+    tr = Trajectory(seed=1, family="check_boxes", instruction="x", turns=turns)
+    assert shaped_turn_rewards(tr, PPOConfig(format_penalty=0.5)) == approx([0.0, -0.5, 0.0, 1.0])
+    assert shaped_turn_rewards(tr, PPOConfig(format_penalty=0.5, no_effect_penalty=0.25)) == approx(
+        [-0.25, -0.5, 0.0, 1.0])
+    from trainer.ppo import batch_metrics
+
+    assert batch_metrics([tr])["no_effect_rate"] == approx(0.5)  # of the two turns judged, one did nothing
+    tr.turns = turns[1:2]
+    assert math.isnan(batch_metrics([tr])["no_effect_rate"])

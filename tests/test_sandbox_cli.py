@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pytest import approx
 
 from main import main
 from tests.vlm_fixtures import one_thread  # noqa: F401 - fixture
@@ -76,3 +77,46 @@ def test_eval_grounding_scores_the_default_model_and_refuses_scripted_policies(c
     assert table.splitlines()[-1].split()[:2] == ["overall", "4"]
     assert main(["sandbox", "eval", "--policy", "expert", "--grounding", "--episodes", "4"]) == 2
     assert "--grounding scores a model" in capsys.readouterr().err
+
+
+def test_eval_trace_shows_what_each_step_did(capsys):
+    """The expert's clicks all land on the element it means and each changes the screen; random
+    actions mostly hit nothing and change nothing, and the table and the episode lines say so."""
+    assert main(["sandbox", "eval", "--policy", "expert", "--episodes", "6", "--families", "radio,check_boxes,click_button",
+                 "--trace", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["overall"] == 1.0
+    for fam, row in out["trace"].items():
+        assert row["episodes"] == 2 and row["clicks_per_episode"] >= 1
+        assert row["missed"] == 0.0 and row["no_effect"] == 0.0 and row["unparsed"] == 0.0, fam
+    assert main(["sandbox", "eval", "--policy", "random", "--episodes", "8", "--families", "radio,click_button",
+                 "--trace"]) == 0
+    text = capsys.readouterr().out
+    assert text.count(" failure: ") + text.count(" success: ") == 8
+    assert "click nothing (" in text and "no effect" in text
+    header = next(line for line in text.splitlines() if line.startswith("family"))
+    assert header.split() == ["family", "n", "success", "clicks/ep", "missed", "no", "effect"]
+
+
+def test_trace_summary_counts_by_hand():
+    from trainer.sandbox.rollout import trace_summary
+
+    def step(action, hit, changed):
+        return {"action": action, "point": None, "hit": hit, "changed": changed, "error": None}
+
+    results = [{"family": "radio", "trace": [step("click", "", False), step("click", "Red", True), step("", None, None)]},
+               {"family": "radio", "trace": [step("wait", None, False), step("click", "Red", None)]}]
+    got = trace_summary(results)["radio"]
+    # 3 clicks in 2 episodes, one on nothing; of the 3 steps whose effect was judged, 2 changed nothing
+    assert got == {"episodes": 2, "clicks_per_episode": 1.5, "missed": approx(1 / 3), "no_effect": approx(2 / 3),
+                   "unparsed": approx(1 / 5)}
+    with pytest.raises(ValueError, match="trace=True"):
+        trace_summary([{"family": "radio", "trace": None}])
+
+
+def test_eval_trace_of_the_default_model(capsys, one_thread):  # noqa: F811
+    assert main(["sandbox", "eval", "--policy", "default", "--episodes", "2", "--families", "radio", "--trace",
+                 "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["trace"]["radio"]
+    assert row["episodes"] == 2 and row["clicks_per_episode"] > 0  # the model's replies were parsed and traced
+    assert 0.0 <= row["missed"] <= 1.0 and 0.0 <= row["no_effect"] <= 1.0

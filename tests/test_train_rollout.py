@@ -138,3 +138,40 @@ def test_end_on_parse_error_ends_the_rollout_at_the_first_unparseable_output():
         assert tr.start_progress == tr.turns[0].progress == 0.5
     finally:
         env.close()
+
+
+def test_run_episode_records_whether_each_action_changed_the_screen():
+    """A click on empty space changes nothing, clicking the radio button already chosen changes
+    nothing, clicking another one does (and again, nothing); an unparseable reply and the turn that ends the
+    episode ran no action that could be judged (None)."""
+    from agent.grammar import format_normalized
+    from agent.schema import Action
+    from trainer.rollout import run_episode
+    from trainer.sandbox.env import SandboxEnv
+
+    env = SandboxEnv(width=320, height=240)
+    try:
+        env.reset(seed=4, options={"family": "radio"})
+        boxes = {text: box for text, _, box in env.labelled_targets()}
+        target = env.task.target
+        group = [(t, r) for (g, t), r in env.task.radios.items() if g == env.task.group]
+        chosen = next(t for t, r in group if r.isChecked())  # the group starts with its first option chosen
+        other = next(t for t, r in group if t not in (target, chosen))
+
+        def click(x, y):
+            return format_normalized("x", [Action("click", {"start_box": (x, y)})], env.coords_space, 320, 240)
+
+        def centre(name):
+            x0, y0, x1, y1 = boxes[name]
+            return click((x0 + x1) / 2, (y0 + y1) / 2)
+
+        # radio allows four turns
+        replies = [click(0.99, 0.99), "junk", centre(other), centre(other)]
+        tr = run_episode(_ScriptedActor(replies), env, 4, family="radio")
+        assert [t.changed for t in tr.turns] == [False, None, True, False]
+        assert tr.truncated and not tr.success
+        tr = run_episode(_ScriptedActor([centre(chosen), centre(target)]), env, 4, family="radio")
+        assert [t.changed for t in tr.turns] == [False, None]
+        assert tr.success and tr.terminated
+    finally:
+        env.close()

@@ -123,6 +123,9 @@ def _add_ppo_shaping_args(s, *, recipe: bool) -> None:
                         "where the task's expert would click (s = 0.05 of the screen)")
     s.add_argument("--kl-coef", type=float, default=default(0.0),
                    help="weight of a per-token KL penalty (k3) to the policy PPO started from (0: none, no copy kept)")
+    s.add_argument("--no-effect-penalty", type=float, default=default(0.0),
+                   help="reward subtracted for a turn whose action left the screen exactly as it was (a click on "
+                        "nothing, a re-click of what is selected)")
 
 
 def _fail(msg: str) -> int:
@@ -196,6 +199,8 @@ def cmd_ppo(args) -> int:
         return _fail(f"--target-kl must be > 0, got {args.target_kl}")
     if args.kl_coef < 0:
         return _fail(f"--kl-coef must be >= 0, got {args.kl_coef}")
+    if args.no_effect_penalty < 0:
+        return _fail(f"--no-effect-penalty must be >= 0, got {args.no_effect_penalty}")
     try:
         model, processor = load_vlm(args.model, device="cpu")
     except VLMError as e:
@@ -210,7 +215,8 @@ def cmd_ppo(args) -> int:
                     seed=args.seed, max_seconds=args.minutes * 60 if args.minutes else None,
                     train_vision=args.train_vision, format_penalty=args.format_penalty,
                     target_kl=args.target_kl, progress_reward=args.progress_reward, click_reward=args.click_reward,
-                    kl_coef=args.kl_coef, end_on_parse_error=args.end_on_parse_error)
+                    kl_coef=args.kl_coef, end_on_parse_error=args.end_on_parse_error,
+                    no_effect_penalty=args.no_effect_penalty)
     env_kw = {"width": args.width, "height": args.height}
     if args.max_steps:
         env_kw["max_steps"] = args.max_steps
@@ -219,7 +225,8 @@ def cmd_ppo(args) -> int:
     save_checkpoint(model, processor, out, {"ppo": res["config"], "last": res["history"][-1] if res["history"] else None})
     res["critic"].save(work / "critic")
     plot = _plot(log, work, "ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "explained_variance",
-                                     "value_loss", "think_length", "episode_length", "click_score"])
+                                     "value_loss", "think_length", "episode_length", "click_score",
+                                     "no_effect_rate"])
     print(json.dumps({"out": str(out), "updates": res["updates"], "last": res["history"][-1] if res["history"] else None,
                       "plot": plot}, indent=2, default=str))
     return 0
@@ -242,6 +249,7 @@ def recipe_config(args):
                       ("format_penalty", "ppo_format_penalty"), ("target_kl", "ppo_target_kl"),
                       ("progress_reward", "ppo_progress_reward"), ("end_on_parse_error", "ppo_end_on_parse_error"),
                       ("click_reward", "ppo_click_reward"), ("kl_coef", "ppo_kl_coef"),
+                      ("no_effect_penalty", "ppo_no_effect_penalty"),
                       ("arch", "arch"), ("hidden", "hidden"), ("layers", "layers"), ("vision_depth", "vision_depth"),
                       ("rope_theta", "rope_theta"), ("mrope", "mrope")):
         if getattr(args, arg) is not None:

@@ -68,6 +68,8 @@ class PPOConfig:
     progress_reward: float = 0.0  # weight of potential-based shaping from the verifier's partial progress
     click_reward: float = 0.0  # weight of the dense grounding reward (rl.rewards.click_rewards) per turn
     click_sigma: float = 0.05  # its width, a fraction of the screenshot
+    # subtracted for a turn whose action left the screen exactly as it was (rl.rewards.no_effect_penalties)
+    no_effect_penalty: float = 0.0
     end_on_parse_error: bool = False  # rollouts end at an unparseable output (no retries to stall for)
     max_grad_norm: float = 1.0
     n_workers: int = 2  # 0: rollouts in the learner's process
@@ -257,6 +259,9 @@ def shaped_turn_rewards(traj, cfg: PPOConfig) -> list[float]:
         near = rl_rewards.click_rewards([t.point for t in traj.turns], [t.expert_point for t in traj.turns],
                                         cfg.click_sigma)
         shaped = [r + cfg.click_reward * c for r, c in zip(shaped, near)]
+    if cfg.no_effect_penalty:
+        idle = rl_rewards.no_effect_penalties([t.changed for t in traj.turns], cfg.no_effect_penalty)
+        shaped = [r - p for r, p in zip(shaped, idle)]
     return [r for r, t in zip(shaped, traj.turns) if t.response_ids]
 
 
@@ -376,6 +381,7 @@ def batch_metrics(trajs) -> dict:
     thoughts = [len(re.split(r"\nAction", t.text)[0].split()) for t in turns]
     asked = [t for t in turns if t.expert_point is not None]  # turns whose state has an expert click
     near = rl_rewards.click_rewards([t.point for t in asked], [t.expert_point for t in asked])
+    acted = [t.changed for t in turns if t.changed is not None]
     return {
         "reward": sum(sum(t.reward for t in tr.turns) for tr in trajs) / len(trajs),
         "success_rate": sum(tr.success for tr in trajs) / len(trajs),
@@ -386,6 +392,8 @@ def batch_metrics(trajs) -> dict:
         "truncated_rate": sum(tr.truncated for tr in trajs) / len(trajs),
         # how near the rollouts' clicks come to the expert's (rl.rewards.click_rewards, sigma 0.05): grounding
         "click_score": sum(near) / len(near) if near else float("nan"),
+        # of the turns whose action ran and did not end the episode, the share that changed nothing on screen
+        "no_effect_rate": sum(c is False for c in acted) / len(acted) if acted else float("nan"),
     }
 
 

@@ -73,6 +73,7 @@ class RecipeConfig:
     ppo_progress_reward: float = 0.0  # see PPOConfig.progress_reward
     ppo_click_reward: float = 0.0  # see PPOConfig.click_reward
     ppo_kl_coef: float = 0.0  # see PPOConfig.kl_coef
+    ppo_no_effect_penalty: float = 0.0  # see PPOConfig.no_effect_penalty
     ppo_end_on_parse_error: bool = False  # see PPOConfig.end_on_parse_error
     ppo_train_vision: bool = False  # frozen, the vision tower is encoded once per screenshot (learner ~2x faster)
     n_workers: int = 2
@@ -111,6 +112,7 @@ class RecipeConfig:
                   (self.ppo_format_penalty >= 0, "--format-penalty must be >= 0", self.ppo_format_penalty),
                   (self.ppo_click_reward >= 0, "--click-reward must be >= 0", self.ppo_click_reward),
                   (self.ppo_kl_coef >= 0, "--kl-coef must be >= 0", self.ppo_kl_coef),
+                  (self.ppo_no_effect_penalty >= 0, "--no-effect-penalty must be >= 0", self.ppo_no_effect_penalty),
                   (self.ppo_target_kl is None or self.ppo_target_kl > 0, "--target-kl must be > 0", self.ppo_target_kl),
                   (self.ppo_batch >= 1 and self.ppo_updates >= 1, "--ppo-batch and --updates must be at least 1",
                    (self.ppo_batch, self.ppo_updates))]
@@ -323,6 +325,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
                         format_penalty=cfg.ppo_format_penalty,
                         target_kl=cfg.ppo_target_kl, progress_reward=cfg.ppo_progress_reward,
                         click_reward=cfg.ppo_click_reward, kl_coef=cfg.ppo_kl_coef,
+                        no_effect_penalty=cfg.ppo_no_effect_penalty,
                         end_on_parse_error=cfg.ppo_end_on_parse_error, value_pretrain_iters=1, value_pretrain_epochs=3,
                         seed=cfg.seed,
                         max_seconds=cfg.ppo_max_minutes * 60 if cfg.ppo_max_minutes else None)
@@ -345,7 +348,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     for phase, keys in (("sft", ["loss", "grad_norm"]),
                         ("ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "explained_variance",
                                  "value_loss", "think_length", "episode_length", "policy_loss", "learner_tokens_per_s",
-                                 "click_score"])):
+                                 "click_score", "no_effect_rate"])):
         try:
             since = started if phase == "ppo" else None  # the SFT stage may come from an earlier run
             plots[phase] = str(plot_metrics(log.path, work / f"{phase}_curves.png", phase=phase, keys=keys,
@@ -394,7 +397,7 @@ CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "d
              "ppo_epochs": "--ppo-epochs", "ppo_temperature": "--temperature", "ppo_policy_alpha": "--policy-alpha",
              "ppo_train_vision": "--train-vision", "ppo_format_penalty": "--format-penalty",
              "ppo_target_kl": "--target-kl", "ppo_progress_reward": "--progress-reward", "ppo_click_reward": "--click-reward",
-             "ppo_kl_coef": "--kl-coef",
+             "ppo_kl_coef": "--kl-coef", "ppo_no_effect_penalty": "--no-effect-penalty",
              "ppo_end_on_parse_error": "--end-on-parse-error", "arch": "--arch", "hidden": "--hidden", "layers": "--layers",
              "vision_depth": "--vision-depth", "rope_theta": "--rope-theta", "mrope": "--mrope", "seed": "--seed"}
 

@@ -26,6 +26,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from agent.executors.base import Frame
 from agent.memory import Memory, MemoryStep
 from agent.policies.base import build_prompt
@@ -51,6 +53,8 @@ class Turn:
     progress: float = 0.0  # the verifier's partial progress after this turn (0..1)
     point: tuple | None = None  # the turn's first click (start_box), normalized; None if none
     expert_point: tuple | None = None  # where the task's expert would have clicked in that state
+    # did the turn's action change the screen? None when no action ran or the turn ended the episode
+    changed: bool | None = None
 
 
 @dataclass
@@ -108,6 +112,7 @@ def run_episode(actor, env, seed: int, *, family: str | None = None, memory_kw: 
         gen = actor.generate(messages, greedy=greedy)
         ask = getattr(env, "expert_click", None)  # before the step: the state the reply answers
         expert = ask() if ask else None
+        before = None if frame.pixels is None else np.array(frame.pixels, copy=True)  # the env may reuse the buffer
         obs, reward, terminated, truncated, info = env.step(gen.text)
         error = info.get("parse_error") or info.get("action_error")
         traj.turns.append(Turn(messages, list(gen.ids), list(gen.logprobs), gen.text, float(reward), error,
@@ -124,6 +129,9 @@ def run_episode(actor, env, seed: int, *, family: str | None = None, memory_kw: 
                 memory.add(MemoryStep(parsed.thought, list(parsed.actions), frame))
                 box = parsed.actions[0].args.get("start_box") if parsed.actions else None
                 traj.turns[-1].point = tuple(box[:2]) if box else None
+            after = frame_of(obs).pixels
+            if not (terminated or info.get("action_error")) and before is not None and after is not None:
+                traj.turns[-1].changed = not np.array_equal(before, after)
         if not (terminated or truncated) and len(traj.turns) >= limit:
             truncated = True
         if terminated or truncated:

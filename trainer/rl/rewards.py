@@ -122,6 +122,23 @@ def click_rewards(points, targets, sigma: float = 0.05) -> list[float]:
     return out
 
 
+def no_effect_penalties(changed, penalty: float) -> list[float]:
+    """Per turn, the amount (>= 0) to subtract for an action that left the screen exactly as it
+    was: a click on nothing, a re-click of what is already selected, a repeat of a move that did
+    nothing. `changed[i]` is True (the screen changed), False (it did not) or None (no action ran:
+    an unparseable reply, or the turn that ended the episode), which costs nothing here. It needs
+    no expert and no labels, only two screenshots, so it holds on any task: an agent that cannot
+    yet tell which element is meant still learns to act on elements and not to repeat itself."""
+    if not (math.isfinite(penalty) and penalty >= 0):
+        raise RewardError(f"no-effect penalty must be a finite number >= 0, got {penalty!r}")
+    out = []
+    for i, c in enumerate(changed):
+        if c is not None and not isinstance(c, bool):
+            raise RewardError(f"changed[{i}] must be True, False or None, got {c!r}")
+        out.append(penalty if c is False else 0.0)
+    return out
+
+
 def _score(value, source: str) -> float:
     if isinstance(value, bool):
         return 1.0 if value else 0.0

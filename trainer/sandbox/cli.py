@@ -46,6 +46,10 @@ def register(sub, common) -> None:
     s.add_argument("--grounding", action="store_true",
                    help="score grounding instead: 'Click on X' for two labelled elements of each of --episodes "
                         "screens, a hit when the click lands inside X (trainer.grounding)")
+    s.add_argument("--trace", action="store_true",
+                   help="show what each step did: per episode, every click with the labelled element it landed on "
+                        "(or none) and whether it changed the screen; per family, the shares of clicks on no "
+                        "labelled element and of actions that changed nothing")
     s.set_defaults(func=cmd_eval)
 
 
@@ -245,7 +249,7 @@ def _print_rates(as_json: bool, what: str, overall: float, rows: dict, extra: tu
 
 
 def cmd_eval(args) -> int:
-    from trainer.sandbox.rollout import plan, rates, run_episode, run_many
+    from trainer.sandbox.rollout import plan, rates, run_episode, run_many, trace_summary
 
     try:
         families = _families(args)
@@ -265,7 +269,8 @@ def cmd_eval(args) -> int:
     bar = _bar(len(jobs), f"{args.policy} episodes")
     try:
         if args.policy in ("expert", "random"):
-            for r in run_many(jobs, args.policy, workers=args.workers, width=args.width, height=args.height):
+            for r in run_many(jobs, args.policy, workers=args.workers, width=args.width, height=args.height,
+                              trace=args.trace):
                 results.append(r)
                 bar.update(1)
         else:
@@ -278,7 +283,7 @@ def cmd_eval(args) -> int:
             env = SandboxEnv(args.width, args.height, coords_space=policy.space)
             try:
                 for family, seed in jobs:
-                    results.append(run_episode(env, policy, family, seed))
+                    results.append(run_episode(env, policy, family, seed, trace=args.trace))
                     bar.update(1)
             finally:
                 env.close()
@@ -286,5 +291,30 @@ def cmd_eval(args) -> int:
     finally:
         bar.close()
     out = rates(results)
-    _print_rates(args.json, "success", out["overall"], {k: (out["counts"][k], r) for k, r in out["families"].items()})
+    if not args.trace:
+        _print_rates(args.json, "success", out["overall"], {k: (out["counts"][k], r) for k, r in out["families"].items()})
+        return 0
+    if not args.json:
+        for r in sorted(results, key=lambda r: (r["family"], r["seed"])):
+            print(f"{r['family']} {r['seed']} {'success' if r['success'] else 'failure'}: {r['instruction']}")
+            print("    " + " ; ".join(_traced(s) for s in r["trace"]))
+    summary = trace_summary(results)
+    _print_rates(args.json, "success", out["overall"],
+                 {k: (out["counts"][k], rate, f"{summary[k]['clicks_per_episode']:.1f}", f"{summary[k]['missed']:.0%}",
+                      f"{summary[k]['no_effect']:.0%}") for k, rate in out["families"].items()},
+                 ("clicks/ep", "missed", "no effect"), {"trace": summary})
     return 0
+
+
+def _traced(step: dict) -> str:
+    """One traced step, e.g. `click 'Save' (0.41,0.62)`, `click nothing (0.50,0.28) no effect`."""
+    if not step["action"]:
+        return f"unparsed ({step['error']})"
+    text = step["action"]
+    if step["hit"] is not None:
+        text += f" {repr(step['hit']) if step['hit'] else 'nothing'} ({step['point'][0]:.2f},{step['point'][1]:.2f})"
+    if step["changed"] is False:
+        text += " no effect"
+    elif step["error"]:
+        text += f" ({step['error']})"
+    return text

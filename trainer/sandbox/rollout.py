@@ -31,8 +31,9 @@ def plan(episodes: int, split: str = "train", families: list[str] | None = None,
     return [(names[i % len(names)], base + i) for i in range(episodes)]
 
 
-def run_episode(env, policy, family: str, seed: int, *, record: bool = False) -> dict:
-    """Play one task. `policy` is "expert", "random" or an agent.policies.Policy."""
+def run_episode(env, policy, family: str, seed: int, *, record: bool = False, trace: bool = False) -> dict:
+    """Play one task. `policy` is "expert", "random" or an agent.policies.Policy. With trace=True
+    the result's "trace" holds, per step, what the step did (`trace_step`)."""
     obs, info = env.reset(seed=seed, options={"family": family})
     instruction = info["instruction"]
     memory = None
@@ -42,7 +43,7 @@ def run_episode(env, policy, family: str, seed: int, *, record: bool = False) ->
         memory = Memory()
     action_space = env.action_space
     action_space.seed(seed)
-    steps, total = [], 0.0
+    steps, total, traced = [], 0.0, []
     done = False
     while not done:
         t0 = monotonic()
@@ -55,7 +56,11 @@ def run_episode(env, policy, family: str, seed: int, *, record: bool = False) ->
         else:
             thought, actions, raw = _ask(policy, memory, instruction, obs)
         pre = obs
+        if trace:
+            before = trace_before(env, obs, actions)
         obs, reward, terminated, truncated, info = env.step(actions if actions else (raw or ""))
+        if trace:
+            traced.append(trace_step(before, actions, obs, terminated, info))
         total += reward
         done = terminated or truncated
         if memory is not None:
@@ -76,7 +81,55 @@ def run_episode(env, policy, family: str, seed: int, *, record: bool = False) ->
         "reward": total, "progress": info["progress"], "steps": info["steps"], "status": info["status"],
         "truncated": bool(truncated), "level": info["level"], "split": info["split"],
         "width": env.width, "height": env.height, "trajectory": steps if record else None,
+        "trace": traced if trace else None,
     }
+
+
+def trace_before(env, obs, actions) -> dict:
+    """What a step's trace needs from the screen before it: a copy of the pixels (the env may draw
+    the next screen into the same buffer) and the labelled element under the first click, if any."""
+    import numpy as np
+
+    hit = None
+    a = actions[0] if actions else None
+    box = a.args.get("start_box") if a is not None and a.name == "click" else None
+    if box:
+        x, y = box[0], box[1]
+        hit = next((text for text, _, (x0, y0, x1, y1) in env.labelled_targets() if x0 <= x <= x1 and y0 <= y <= y1), "")
+    return {"pixels": np.array(obs["screenshot"], copy=True), "hit": hit, "point": tuple(box[:2]) if box else None}
+
+
+def trace_step(before: dict, actions, obs, terminated: bool, info: dict) -> dict:
+    """One step of a trace: the action's name ("" when the reply did not parse), the click's point
+    and the text of the labelled element it landed on ("" for none; None when it was no click),
+    whether the screen changed (None for a step that ended the episode or ran nothing) and the
+    parse or action error, if any."""
+    import numpy as np
+
+    error = info.get("parse_error") or info.get("action_error")
+    ran = bool(actions) and not error and not terminated
+    return {"action": actions[0].name if actions else "", "point": before["point"], "hit": before["hit"],
+            "changed": (not np.array_equal(before["pixels"], obs["screenshot"])) if ran else None, "error": error}
+
+
+def trace_summary(results: list[dict]) -> dict:
+    """Per family, from traced results: clicks per episode, the share of clicks on no labelled
+    element ("missed") and the share of actions that left the screen as it was ("no_effect")."""
+    by: dict[str, list[dict]] = {}
+    for r in results:
+        if r.get("trace") is None:
+            raise ValueError("trace_summary needs results from run_episode(..., trace=True)")
+        by.setdefault(r["family"], []).append(r)
+    out = {}
+    for fam, rs in by.items():
+        steps = [s for r in rs for s in r["trace"]]
+        clicks = [s for s in steps if s["hit"] is not None]
+        judged = [s for s in steps if s["changed"] is not None]
+        out[fam] = {"episodes": len(rs), "clicks_per_episode": len(clicks) / len(rs),
+                    "missed": sum(s["hit"] == "" for s in clicks) / len(clicks) if clicks else 0.0,
+                    "no_effect": sum(s["changed"] is False for s in judged) / len(judged) if judged else 0.0,
+                    "unparsed": sum(s["action"] == "" for s in steps) / len(steps) if steps else 0.0}
+    return out
 
 
 def _frame(obs):
@@ -135,16 +188,16 @@ def _init_worker(width: int, height: int) -> None:
 
 
 def _work(job):
-    policy, family, seed, record = job
-    return run_episode(_ENV, policy, family, seed, record=record)
+    policy, family, seed, record, trace = job
+    return run_episode(_ENV, policy, family, seed, record=record, trace=trace)
 
 
 def run_many(jobs: list[tuple[str, int]], policy: str = "expert", *, workers: int = 1, record: bool = False,
-             width: int = 320, height: int = 240) -> Iterator[dict]:
+             width: int = 320, height: int = 240, trace: bool = False) -> Iterator[dict]:
     """Results of `jobs` as they finish. Built-in policies only (a model policy runs in-process)."""
     if policy not in BUILTIN_POLICIES:
         raise ValueError(f"run_many runs the built-in policies {BUILTIN_POLICIES}, got {policy!r}")
-    tasks = [(policy, f, s, record) for f, s in jobs]
+    tasks = [(policy, f, s, record, trace) for f, s in jobs]
     if workers <= 1:
         _init_worker(width, height)
         try:

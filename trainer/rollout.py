@@ -26,8 +26,6 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from agent.executors.base import Frame
 from agent.memory import Memory, MemoryStep
 from agent.policies.base import build_prompt
@@ -53,7 +51,8 @@ class Turn:
     progress: float = 0.0  # the verifier's partial progress after this turn (0..1)
     point: tuple | None = None  # the turn's first click (start_box), normalized; None if none
     expert_point: tuple | None = None  # where the task's expert would have clicked in that state
-    # did the turn's action change the screen? None when no action ran or the turn ended the episode
+    # did the turn's action change the screen (the env's info["screen_changed"])? None when no action
+    # ran, the turn ended the episode, or the env does not say
     changed: bool | None = None
 
 
@@ -112,11 +111,11 @@ def run_episode(actor, env, seed: int, *, family: str | None = None, memory_kw: 
         gen = actor.generate(messages, greedy=greedy)
         ask = getattr(env, "expert_click", None)  # before the step: the state the reply answers
         expert = ask() if ask else None
-        before = None if frame.pixels is None else np.array(frame.pixels, copy=True)  # the env may reuse the buffer
         obs, reward, terminated, truncated, info = env.step(gen.text)
         error = info.get("parse_error") or info.get("action_error")
         traj.turns.append(Turn(messages, list(gen.ids), list(gen.logprobs), gen.text, float(reward), error,
-                               float(info.get("progress", 0.0)), expert_point=expert))
+                               float(info.get("progress", 0.0)), expert_point=expert,
+                               changed=info.get("screen_changed")))
         if info.get("parse_error"):
             if end_on_parse_error:
                 terminated = True
@@ -129,9 +128,6 @@ def run_episode(actor, env, seed: int, *, family: str | None = None, memory_kw: 
                 memory.add(MemoryStep(parsed.thought, list(parsed.actions), frame))
                 box = parsed.actions[0].args.get("start_box") if parsed.actions else None
                 traj.turns[-1].point = tuple(box[:2]) if box else None
-            after = frame_of(obs).pixels
-            if not (terminated or info.get("action_error")) and before is not None and after is not None:
-                traj.turns[-1].changed = not np.array_equal(before, after)
         if not (terminated or truncated) and len(traj.turns) >= limit:
             truncated = True
         if terminated or truncated:

@@ -111,6 +111,7 @@ class SandboxEnv(gym.Env):
         self._steps = 0
         self._done = False
         self._last = None
+        self._shown = None  # the last screenshot handed out, to tell whether a step changed the screen
 
     # ------------------------------------------------------------ gym API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -134,6 +135,7 @@ class SandboxEnv(gym.Env):
         self._steps, self._done = 0, False
         self._limit = self.max_steps or cls.max_steps
         obs = self._observe()
+        self._shown = obs["screenshot"]
         return obs, self._info(self.task.verdict())
 
     def step(self, action):
@@ -168,7 +170,13 @@ class SandboxEnv(gym.Env):
         self._done = self._done or terminated or truncated
         info = self._info(verdict)
         info.update(extra)
-        return self._observe(), reward, bool(terminated), bool(truncated), info
+        obs = self._observe()
+        # did the action change the screen? None where nothing ran to be judged: no action (a reply
+        # that did not parse), an action error, or the step that ended the episode
+        ran = bool(actions) and "action_error" not in extra and not terminated
+        info["screen_changed"] = bool(not np.array_equal(self._shown, obs["screenshot"])) if ran else None
+        self._shown = obs["screenshot"]
+        return obs, reward, bool(terminated), bool(truncated), info
 
     def render(self):
         if self.render_mode == "rgb_array":

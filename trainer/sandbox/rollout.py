@@ -33,7 +33,9 @@ def plan(episodes: int, split: str = "train", families: list[str] | None = None,
 
 def run_episode(env, policy, family: str, seed: int, *, record: bool = False, trace: bool = False) -> dict:
     """Play one task. `policy` is "expert", "random" or an agent.policies.Policy. With trace=True
-    the result's "trace" holds, per step, what the step did (`trace_step`)."""
+    the result's "trace" holds, per step, what it did: the action's name ("" when the reply did not
+    parse), the click's point and the labelled element it landed on (`clicked_element`), whether
+    it changed the screen (the env's info["screen_changed"]) and the parse or action error."""
     obs, info = env.reset(seed=seed, options={"family": family})
     instruction = info["instruction"]
     memory = None
@@ -57,10 +59,12 @@ def run_episode(env, policy, family: str, seed: int, *, record: bool = False, tr
             thought, actions, raw = _ask(policy, memory, instruction, obs)
         pre = obs
         if trace:
-            before = trace_before(env, obs, actions)
+            point, hit = clicked_element(env, actions)
         obs, reward, terminated, truncated, info = env.step(actions if actions else (raw or ""))
         if trace:
-            traced.append(trace_step(before, actions, obs, terminated, info))
+            traced.append({"action": actions[0].name if actions else "", "point": point, "hit": hit,
+                           "changed": info.get("screen_changed"),
+                           "error": info.get("parse_error") or info.get("action_error")})
         total += reward
         done = terminated or truncated
         if memory is not None:
@@ -85,31 +89,16 @@ def run_episode(env, policy, family: str, seed: int, *, record: bool = False, tr
     }
 
 
-def trace_before(env, obs, actions) -> dict:
-    """What a step's trace needs from the screen before it: a copy of the pixels (the env may draw
-    the next screen into the same buffer) and the labelled element under the first click, if any."""
-    import numpy as np
-
-    hit = None
+def clicked_element(env, actions) -> tuple[tuple | None, str | None]:
+    """The first action's click point and the text of the labelled element under it on the screen
+    now ("" for none); (None, None) when the first action is no click."""
     a = actions[0] if actions else None
     box = a.args.get("start_box") if a is not None and a.name == "click" else None
-    if box:
-        x, y = box[0], box[1]
-        hit = next((text for text, _, (x0, y0, x1, y1) in env.labelled_targets() if x0 <= x <= x1 and y0 <= y <= y1), "")
-    return {"pixels": np.array(obs["screenshot"], copy=True), "hit": hit, "point": tuple(box[:2]) if box else None}
-
-
-def trace_step(before: dict, actions, obs, terminated: bool, info: dict) -> dict:
-    """One step of a trace: the action's name ("" when the reply did not parse), the click's point
-    and the text of the labelled element it landed on ("" for none; None when it was no click),
-    whether the screen changed (None for a step that ended the episode or ran nothing) and the
-    parse or action error, if any."""
-    import numpy as np
-
-    error = info.get("parse_error") or info.get("action_error")
-    ran = bool(actions) and not error and not terminated
-    return {"action": actions[0].name if actions else "", "point": before["point"], "hit": before["hit"],
-            "changed": (not np.array_equal(before["pixels"], obs["screenshot"])) if ran else None, "error": error}
+    if not box:
+        return None, None
+    x, y = box[0], box[1]
+    hit = next((text for text, _, (x0, y0, x1, y1) in env.labelled_targets() if x0 <= x <= x1 and y0 <= y <= y1), "")
+    return (x, y), hit
 
 
 def trace_summary(results: list[dict]) -> dict:

@@ -79,6 +79,8 @@ def test_train_default_refuses_bad_settings_before_any_work(tmp_path, capsys):
                            (["--click-reward", "-1"], "--click-reward must be >= 0, got -1.0"),
                            (["--kl-coef", "-1"], "--kl-coef must be >= 0, got -1.0"),
                            (["--no-effect-penalty", "-1"], "--no-effect-penalty must be >= 0, got -1.0"),
+                           (["--dual-clip", "0.5"], "--dual-clip must be > 1, got 0.5"),
+                           (["--device", "tpu"], "--device: unknown device 'tpu'"),
                            (["--sft-clip", "-1"], "--sft-clip must be >= 0, got -1.0")):
         rc = main(["--data", str(tmp_path / "data"), "train", "default", "--out", str(tmp_path / "m"), *flags])
         assert rc == 2, flags

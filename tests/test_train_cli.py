@@ -43,7 +43,7 @@ def test_the_reproduce_command_of_a_run_asks_for_the_same_recipe():
     cfg = RecipeConfig(families=["radio", "tabs"], demo_slip=0.5, grounding_screens_per_family=40, eval_seeds_per_family=20, ppo_max_minutes=30.0,
                        sft_lr=1e-3, sft_schedule="constant", sft_grad_clip=0.0, ppo_lr=2e-4,
                        ppo_batch=24, ppo_temperature=0.7, ppo_policy_alpha=1.0, ppo_train_vision=True,
-                       ppo_format_penalty=0.25, ppo_target_kl=0.2, ppo_progress_reward=1.0, ppo_click_reward=0.5, ppo_kl_coef=0.05,
+                       ppo_format_penalty=0.25, ppo_target_kl=0.2, ppo_dual_clip=3.0, ppo_progress_reward=1.0, ppo_click_reward=0.5, ppo_kl_coef=0.05,
                        ppo_no_effect_penalty=0.2, hidden=256, layers=4,
                        vision_depth=3, rope_theta=1e6, mrope="blocks", seed=3)
     line = reproduce_command(asdict(cfg))
@@ -51,7 +51,7 @@ def test_the_reproduce_command_of_a_run_asks_for_the_same_recipe():
     assert "--demo-slip 0.5 --grounding 40" in line
     assert "--sft-lr 0.001 --sft-schedule constant --sft-clip 0 " in line
     # a switch carries no value
-    assert line.endswith("--train-vision --format-penalty 0.25 --target-kl 0.2 --progress-reward 1 --click-reward 0.5 --kl-coef 0.05 "
+    assert line.endswith("--train-vision --format-penalty 0.25 --target-kl 0.2 --dual-clip 3 --progress-reward 1 --click-reward 0.5 --kl-coef 0.05 "
                          "--no-effect-penalty 0.2 --hidden 256 --layers 4 "
                          "--vision-depth 3 --rope-theta 1e+06 --mrope blocks --seed 3")
     args = main.build_parser().parse_args(shlex.split(line)[2:])
@@ -74,11 +74,13 @@ def test_train_ppo_from_the_cli_with_the_recipe_knobs(tiny_vlm_dir, tmp_path, ca
     assert rc == 2 and "--kl-coef must be >= 0, got -0.1" in capsys.readouterr().err
     rc = main(["--data", data, "train", "ppo", "--model", str(tiny_vlm_dir), "--out", str(out), "--no-effect-penalty", "-1"])
     assert rc == 2 and "--no-effect-penalty must be >= 0, got -1.0" in capsys.readouterr().err
+    rc = main(["--data", data, "train", "ppo", "--model", str(tiny_vlm_dir), "--out", str(out), "--dual-clip", "1"])
+    assert rc == 2 and "--dual-clip must be > 1, got 1.0" in capsys.readouterr().err
     rc = main(["--data", data, "train", "ppo", "--model", str(tiny_vlm_dir), "--out", str(out), "--updates", "1",
                "--batch", "2", "--workers", "0", "--value-pretrain", "1", "--epochs", "1", "--temperature", "0.7",
                "--max-new-tokens", "10", "--max-steps", "2", "--families", "click_button", "--width", "224",
                "--height", "168", "--end-on-parse-error", "--progress-reward", "0.5", "--click-reward", "0.25", "--kl-coef", "0.1",
-               "--no-effect-penalty", "0.3"])
+               "--no-effect-penalty", "0.3", "--dual-clip", "3", "--device", "cpu"])
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
     assert res["updates"] == 1 and (out / "model.safetensors").is_file()
@@ -87,6 +89,7 @@ def test_train_ppo_from_the_cli_with_the_recipe_knobs(tiny_vlm_dir, tmp_path, ca
     assert len(ppo) == 1 and ppo[0]["episode_length"] <= 2  # --max-steps reached the environment
     assert ppo[0]["kl_ref"] >= 0.0  # --kl-coef reached the learner, which logs the penalty's KL
     assert "no_effect_rate" in ppo[0]
+    assert 0.0 <= ppo[0]["clipfrac_dual"] <= 1.0  # --dual-clip reached the learner, which logs what it bounded
     assert ppo[0]["tokens_per_turn"] <= 10  # --max-new-tokens reached the actor
     assert json.loads((out / "tandem_training.json").read_text())["ppo"]["temperature"] == 0.7
     # without --train-vision the vision tower leaves PPO as it came, and the language model does not
@@ -99,5 +102,5 @@ def test_train_ppo_from_the_cli_with_the_recipe_knobs(tiny_vlm_dir, tmp_path, ca
     ppo_cfg = json.loads((out / "tandem_training.json").read_text())["ppo"]
     assert ppo_cfg["train_vision"] is False and ppo_cfg["format_penalty"] == 0.5
     assert ppo_cfg["end_on_parse_error"] is True and ppo_cfg["progress_reward"] == 0.5 and ppo_cfg["click_reward"] == 0.25
-    assert ppo_cfg["no_effect_penalty"] == 0.3
+    assert ppo_cfg["no_effect_penalty"] == 0.3 and ppo_cfg["dual_clip"] == 3.0
     assert ppo_cfg["kl_coef"] == 0.1

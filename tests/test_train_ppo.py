@@ -232,3 +232,34 @@ def test_kl_coef_holds_the_policy_near_where_it_started(tiny_vlm_dir, one_thread
     assert kl_logged[5.0][0] >= 0.0 and max(kl_logged[5.0]) > 0.0  # the penalty saw the policy move
     assert max(kl_logged[5.0]) <= KL_REF_CAP  # per token, so the mean is under the cap too
     assert drift[5.0] < 0.7 * drift[0.0], drift
+
+
+def test_dual_clip_bounds_the_loss_of_a_bad_token_whose_ratio_ran_away(tiny_vlm_dir, one_thread):  # noqa: F811
+    """Every token made e^5 times likelier than when it was sampled, with a negative advantage:
+    without dual clip the policy step pushes them down hard; with it (c = 3) their loss is the
+    constant -A*c, so no gradient reaches the weights, and every token counts as dual-clipped."""
+    import torch
+
+    from agent.vlm import load_vlm
+    from trainer.ppo import Critic, PPOConfig, policy_step, prepare_turns, score
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    trajs = _short_episodes(model, proc, n=2)
+    results = {}
+    for dual in (None, 3.0):
+        m, p = load_vlm(tiny_vlm_dir, device="cpu")
+        cfg = PPOConfig(lr=1e-2, minibatch_turns=2, dual_clip=dual)
+        turns = prepare_turns(trajs, p, m, cfg)
+        score(m, Critic(m), trajs, turns, p, cfg)
+        for tb in turns:
+            tb.old_lp = tb.old_lp - 5.0  # ratio e^5 ~ 148, far past c
+            tb.adv = -torch.ones_like(tb.old_lp)
+        before = {k: v.clone() for k, v in m.state_dict().items()}
+        m.train()
+        opt = torch.optim.AdamW([q for q in m.parameters() if q.requires_grad], lr=cfg.lr, weight_decay=0.0)
+        out = policy_step(m, opt, turns, cfg)
+        moved = sum(float((before[k] - v).abs().sum()) for k, v in m.state_dict().items())
+        results[dual] = (out, moved)
+    assert results[None][1] > 0 and "clipfrac_dual" not in results[None][0]
+    assert results[3.0][1] == 0.0
+    assert results[3.0][0]["clipfrac_dual"] == 1.0

@@ -32,6 +32,7 @@ def register(sub, common) -> None:
         s.add_argument("--max-steps", type=int)
         _add_sft_schedule_args(s, recipe=False)
         s.add_argument("--seed", type=int, default=0)
+        _add_device_arg(s)
         s.set_defaults(func=cmd_sft, phase=kind)
 
     s = ts.add_parser("ppo", parents=[common], help="multi-turn PPO on the sandbox (critic, value pretraining)")
@@ -56,6 +57,7 @@ def register(sub, common) -> None:
     s.add_argument("--width", type=int, default=320)
     s.add_argument("--height", type=int, default=240)
     s.add_argument("--seed", type=int, default=0)
+    _add_device_arg(s)
     s.set_defaults(func=cmd_ppo)
 
     s = ts.add_parser("default", parents=[common], help="build the small default model: tiny VLM, SFT on expert demos, PPO")
@@ -90,7 +92,15 @@ def register(sub, common) -> None:
     _add_ppo_shaping_args(s, recipe=True)
     s.add_argument("--resume", action="store_true", help="reuse a finished SFT stage (checkpoint + eval) in the work folder")
     s.add_argument("--seed", type=int, default=0)
+    _add_device_arg(s)
     s.set_defaults(func=cmd_default)
+
+
+def _add_device_arg(s) -> None:
+    from trainer.sft import DEVICES_HELP
+
+    s.add_argument("--device", default="auto",
+                   help=f"where the learner trains and evaluates: {DEVICES_HELP}; rollout workers stay on the CPU")
 
 
 def _add_sft_schedule_args(s, *, recipe: bool) -> None:
@@ -114,6 +124,8 @@ def _add_ppo_shaping_args(s, *, recipe: bool) -> None:
     s.add_argument("--format-penalty", type=float, default=default(0.5),
                    help="reward subtracted for a turn whose output does not parse (must outweigh a retry's chance)")
     s.add_argument("--target-kl", type=float, help="stop an update's policy passes once a minibatch's approx_kl exceeds this")
+    s.add_argument("--dual-clip", type=float, metavar="C",
+                   help="dual-clip PPO: bound a negative-advantage token's loss at -A*C (C > 1, e.g. 3; default off)")
     s.add_argument("--end-on-parse-error", action="store_true", default=default(False),
                    help="a rollout ends at an output that does not parse (default: the agent is asked again)")
     s.add_argument("--progress-reward", type=float, default=default(0.0),
@@ -145,12 +157,12 @@ def _plot(log, out_dir, phase, keys):
 def cmd_sft(args) -> int:
     from pathlib import Path
 
-    from agent.vlm import VLMError, load_vlm
+    from agent.vlm import VLMError
     from trainer.metrics import MetricsLog
-    from trainer.sft import SFTConfig, SFTError, jsonl_samples, store_samples, train_sft
+    from trainer.sft import SFTConfig, SFTError, jsonl_samples, load_for_training, store_samples, train_sft
 
     try:
-        model, processor = load_vlm(args.model, device="cpu")
+        model, processor = load_for_training(args.model, args.device)
         if args.jsonl:
             samples = jsonl_samples(args.jsonl)
         else:
@@ -177,10 +189,10 @@ def cmd_sft(args) -> int:
 def cmd_ppo(args) -> int:
     from pathlib import Path
 
-    from agent.vlm import VLMError, load_vlm
+    from agent.vlm import VLMError
     from trainer.metrics import MetricsLog
     from trainer.ppo import PPOConfig, train_ppo
-    from trainer.sft import save_checkpoint
+    from trainer.sft import load_for_training, save_checkpoint
 
     from trainer.sandbox.families import parse_families
     from trainer.sandbox.screen import SandboxError
@@ -197,12 +209,14 @@ def cmd_ppo(args) -> int:
         return _fail(f"--click-reward must be >= 0, got {args.click_reward}")
     if args.target_kl is not None and args.target_kl <= 0:
         return _fail(f"--target-kl must be > 0, got {args.target_kl}")
+    if args.dual_clip is not None and args.dual_clip <= 1:
+        return _fail(f"--dual-clip must be > 1, got {args.dual_clip}")
     if args.kl_coef < 0:
         return _fail(f"--kl-coef must be >= 0, got {args.kl_coef}")
     if args.no_effect_penalty < 0:
         return _fail(f"--no-effect-penalty must be >= 0, got {args.no_effect_penalty}")
     try:
-        model, processor = load_vlm(args.model, device="cpu")
+        model, processor = load_for_training(args.model, args.device)
     except VLMError as e:
         return _fail(str(e))
     out = Path(args.out)
@@ -214,7 +228,8 @@ def cmd_ppo(args) -> int:
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, policy_alpha=args.policy_alpha,
                     seed=args.seed, max_seconds=args.minutes * 60 if args.minutes else None,
                     train_vision=args.train_vision, format_penalty=args.format_penalty,
-                    target_kl=args.target_kl, progress_reward=args.progress_reward, click_reward=args.click_reward,
+                    target_kl=args.target_kl, dual_clip=args.dual_clip, progress_reward=args.progress_reward,
+                    click_reward=args.click_reward,
                     kl_coef=args.kl_coef, end_on_parse_error=args.end_on_parse_error,
                     no_effect_penalty=args.no_effect_penalty)
     env_kw = {"width": args.width, "height": args.height}
@@ -224,7 +239,8 @@ def cmd_ppo(args) -> int:
     log.close()
     save_checkpoint(model, processor, out, {"ppo": res["config"], "last": res["history"][-1] if res["history"] else None})
     res["critic"].save(work / "critic")
-    plot = _plot(log, work, "ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "explained_variance",
+    plot = _plot(log, work, "ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "clipfrac_dual",
+                                     "explained_variance",
                                      "value_loss", "think_length", "episode_length", "click_score",
                                      "no_effect_rate"])
     print(json.dumps({"out": str(out), "updates": res["updates"], "last": res["history"][-1] if res["history"] else None,
@@ -246,7 +262,7 @@ def recipe_config(args):
                       ("sft_clip", "sft_grad_clip"), ("ppo_minutes", "ppo_max_minutes"), ("ppo_lr", "ppo_lr"), ("ppo_batch", "ppo_batch"),
                       ("ppo_epochs", "ppo_epochs"), ("temperature", "ppo_temperature"),
                       ("policy_alpha", "ppo_policy_alpha"), ("train_vision", "ppo_train_vision"),
-                      ("format_penalty", "ppo_format_penalty"), ("target_kl", "ppo_target_kl"),
+                      ("format_penalty", "ppo_format_penalty"), ("target_kl", "ppo_target_kl"), ("dual_clip", "ppo_dual_clip"),
                       ("progress_reward", "ppo_progress_reward"), ("end_on_parse_error", "ppo_end_on_parse_error"),
                       ("click_reward", "ppo_click_reward"), ("kl_coef", "ppo_kl_coef"),
                       ("no_effect_penalty", "ppo_no_effect_penalty"),
@@ -263,7 +279,7 @@ def cmd_default(args) -> int:
     cfg = recipe_config(args)
     try:
         cfg.validate()
-        report = run_recipe(args.out, cfg, work_dir=args.work, resume=args.resume)
+        report = run_recipe(args.out, cfg, work_dir=args.work, resume=args.resume, device=args.device)
     except RecipeError as e:
         return _fail(str(e))
     print(json.dumps({k: report[k] for k in ("demos", "eval_sft", "eval_ppo", "plots", "seconds") if k in report},

@@ -48,6 +48,9 @@ class PPOConfig:
     critic_lr: float = 1e-3
     clip_low: float = 0.2
     clip_high: float = 0.28
+    # dual clip (rl.losses.ppo_policy_loss's clip_ratio_c, > 1, e.g. 3): a negative-advantage token's loss is
+    # bounded by -A * c, so one token whose ratio ran away cannot dominate the batch; None: off
+    dual_clip: float | None = None
     value_clip: float | None = 0.5
     ent_coef: float = 0.0
     kl_coef: float = 0.0  # k3 KL penalty to the frozen start policy, per token; 0 turns it off (no reference kept)
@@ -97,7 +100,8 @@ class Critic(nn.Module):
         super().__init__()
         self.backbone = copy.deepcopy(policy.model)  # Qwen2_5_VLModel / Qwen3VLModel: vision tower + language model
         hidden = policy.config.text_config.hidden_size
-        self.head = nn.Linear(hidden, 1)
+        # beside the backbone (a learner on a GPU), in float32: values are regression targets
+        self.head = nn.Linear(hidden, 1, device=self.backbone.device)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
@@ -106,14 +110,15 @@ class Critic(nn.Module):
         from agent.vlm import to_model
 
         out = self.backbone(**to_model(inputs, self.backbone), use_cache=False)
-        return self.head(out.last_hidden_state).squeeze(-1).float()
+        return self.head(out.last_hidden_state.float()).squeeze(-1)
 
     def save(self, out_dir) -> Path:
         from safetensors.torch import save_file
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(out / "critic.safetensors"))
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
+                  str(out / "critic.safetensors"))
         return out
 
 
@@ -234,8 +239,9 @@ def freeze_vision(*models) -> list[tuple[torch.nn.Parameter, bool]]:
 def turn_values(critic, tb: TurnBatch) -> torch.Tensor:
     """The critic's value before each generated token (read at the position that predicts it)."""
     v = critic(tb.inputs)
-    before = torch.zeros_like(tb.target)
-    before[:, :-1] = tb.target[:, 1:]
+    target = tb.target.to(v.device)
+    before = torch.zeros_like(target)
+    before[:, :-1] = target[:, 1:]
     return v[before]
 
 
@@ -271,7 +277,9 @@ def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConf
     trajectory; fills the TurnBatches."""
     from agent.vlm import action_logprobs
 
+    dev = policy.device  # everything below lives beside the model (a learner on a GPU)
     for tb in turns:
+        tb.target = tb.target.to(dev)
         tb.old_lp = action_logprobs(policy, tb.inputs, tb.target, temperature=cfg.temperature)[tb.target]
         if ref is not None:
             tb.ref_lp = action_logprobs(ref, tb.inputs, tb.target, temperature=cfg.temperature)[tb.target]
@@ -282,21 +290,22 @@ def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConf
         if not mine:
             continue
         lengths = [int(tb.target.sum()) for tb in mine]
+        # GAE runs on the CPU: a loop over tokens, cheaper there than as a GPU kernel launch per token
         rewards = torch.zeros(sum(lengths))
         ends = torch.tensor(lengths).cumsum(0) - 1
         rewards[ends] = torch.tensor(shaped_turn_rewards(tr, cfg), dtype=torch.float32)
-        values = torch.cat([tb.values for tb in mine])
+        values = torch.cat([tb.values for tb in mine]).cpu()
         last = bootstrap_value(critic, tr, processor)
         adv_p, _ = rl_gae.gae(rewards, values, gamma=cfg.gamma, lam=rl_gae.adaptive_lambda(len(rewards), cfg.policy_alpha),
                               last_value=last, terminated=tr.terminated)
         _, ret_c = rl_gae.gae(rewards, values, gamma=cfg.gamma, lam=cfg.critic_lambda, last_value=last,
                               terminated=tr.terminated)
         for tb, a, r in zip(mine, adv_p.split(lengths), ret_c.split(lengths)):
-            tb.adv, tb.ret = a, r
+            tb.adv, tb.ret = a.to(dev), r.to(dev)
         stats["returns"].append(ret_c)
         stats["values"].append(values)
     all_adv = torch.cat([tb.adv for tb in turns])
-    mean, std = all_adv.mean(), all_adv.std().clamp(min=1e-6) if all_adv.numel() > 1 else torch.tensor(1.0)
+    mean, std = all_adv.mean(), all_adv.std().clamp(min=1e-6) if all_adv.numel() > 1 else torch.ones((), device=dev)
     for tb in turns:  # whiten over the batch
         tb.adv = (tb.adv - mean) / std
     ret, val = torch.cat(stats["returns"]), torch.cat(stats["values"])
@@ -330,6 +339,8 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
     m = {"policy_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
     if cfg.kl_coef:
         m["kl_ref"] = []
+    if cfg.dual_clip:
+        m["clipfrac_dual"] = []
     stopped, tokens = False, 0
     for mb in _minibatches(turns, cfg.minibatch_turns):
         n = sum(int(tb.target.sum()) for tb in mb)  # token-mean over the minibatch
@@ -340,7 +351,7 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
             lp, ent = action_logprobs(policy, tb.inputs, tb.target, temperature=cfg.temperature, return_entropy=True)
             lp, ent = lp[tb.target], ent[tb.target]
             out = rl_losses.ppo_policy_loss(lp, tb.old_lp, tb.adv, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                            reduction="sum")
+                                            clip_ratio_c=cfg.dual_clip, reduction="sum")
             loss = out["loss"] - cfg.ent_coef * ent.sum()
             if cfg.kl_coef:  # keeps the policy near where it started (k3: unbiased, never negative)
                 # capped per token, as verl's low_var_kl: tokens come from the behaviour policy, so a
@@ -355,6 +366,8 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
             m["entropy"].append(float(ent.detach().mean()))
             m["approx_kl"].append(float(rl_losses.approx_kl(lp.detach(), tb.old_lp)))
             m["clipfrac"].append(float(out["clipfrac"]))
+            if cfg.dual_clip:
+                m["clipfrac_dual"].append(float(out["clipfrac_dual"]))
             mb_kl += m["approx_kl"][-1] * lp.numel() / n
         if cfg.target_kl is not None and mb_kl > cfg.target_kl:
             opt.zero_grad(set_to_none=True)  # this minibatch's step is not taken, nor any after it

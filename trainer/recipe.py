@@ -70,6 +70,7 @@ class RecipeConfig:
     ppo_max_minutes: float | None = 30.0  # wall-clock budget of the PPO phase (binds before ppo_updates)
     ppo_format_penalty: float = 0.5  # see PPOConfig.format_penalty
     ppo_target_kl: float | None = 0.1  # see PPOConfig.target_kl
+    ppo_dual_clip: float | None = None  # see PPOConfig.dual_clip
     ppo_progress_reward: float = 0.0  # see PPOConfig.progress_reward
     ppo_click_reward: float = 0.0  # see PPOConfig.click_reward
     ppo_kl_coef: float = 0.0  # see PPOConfig.kl_coef
@@ -114,6 +115,7 @@ class RecipeConfig:
                   (self.ppo_kl_coef >= 0, "--kl-coef must be >= 0", self.ppo_kl_coef),
                   (self.ppo_no_effect_penalty >= 0, "--no-effect-penalty must be >= 0", self.ppo_no_effect_penalty),
                   (self.ppo_target_kl is None or self.ppo_target_kl > 0, "--target-kl must be > 0", self.ppo_target_kl),
+                  (self.ppo_dual_clip is None or self.ppo_dual_clip > 1, "--dual-clip must be > 1", self.ppo_dual_clip),
                   (self.ppo_batch >= 1 and self.ppo_updates >= 1, "--ppo-batch and --updates must be at least 1",
                    (self.ppo_batch, self.ppo_updates))]
         for ok, msg, value in checks:
@@ -235,18 +237,26 @@ def build_default_model(out_dir, cfg: RecipeConfig, demo_texts: list[str]) -> Pa
     return out
 
 
-def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = True, resume: bool = False) -> dict:
-    """The whole recipe; with resume, a finished SFT stage in the work folder is reused."""
+def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = True, resume: bool = False,
+               device: str | None = "auto") -> dict:
+    """The whole recipe; with resume, a finished SFT stage in the work folder is reused. SFT, PPO's
+    learner and the held-out evaluations run on `device` (trainer.sft.load_for_training: "auto"
+    takes a GPU when there is one); the rollout workers and the demonstrations stay on the CPU."""
     import torch
 
     cfg.validate()
 
-    from agent.vlm import load_vlm
+    from agent.vlm import VLMError, resolve_device_dtype
     from trainer.actor import VLMActor
     from trainer.grounding import grounding_eval
     from trainer.metrics import MetricsLog, plot_metrics
     from trainer.rollout import evaluate
-    from trainer.sft import SFTConfig, save_checkpoint, train_sft
+    from trainer.sft import SFTConfig, load_for_training, save_checkpoint, train_sft
+
+    try:  # a device that is not there fails now, not after the demonstrations
+        dev = str(resolve_device_dtype(None if device in (None, "auto") else device, "float32")[0])
+    except VLMError as e:
+        raise RecipeError(f"--device: {e}") from None
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.sft_threads or os.cpu_count() or 1)
@@ -255,7 +265,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     work.mkdir(parents=True, exist_ok=True)
     log = MetricsLog(work)
     env_kw = {"width": cfg.width, "height": cfg.height}
-    report: dict = {"config": asdict(cfg)}
+    report: dict = {"config": asdict(cfg), "device": dev}
     t0 = time.perf_counter()
     started = time.time()  # the log's wall clock: a resumed run's PPO rows are the ones after this
 
@@ -287,7 +297,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
                              f"({', '.join(f'{k}={was[k]!r}' for k in changed)}); use another --work folder or drop --resume")
         report.update({k: done[k] for k in ("demos", "params", "sft", "eval_sft")})
         report["resumed_from"] = str(work / "sft")
-        model, processor = load_vlm(work / "sft", device="cpu")
+        model, processor = load_for_training(work / "sft", dev)
     else:
         # -- 1. expert demonstrations and the model
         trajs, samples = demonstrations(cfg.families, cfg.demo_episodes_per_family, width=cfg.width,
@@ -304,7 +314,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
             samples += grounding
         texts = [s.target for s in samples] + [t.instruction for t in trajs]
         base = build_default_model(work / "base", cfg, texts)
-        model, processor = load_vlm(base, device="cpu")
+        model, processor = load_for_training(base, dev)
         report["params"] = sum(p.numel() for p in model.parameters())
 
         # -- 2. SFT on the demonstrations, then the held-out numbers
@@ -323,7 +333,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
                         epochs=cfg.ppo_epochs, temperature=cfg.ppo_temperature, max_new_tokens=cfg.ppo_max_new_tokens,
                         policy_alpha=cfg.ppo_policy_alpha, train_vision=cfg.ppo_train_vision,
                         format_penalty=cfg.ppo_format_penalty,
-                        target_kl=cfg.ppo_target_kl, progress_reward=cfg.ppo_progress_reward,
+                        target_kl=cfg.ppo_target_kl, dual_clip=cfg.ppo_dual_clip, progress_reward=cfg.ppo_progress_reward,
                         click_reward=cfg.ppo_click_reward, kl_coef=cfg.ppo_kl_coef,
                         no_effect_penalty=cfg.ppo_no_effect_penalty,
                         end_on_parse_error=cfg.ppo_end_on_parse_error, value_pretrain_iters=1, value_pretrain_epochs=3,
@@ -346,7 +356,8 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     log.close()
     plots = {}
     for phase, keys in (("sft", ["loss", "grad_norm"]),
-                        ("ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "explained_variance",
+                        ("ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "clipfrac_dual",
+                                 "explained_variance",
                                  "value_loss", "think_length", "episode_length", "policy_loss", "learner_tokens_per_s",
                                  "click_score", "no_effect_rate"])):
         try:
@@ -382,7 +393,7 @@ def eval_summary(report: dict) -> dict:
         "named": {tag: r["grounding"]["mean_named"] for tag, r in (("sft", sft), ("ppo", ppo))
                   if "mean_named" in r.get("grounding", {})},
         "demos": report.get("demos"), "ppo_updates": report.get("ppo", {}).get("updates"),
-        "seconds": report.get("seconds"), "config": report["config"],
+        "seconds": report.get("seconds"), "device": report.get("device"), "config": report["config"],
         "reproduce": reproduce_command(report["config"]),
         "resumed_from": report.get("resumed_from"),
     }
@@ -396,7 +407,7 @@ CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "d
              "ppo_max_minutes": "--ppo-minutes", "ppo_lr": "--ppo-lr", "ppo_batch": "--ppo-batch",
              "ppo_epochs": "--ppo-epochs", "ppo_temperature": "--temperature", "ppo_policy_alpha": "--policy-alpha",
              "ppo_train_vision": "--train-vision", "ppo_format_penalty": "--format-penalty",
-             "ppo_target_kl": "--target-kl", "ppo_progress_reward": "--progress-reward", "ppo_click_reward": "--click-reward",
+             "ppo_target_kl": "--target-kl", "ppo_dual_clip": "--dual-clip", "ppo_progress_reward": "--progress-reward", "ppo_click_reward": "--click-reward",
              "ppo_kl_coef": "--kl-coef", "ppo_no_effect_penalty": "--no-effect-penalty",
              "ppo_end_on_parse_error": "--end-on-parse-error", "arch": "--arch", "hidden": "--hidden", "layers": "--layers",
              "vision_depth": "--vision-depth", "rope_theta": "--rope-theta", "mrope": "--mrope", "seed": "--seed"}

@@ -207,6 +207,25 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
     return ramp if schedule == "constant" else ramp * (0.1 + 0.9 * max(0.0, 1 - step / total))
 
 
+DEVICES_HELP = "auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N"
+
+
+def load_for_training(model_dir, device: str | None = "auto"):
+    """(model, processor) to train: float32 weights on `device` ("auto" or None: the GPU when
+    torch sees one, else the CPU). Half-precision weights would lose AdamW's small updates, so
+    training keeps float32 even on a GPU, where TF32 matmuls make that cheap. Raises
+    agent.vlm.VLMError naming a device that is not there (cuda asked for, no GPU)."""
+    import torch
+
+    from agent.vlm import load_vlm
+
+    model, processor = load_vlm(model_dir, device=None if device in (None, "auto") else device, dtype="float32")
+    if model.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return model, processor
+
+
 def save_checkpoint(model, processor, out_dir, extra: dict | None = None) -> Path:
     """A standard transformers directory: config, safetensors weights, tokenizer, processor."""
     out = Path(out_dir)

@@ -29,7 +29,8 @@ learner compete for the same two cores, so there is little idle time for async t
 Async batches lean to short episodes (the first to finish), which the last-batch lengths show.
 Workers run niced (WorkerSpec.nice), so in async mode the learner keeps its speed while they
 take the cycles it leaves. The "learner" scenario times the learner alone on one batch, vision tower frozen (the default)
-against trained, the baseline, in the same run.
+against trained, the baseline, in the same run; with `--learner-devices cpu,cuda` (the default
+where torch sees a GPU) it does both on the CPU and on the GPU, the CPU rows the baseline.
 """
 from __future__ import annotations
 
@@ -77,15 +78,17 @@ def run(mode: str, pool, model, processor, updates: int, batch: int, learn: bool
             "learner_share": learn_s / wall, "dropped": pool.stats["dropped"] - dropped0, "last_batch_lengths": lens}
 
 
-def learner_rows(model_dir, batch: int, repeats: int) -> list[dict]:
+def learner_rows(model_dir, batch: int, repeats: int, devices=("cpu",)) -> list[dict]:
     """The learner alone on one batch, vision tower frozen (each distinct screenshot encoded once
     per batch, the default) against trained (every turn's forward re-encodes its screenshots),
-    `repeats` updates each from the same starting weights."""
+    `repeats` updates each from the same starting weights, on each of `devices` (the first row,
+    CPU with the tower trained, is the baseline)."""
     from agent.vlm import load_vlm
     from trainer.actor import VLMActor
     from trainer.ppo import Learner, PPOConfig
     from trainer.rollout import run_episode
     from trainer.sandbox.env import SandboxEnv
+    from trainer.sft import load_for_training
 
     model, processor = load_vlm(model_dir, device="cpu")
     env = SandboxEnv(width=224, height=168)
@@ -95,18 +98,20 @@ def learner_rows(model_dir, batch: int, repeats: int) -> list[dict]:
     finally:
         env.close()
     rows = []
-    for train_vision in (True, False):
-        model, processor = load_vlm(model_dir, device="cpu")
-        learner = Learner(model, processor, PPOConfig(epochs=1, lr=1e-4, train_vision=train_vision))
-        tokens = seconds = 0.0
-        for _ in range(repeats):
-            m = learner.update(trajs)
-            tokens += m["learner_tokens"]
-            seconds += m["learner_seconds"]
-        learner.close()
-        rows.append({"vision": "trained (baseline)" if train_vision else "frozen, image bank", "tokens": tokens,
-                     "seconds": seconds, "tokens_per_s": tokens / seconds,
-                     "turns": sum(len(t.turns) for t in trajs) * repeats})
+    for device in devices:
+        for train_vision in (True, False):
+            model, processor = load_for_training(model_dir, device)
+            learner = Learner(model, processor, PPOConfig(epochs=1, lr=1e-4, train_vision=train_vision))
+            tokens = seconds = 0.0
+            for _ in range(repeats):
+                m = learner.update(trajs)  # its metrics are read back as floats: the GPU has finished
+                tokens += m["learner_tokens"]
+                seconds += m["learner_seconds"]
+            learner.close()
+            vision = "trained" if train_vision else "frozen, image bank"
+            rows.append({"vision": f"{device}, {vision}" + (" (baseline)" if not rows else ""), "tokens": tokens,
+                         "seconds": seconds, "tokens_per_s": tokens / seconds,
+                         "turns": sum(len(t.turns) for t in trajs) * repeats})
     return rows
 
 
@@ -122,12 +127,18 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", default="local,remote,learner",
                     help="which to run: local, remote (rollouts with the learner) and learner (the learner alone)")
     ap.add_argument("--learner-repeats", type=int, default=3)
+    ap.add_argument("--learner-devices", default="auto",
+                    help="devices of the learner scenario, comma-separated (auto: cpu, and cuda when torch sees a GPU)")
     a = ap.parse_args(argv)
     wanted = {x.strip() for x in a.scenarios.split(",") if x.strip()}
     if not wanted or wanted - {"local", "remote", "learner"}:
         ap.error(f"--scenarios takes local, remote and/or learner, got {a.scenarios!r}")
     import torch
 
+    devices = (["cpu"] + (["cuda"] if torch.cuda.is_available() else []) if a.learner_devices == "auto"
+               else [d.strip() for d in a.learner_devices.split(",") if d.strip()])
+    if any(d.startswith("cuda") for d in devices) and not torch.cuda.is_available():
+        ap.error(f"--learner-devices {a.learner_devices}: torch sees no CUDA GPU")
     torch.set_num_threads(1)
     from agent.vlm import load_vlm
     from trainer.rollout import RolloutPool, WorkerSpec
@@ -139,7 +150,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny")
         if "learner" in wanted:
-            learner = learner_rows(model_dir, a.batch, a.learner_repeats)
+            learner = learner_rows(model_dir, a.batch, a.learner_repeats, devices)
         for name, workers, latency in scenarios:
             spec = WorkerSpec(str(model_dir), str(Path(tmp) / f"w-{name}"), env_kw={"width": 224, "height": 168},
                               actor_kw={"max_new_tokens": 24}, env_latency_s=latency)
@@ -167,9 +178,9 @@ def main(argv=None) -> int:
     if learner:
         print(f"\nlearner alone: {a.learner_repeats} PPO updates (score, one policy and one critic epoch) on one batch of "
               f"{a.batch} episodes")
-        print(f"{'vision tower':<20} {'turns':>6} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'vs baseline':>11}")
+        print(f"{'device, vision tower':<34} {'turns':>6} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'vs baseline':>11}")
         for r in learner:
-            print(f"{r['vision']:<20} {r['turns']:>6} {r['tokens']:>7.0f} {r['seconds']:>8.1f} {r['tokens_per_s']:>9.0f} "
+            print(f"{r['vision']:<34} {r['turns']:>6} {r['tokens']:>7.0f} {r['seconds']:>8.1f} {r['tokens_per_s']:>9.0f} "
                   f"{r['tokens_per_s'] / learner[0]['tokens_per_s']:>10.2f}x")
     return 0
 

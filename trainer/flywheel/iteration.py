@@ -198,11 +198,10 @@ def collect_rollouts(store, model_dir, version: str, cfg: FlywheelConfig, iterat
 
 def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _StageLog, prog: _Progress) -> list[dict]:
     """CT -> SFT -> PPO from the parent checkpoint; saves the candidate; returns stage summaries."""
-    from agent.vlm import load_vlm
     from trainer.ppo import PPOConfig, train_ppo
-    from trainer.sft import SFTConfig, save_checkpoint, train_sft
+    from trainer.sft import SFTConfig, load_for_training, save_checkpoint, train_sft
 
-    model, processor = load_vlm(parent_dir, device="cpu")
+    model, processor = load_for_training(parent_dir)  # the GPU when there is one
     stages = []
     sft_ids = [e.id for e in store.list_episodes(route="sft")]
     ct_ids = [e.id for e in store.list_episodes(route="ct")]

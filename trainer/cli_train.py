@@ -191,7 +191,7 @@ def cmd_ppo(args) -> int:
 
     from agent.vlm import VLMError
     from trainer.metrics import MetricsLog
-    from trainer.ppo import PPOConfig, train_ppo
+    from trainer.ppo import PPOConfig, shaping_checks, train_ppo
     from trainer.sft import load_for_training, save_checkpoint
 
     from trainer.sandbox.families import parse_families
@@ -203,18 +203,11 @@ def cmd_ppo(args) -> int:
         return _fail(str(e))
     if args.temperature <= 0 or args.max_new_tokens < 1 or args.updates < 1:
         return _fail("--temperature must be > 0, --max-new-tokens and --updates at least 1")
-    if args.format_penalty < 0:
-        return _fail(f"--format-penalty must be >= 0, got {args.format_penalty}")
-    if args.click_reward < 0:
-        return _fail(f"--click-reward must be >= 0, got {args.click_reward}")
-    if args.target_kl is not None and args.target_kl <= 0:
-        return _fail(f"--target-kl must be > 0, got {args.target_kl}")
-    if args.dual_clip is not None and args.dual_clip <= 1:
-        return _fail(f"--dual-clip must be > 1, got {args.dual_clip}")
-    if args.kl_coef < 0:
-        return _fail(f"--kl-coef must be >= 0, got {args.kl_coef}")
-    if args.no_effect_penalty < 0:
-        return _fail(f"--no-effect-penalty must be >= 0, got {args.no_effect_penalty}")
+    for ok, msg, value in shaping_checks(format_penalty=args.format_penalty, click_reward=args.click_reward,
+                                         kl_coef=args.kl_coef, no_effect_penalty=args.no_effect_penalty,
+                                         target_kl=args.target_kl, dual_clip=args.dual_clip):
+        if not ok:
+            return _fail(f"{msg}, got {value}")
     try:
         model, processor = load_for_training(args.model, args.device)
     except VLMError as e:

@@ -90,6 +90,17 @@ class PPOConfig:
 KL_REF_CAP = 10.0  # per-token cap of the KL-to-start penalty's k3 estimate
 
 
+def shaping_checks(*, format_penalty, click_reward, kl_coef, no_effect_penalty, target_kl, dual_clip) -> list[tuple]:
+    """(ok, message, value) for each stability and reward-shaping setting, under the flag names
+    `train ppo` and `train default` share; the caller reports the first that is not ok."""
+    return [(format_penalty >= 0, "--format-penalty must be >= 0", format_penalty),
+            (click_reward >= 0, "--click-reward must be >= 0", click_reward),
+            (kl_coef >= 0, "--kl-coef must be >= 0", kl_coef),
+            (no_effect_penalty >= 0, "--no-effect-penalty must be >= 0", no_effect_penalty),
+            (target_kl is None or target_kl > 0, "--target-kl must be > 0", target_kl),
+            (dual_clip is None or dual_clip > 1, "--dual-clip must be > 1", dual_clip)]
+
+
 # ---------------------------------------------------------------- the critic
 
 
@@ -117,8 +128,7 @@ class Critic(nn.Module):
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
-                  str(out / "critic.safetensors"))
+        save_file({k: v.contiguous().cpu() for k, v in self.state_dict().items()}, str(out / "critic.safetensors"))
         return out
 
 
@@ -239,9 +249,8 @@ def freeze_vision(*models) -> list[tuple[torch.nn.Parameter, bool]]:
 def turn_values(critic, tb: TurnBatch) -> torch.Tensor:
     """The critic's value before each generated token (read at the position that predicts it)."""
     v = critic(tb.inputs)
-    target = tb.target.to(v.device)
-    before = torch.zeros_like(target)
-    before[:, :-1] = target[:, 1:]
+    before = torch.zeros_like(tb.target)  # score() put the target beside the model
+    before[:, :-1] = tb.target[:, 1:]
     return v[before]
 
 

@@ -86,6 +86,7 @@ class RecipeConfig:
 
     def validate(self) -> None:
         """Raise RecipeError naming the first setting that cannot work (before any work is done)."""
+        from trainer.ppo import shaping_checks
         from trainer.sandbox.families import family_class
         from trainer.sft import SCHEDULES
         from trainer.tiny_model import ARCHS, MROPE_LAYOUTS
@@ -110,14 +111,11 @@ class RecipeConfig:
                   (self.grounding_screens_per_family >= 0, "--grounding must be >= 0", self.grounding_screens_per_family),
                   (self.eval_seeds_per_family >= 1, "--eval-seeds must be at least 1", self.eval_seeds_per_family),
                   (self.ppo_temperature > 0, "--temperature must be > 0", self.ppo_temperature),
-                  (self.ppo_format_penalty >= 0, "--format-penalty must be >= 0", self.ppo_format_penalty),
-                  (self.ppo_click_reward >= 0, "--click-reward must be >= 0", self.ppo_click_reward),
-                  (self.ppo_kl_coef >= 0, "--kl-coef must be >= 0", self.ppo_kl_coef),
-                  (self.ppo_no_effect_penalty >= 0, "--no-effect-penalty must be >= 0", self.ppo_no_effect_penalty),
-                  (self.ppo_target_kl is None or self.ppo_target_kl > 0, "--target-kl must be > 0", self.ppo_target_kl),
-                  (self.ppo_dual_clip is None or self.ppo_dual_clip > 1, "--dual-clip must be > 1", self.ppo_dual_clip),
                   (self.ppo_batch >= 1 and self.ppo_updates >= 1, "--ppo-batch and --updates must be at least 1",
-                   (self.ppo_batch, self.ppo_updates))]
+                   (self.ppo_batch, self.ppo_updates)),
+                  *shaping_checks(format_penalty=self.ppo_format_penalty, click_reward=self.ppo_click_reward,
+                                  kl_coef=self.ppo_kl_coef, no_effect_penalty=self.ppo_no_effect_penalty,
+                                  target_kl=self.ppo_target_kl, dual_clip=self.ppo_dual_clip)]
         for ok, msg, value in checks:
             if not ok:
                 raise RecipeError(f"{msg}, got {value}")
@@ -246,15 +244,15 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
 
     cfg.validate()
 
-    from agent.vlm import VLMError, resolve_device_dtype
+    from agent.vlm import VLMError
     from trainer.actor import VLMActor
     from trainer.grounding import grounding_eval
     from trainer.metrics import MetricsLog, plot_metrics
     from trainer.rollout import evaluate
-    from trainer.sft import SFTConfig, load_for_training, save_checkpoint, train_sft
+    from trainer.sft import SFTConfig, load_for_training, save_checkpoint, train_device, train_sft
 
     try:  # a device that is not there fails now, not after the demonstrations
-        dev = str(resolve_device_dtype(None if device in (None, "auto") else device, "float32")[0])
+        dev = str(train_device(device))
     except VLMError as e:
         raise RecipeError(f"--device: {e}") from None
 

@@ -210,6 +210,14 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
 DEVICES_HELP = "auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N"
 
 
+def train_device(device: str | None = "auto"):
+    """The torch.device that `device` names ("auto" or None: the GPU when torch sees one, else the
+    CPU); agent.vlm.VLMError names one that is not there."""
+    from agent.vlm import resolve_device_dtype
+
+    return resolve_device_dtype(None if device in (None, "auto") else device, "float32")[0]
+
+
 def load_for_training(model_dir, device: str | None = "auto"):
     """(model, processor) to train: float32 weights on `device` ("auto" or None: the GPU when
     torch sees one, else the CPU). Half-precision weights would lose AdamW's small updates, so
@@ -219,7 +227,7 @@ def load_for_training(model_dir, device: str | None = "auto"):
 
     from agent.vlm import load_vlm
 
-    model, processor = load_vlm(model_dir, device=None if device in (None, "auto") else device, dtype="float32")
+    model, processor = load_vlm(model_dir, device=train_device(device), dtype="float32")
     if model.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

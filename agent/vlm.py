@@ -206,6 +206,27 @@ def vision_token_ids(processor) -> list[int]:
     return sorted({i for i in ids if i is not None and i != unk})
 
 
+def generation_kwargs(processor, max_new_tokens: int, temperature: float, top_p: float = 1.0) -> dict:
+    """`model.generate` keywords for a reply: stop at <|im_end|> / <|endoftext|>, never emit a
+    vision placeholder, logits kept for log-probs; sampling at `temperature` (0: greedy) with
+    top_k off, so the sampled distribution is exactly softmax(logits / T), what PPO scores."""
+    if max_new_tokens < 1:
+        raise VLMError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise VLMError(f"temperature must be >= 0, got {temperature}")
+    stops = stop_token_ids(processor)
+    if not stops:
+        raise VLMError("the tokenizer has neither <|im_end|> nor <|endoftext|>: generation would never stop")
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0, eos_token_id=stops, pad_token_id=stops[-1],
+                  return_dict_in_generate=True, output_logits=True)
+    banned = vision_token_ids(processor)
+    if banned:
+        kwargs["suppress_tokens"] = banned
+    if temperature > 0:
+        kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+    return kwargs
+
+
 def generate(model, processor, messages, images=None, max_new_tokens: int = 256, temperature: float = 0.0,
              seed: int | None = None, *, top_p: float = 1.0, details: bool = False):
     """The assistant's reply to a chat: the text, or a Generation with token ids and per-token
@@ -218,22 +239,9 @@ def generate(model, processor, messages, images=None, max_new_tokens: int = 256,
     (the raw logits), which is what action_logprobs computes when the reply is re-scored."""
     import torch
 
-    if max_new_tokens < 1:
-        raise VLMError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise VLMError(f"temperature must be >= 0, got {temperature}")
+    kwargs = generation_kwargs(processor, max_new_tokens, temperature, top_p)
     inputs = build_inputs(processor, messages, images, add_generation_prompt=True)
-    stops = stop_token_ids(processor)
-    if not stops:
-        raise VLMError("the tokenizer has neither <|im_end|> nor <|endoftext|>: generation would never stop")
     sample = temperature > 0
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sample, eos_token_id=stops, pad_token_id=stops[-1],
-                  return_dict_in_generate=True, output_logits=True)
-    banned = vision_token_ids(processor)
-    if banned:
-        kwargs["suppress_tokens"] = banned
-    if sample:  # top_k off, so the sampled distribution is exactly softmax(logits / T) (what PPO scores)
-        kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
     model_inputs = to_model(inputs, model)
     devices = [model.device] if model.device.type == "cuda" else []
     t0 = time.perf_counter()

@@ -202,8 +202,10 @@ def to_model(inputs: dict, model) -> dict:
     return out
 
 
-def collate_inputs(items: list[dict], pad_token_id: int) -> dict:
-    """A right-padded batch from single-sample inputs (build_inputs / extend_inputs outputs):
+def collate_inputs(items: list[dict], pad_token_id: int, padding_side: str = "right") -> dict:
+    """A padded batch from single-sample inputs (build_inputs / extend_inputs outputs), right-padded
+    for training, left-padded (padding_side="left") for generation, where every row's next token
+    must come right after its last one:
     input_ids pad with pad_token_id, attention_mask and mm_token_type_ids with 0, any other
     tensor shaped like input_ids (assistant_mask, target masks) with 0/False; the images'
     pixel_values and image_grid_thw are concatenated in order."""
@@ -214,6 +216,8 @@ def collate_inputs(items: list[dict], pad_token_id: int) -> dict:
     for i, it in enumerate(items):
         if it["input_ids"].shape[0] != 1:
             raise VLMError(f"sample {i} has batch size {it['input_ids'].shape[0]}; collate single samples")
+    if padding_side not in ("left", "right"):
+        raise VLMError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     width = max(it["input_ids"].shape[1] for it in items)
     out: dict = {}
     for key in dict.fromkeys(k for it in items for k in it):
@@ -226,6 +230,7 @@ def collate_inputs(items: list[dict], pad_token_id: int) -> dict:
         if any(v.shape != it["input_ids"].shape for v, it in zip(vals, items)):
             raise VLMError(f"key {key!r} is neither per-token nor an image tensor; cannot collate it")
         fill = pad_token_id if key == "input_ids" else 0
-        padded = [torch.cat([v, v.new_full((1, width - v.shape[1]), fill)], dim=1) for v in vals]
+        pads = [v.new_full((1, width - v.shape[1]), fill) for v in vals]
+        padded = [torch.cat([p, v] if padding_side == "left" else [v, p], dim=1) for v, p in zip(vals, pads)]
         out[key] = torch.cat(padded, dim=0)
     return out

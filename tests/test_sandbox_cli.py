@@ -46,7 +46,27 @@ def test_generate_writes_rollouts_into_the_store(tmp_path):
 def test_eval_json(capsys):
     assert main(["sandbox", "eval", "--policy", "expert", "--episodes", "4", "--families", "radio,slider", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    intervals = out.pop("intervals")
     assert out == {"overall": 1.0, "families": {"radio": 1.0, "slider": 1.0}}
+    assert intervals["overall"] == {"episodes": 4, "ci95": [approx(0.5101, abs=1e-4), approx(1.0)]}  # Wilson, 4 of 4
+    assert intervals["families"]["radio"]["episodes"] == 2
+
+
+def test_eval_default_model_batched_over_env_processes(capsys, one_thread):  # noqa: F811
+    """The default model over 3 envs (one batched generation per round) gives each episode what
+    one env gives it: the same per-episode outcomes, and the table names episodes and intervals."""
+    args = ["sandbox", "eval", "--policy", "default", "--episodes", "6", "--families", "radio,tabs", "--trace", "--json"]
+    assert main(args + ["--envs", "3"]) == 0
+    batched = json.loads(capsys.readouterr().out)
+    assert main(args + ["--envs", "1"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert batched["families"] == alone["families"] and batched["trace"] == alone["trace"]
+    assert batched["intervals"]["overall"]["episodes"] == 6
+    assert main(["sandbox", "eval", "--policy", "default", "--episodes", "2", "--families", "radio", "--envs", "2"]) == 0
+    table = capsys.readouterr().out
+    assert "95% interval" in table and "overall" in table
+    assert main(["sandbox", "eval", "--policy", "default", "--episodes", "2", "--envs", "0"]) == 2
+    assert "--envs must be at least 1" in capsys.readouterr().err
 
 
 def test_eval_model_policy_without_a_model_says_so(tmp_path, capsys):
@@ -73,7 +93,8 @@ def test_eval_grounding_scores_the_default_model_and_refuses_scripted_policies(c
     assert table.splitlines()[0].split()[-3:] == ["unparsed", "named", "hits|named"]
     row = table.splitlines()[1].split()
     assert row[0] == "radio" and row[1] == "4"  # two screens, two elements asked on each
-    assert len(row) == 6 and row[4].endswith("%") and row[5].endswith("%")
+    assert row[3].startswith("[") and row[4].endswith("]")  # the hit rate's 95% interval
+    assert len(row) == 8 and row[6].endswith("%") and row[7].endswith("%")
     assert table.splitlines()[-1].split()[:2] == ["overall", "4"]
     assert main(["sandbox", "eval", "--policy", "expert", "--grounding", "--episodes", "4"]) == 2
     assert "--grounding scores a model" in capsys.readouterr().err
@@ -95,7 +116,7 @@ def test_eval_trace_shows_what_each_step_did(capsys):
     assert text.count(" failure: ") + text.count(" success: ") == 8
     assert "click nothing (" in text and "no effect" in text
     header = next(line for line in text.splitlines() if line.startswith("family"))
-    assert header.split() == ["family", "n", "success", "clicks/ep", "missed", "no", "effect"]
+    assert header.split() == ["family", "n", "success", "95%", "interval", "clicks/ep", "missed", "no", "effect"]
 
 
 def test_trace_summary_counts_by_hand():

@@ -33,7 +33,7 @@ def test_two_ppo_updates_with_value_pretraining(tiny_any_dir, tmp_path, one_thre
     assert [r["phase"] for r in rows] == ["value_pretrain", "ppo", "ppo"]
     for r in rows[1:]:
         for k in ("reward", "success_rate", "entropy", "approx_kl", "clipfrac", "explained_variance", "think_length",
-                  "episode_length", "value_loss", "policy_loss"):
+                  "episode_length", "value_loss", "policy_loss", "imp_weight_mean", "imp_weight_truncated"):
             assert isinstance(r[k], float) and math.isfinite(r[k]), k
         assert r["entropy"] > 0
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -113,6 +113,8 @@ def test_learner_update_trains_the_vision_tower_only_when_asked(tiny_vlm_dir, on
     m = learner.update(trajs)
     learner.close()
     assert m["learner_tokens"] > 0 and m["learner_tokens_per_s"] > 0
+    # the rollout's log-probs line up with the learner's: on-policy data weighs w = pi_prox / pi_behav = 1
+    assert m["imp_weight_truncated"] == 0.0 and abs(m["imp_weight_mean"] - 1.0) < 1e-3
     vis_moved = any(not torch.equal(vis0[k], v) for k, v in model.model.visual.state_dict().items())
     lm_moved = any(not torch.equal(lm0[k], v) for k, v in model.model.language_model.state_dict().items())
     assert lm_moved

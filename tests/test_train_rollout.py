@@ -175,3 +175,56 @@ def test_run_episode_records_whether_each_action_changed_the_screen():
         assert tr.success and tr.terminated
     finally:
         env.close()
+
+
+def test_workers_step_several_env_processes_with_batched_replies(tiny_vlm_dir, tmp_path):  # noqa: F811
+    """A worker with n_envs=3 plays its tickets over three sandbox processes with one batched
+    generation per round; every turn keeps the log-probs of the tokens it sampled, and closing
+    the pool leaves no env process behind."""
+    import multiprocessing as mp
+
+    from agent.vlm import load_vlm
+    from trainer.rollout import RolloutPool, WorkerSpec
+
+    model, _ = load_vlm(tiny_vlm_dir, device="cpu")
+    spec = WorkerSpec(str(tiny_vlm_dir), str(tmp_path / "w"), env_kw={**ENV, "max_steps": 2},
+                      actor_kw={"max_new_tokens": 6}, n_envs=3)
+    with RolloutPool(spec, 1, mode="sync", max_staleness=0).start(model) as pool:
+        pool.wait_ready(timeout=300)
+        worker = pool.procs[0]
+        trajs = pool.collect(5, timeout=300)
+        assert sorted(t.seed for t in trajs) == [0, 1, 2, 3, 4]
+        assert all(t.turns and all(len(u.logprobs) == len(u.response_ids) > 0 for u in t.turns) for t in trajs)
+        envs = _descendants(worker.pid)
+        assert len(envs) >= 3  # the worker's env processes (and the fork server they come from)
+    assert not worker.is_alive()
+    time.sleep(1.0)
+    assert not [p for p in envs if _alive(p)]
+    assert mp.active_children() == []
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below pid, from /proc (Linux)."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

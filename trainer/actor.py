@@ -14,11 +14,19 @@ class ActorOutput:
 
 
 class VLMActor:
+    """`generate(messages)` answers one chat (agent.vlm.generate, batch of one, every screenshot
+    encoded again: the sequential path); `generate_batch(chats)` answers many in one batched
+    generation, each distinct screenshot preprocessed and encoded once while the weights stay
+    (agent.vlm_batch.ImageCache)."""
+
     def __init__(self, model, processor, *, temperature: float = 1.0, max_new_tokens: int = 64):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling rollouts, got {temperature}")
+        from agent.vlm_batch import ImageCache
+
         self.model, self.processor = model, processor
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.cache = ImageCache()
 
     @classmethod
     def load(cls, model_dir, **kw) -> "VLMActor":
@@ -35,6 +43,13 @@ class VLMActor:
         # agent.vlm.generate never emits vision placeholders, so every reply can be scored again
         return ActorOutput(g.text, list(g.token_ids), list(g.logprobs))
 
+    def generate_batch(self, chats, *, greedy: bool = False) -> list[ActorOutput]:
+        from agent.vlm_batch import generate_batch
+
+        gens = generate_batch(self.model, self.processor, chats, max_new_tokens=self.max_new_tokens,
+                              temperature=0.0 if greedy else self.temperature, cache=self.cache)
+        return [ActorOutput(g.text, list(g.token_ids), list(g.logprobs)) for g in gens]
+
     def load_weights(self, path) -> None:
         from safetensors.torch import load_file
 
@@ -43,3 +58,15 @@ class VLMActor:
         if unexpected or [k for k in missing if "lm_head" not in k]:  # lm_head may be tied
             raise RuntimeError(f"weights {path} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
         self.model.eval()
+        self.cache.clear_features()  # features of the old vision tower
+
+
+class PolicyActor:
+    """Any agent Policy (an OpenAI-compatible endpoint, say) as an actor: its raw reply, no token
+    ids or log-probs (nothing to train on, everything to evaluate), one chat at a time."""
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def generate(self, messages, *, greedy: bool = True) -> ActorOutput:
+        return ActorOutput(self.policy.generate(messages))

@@ -41,6 +41,9 @@ def register(sub, common) -> None:
     s.add_argument("--updates", type=int, default=10)
     s.add_argument("--batch", type=int, default=8, help="episodes per update")
     s.add_argument("--workers", type=int, default=2, help="rollout worker processes (0: in the learner's process)")
+    s.add_argument("--envs", type=int, default=16,
+                   help="sandbox environments per rollout worker, played together with one batched generation per "
+                        "round (default 16)")
     s.add_argument("--mode", choices=("async", "sync"), default="async")
     s.add_argument("--max-staleness", type=int, default=1)
     s.add_argument("--staleness-decay", type=float, default=1.0)
@@ -73,6 +76,7 @@ def register(sub, common) -> None:
     s.add_argument("--eval-seeds", type=int, help="held-out seeds per family")
     s.add_argument("--updates", type=int, help="PPO updates")
     s.add_argument("--workers", type=int, help="rollout worker processes")
+    s.add_argument("--envs", type=int, help="sandbox environments per rollout worker (one batched generation per round)")
     s.add_argument("--sft-epochs", type=float, help="SFT epochs over the demonstrations")
     s.add_argument("--sft-lr", type=float, help="SFT learning rate (default 2e-3)")
     _add_sft_schedule_args(s, recipe=True)
@@ -203,6 +207,8 @@ def cmd_ppo(args) -> int:
         return _fail(str(e))
     if args.temperature <= 0 or args.max_new_tokens < 1 or args.updates < 1:
         return _fail("--temperature must be > 0, --max-new-tokens and --updates at least 1")
+    if args.envs < 1:
+        return _fail(f"--envs must be at least 1, got {args.envs}")
     for ok, msg, value in shaping_checks(format_penalty=args.format_penalty, click_reward=args.click_reward,
                                          kl_coef=args.kl_coef, no_effect_penalty=args.no_effect_penalty,
                                          target_kl=args.target_kl, dual_clip=args.dual_clip):
@@ -215,7 +221,7 @@ def cmd_ppo(args) -> int:
     out = Path(args.out)
     work = out.parent / (out.name + "-logs")
     log = MetricsLog(work)
-    cfg = PPOConfig(updates=args.updates, batch_episodes=args.batch, n_workers=args.workers, mode=args.mode,
+    cfg = PPOConfig(updates=args.updates, batch_episodes=args.batch, n_workers=args.workers, n_envs=args.envs, mode=args.mode,
                     max_staleness=args.max_staleness, staleness_decay=args.staleness_decay,
                     value_pretrain_iters=args.value_pretrain, lr=args.lr, epochs=args.epochs,
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, policy_alpha=args.policy_alpha,
@@ -250,7 +256,7 @@ def recipe_config(args):
         cfg.families = [f.strip() for f in args.families.split(",")]
     for arg, attr in (("demos", "demo_episodes_per_family"), ("demo_slip", "demo_slip"),
                       ("grounding", "grounding_screens_per_family"), ("eval_seeds", "eval_seeds_per_family"),
-                      ("updates", "ppo_updates"), ("workers", "n_workers"), ("sft_epochs", "sft_epochs"),
+                      ("updates", "ppo_updates"), ("workers", "n_workers"), ("envs", "n_envs"), ("sft_epochs", "sft_epochs"),
                       ("sft_lr", "sft_lr"), ("sft_schedule", "sft_schedule"),
                       ("sft_clip", "sft_grad_clip"), ("ppo_minutes", "ppo_max_minutes"), ("ppo_lr", "ppo_lr"), ("ppo_batch", "ppo_batch"),
                       ("ppo_epochs", "ppo_epochs"), ("temperature", "ppo_temperature"),

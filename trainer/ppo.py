@@ -7,7 +7,13 @@ before every generated token, and GAE runs over that sequence (trainer.rl.gae): 
 targets use lambda = 1 (decoupled GAE), the policy's advantages a length-adaptive lambda
 1 - 1/(alpha * l). A truncated episode is bootstrapped from the value of the next prompt; a
 terminated one is not. The policy loss is PPO's clipped objective with clip-higher
-(eps_low < eps_high), token-mean over the batch (trainer.rl.losses).
+(eps_low < eps_high), token-mean over each minibatch (trainer.rl.losses), in its decoupled form
+(AReaL): the ratio is taken against the proximal policy (the learner's at scoring time) and each
+token weighted by pi_prox / pi_behav, the rollout's own log-probs, so data from stale workers
+neither escapes the trust region nor counts as if it were on-policy.
+
+Forwards and backwards run over padded micro-batches of turns under a token budget
+(trainer.ppo_batch, `micro_batch_tokens`), gradients accumulated up to each optimizer step.
 
 The critic is the same backbone class with a scalar head on the last hidden state, initialised
 from the policy's weights, and it is pretrained (fit to lambda = 1 returns of the frozen policy
@@ -25,14 +31,17 @@ learner's own process.
 from __future__ import annotations
 
 import copy
-import hashlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from trainer.ppo_batch import (  # noqa: F401  (TurnBatch, ImageBank, build_turns, micro_batches are re-exported)
+    ImageBank, Pack, PrefixKV, TurnBatch, build_turns, forward_kwargs, micro_batches, pack_logprobs, packs, prefix_kv,
+    prepare_turns, suffix_target,
+)
 from trainer.rl import gae as rl_gae
 from trainer.rl import losses as rl_losses
 from trainer.rl import rewards as rl_rewards
@@ -76,6 +85,9 @@ class PPOConfig:
     end_on_parse_error: bool = False  # rollouts end at an unparseable output (no retries to stall for)
     max_grad_norm: float = 1.0
     n_workers: int = 2  # 0: rollouts in the learner's process
+    # sandbox envs per rollout worker (or in the learner's process), each in a process of its own,
+    # stepped together with one batched generation per round (trainer.episodes.EpisodeRunner)
+    n_envs: int = 16
     mode: str = "async"
     max_staleness: int = 1
     staleness_decay: float = 1.0
@@ -85,6 +97,21 @@ class PPOConfig:
     # stop an update's policy passes at the first minibatch whose approx_kl to the batch's policy
     # exceeds this (None: never); one update of the default model once jumped to 3.7 without it
     target_kl: float | None = None
+    # turns per forward: padded micro-batches of at most this many tokens (rows x longest row, prompt
+    # included; trainer.ppo_batch), gradients accumulated up to each minibatch's optimizer step.
+    # 0: one turn per forward (the sequential path). Results do not depend on it (up to float sums).
+    # None: by device (ppo_batch.budget_for): 0 on a CPU, where packing measured slower, 8192 on a GPU
+    micro_batch_tokens: int | None = None
+    # the prompt start all turns of a pass share (system message + UI-TARS prompt, ~300 tokens) is forwarded
+    # once per model and pass (score: the batch; policy/critic steps: each minibatch) and its keys and values
+    # reused by every micro-batch (trainer.ppo_batch.PrefixKV); exact, gradients included. Off, or when the
+    # turns share fewer than ppo_batch.MIN_SHARED_PREFIX tokens: every row forwards its whole prompt
+    share_prefix: bool = True
+    # decoupled PPO (AReaL): ratio against the proximal policy (this batch's, from score()), each token's
+    # loss weighted by pi_prox / pi_behav of the rollout that sampled it; a weight above the cap drops
+    # the token (rl.losses.behaviour_weights). Off: the ratio's reference is the proximal policy alone.
+    behaviour_correction: bool = True
+    imp_weight_cap: float | None = 2.0
 
 
 KL_REF_CAP = 10.0  # per-token cap of the KL-to-start penalty's k3 estimate
@@ -116,11 +143,10 @@ class Critic(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, inputs: dict) -> torch.Tensor:
-        """Values [B, T]: V at position t is the value of the context up to and including t."""
-        from agent.vlm import to_model
-
-        out = self.backbone(**to_model(inputs, self.backbone), use_cache=False)
+    def forward(self, inputs: dict, prefix: PrefixKV | None = None) -> torch.Tensor:
+        """Values [B, T]: V at position t is the value of the context up to and including t (with
+        a shared prefix, T covers what follows it)."""
+        out = self.backbone(**forward_kwargs(self.backbone, inputs, prefix), use_cache=False)
         return self.head(out.last_hidden_state.float()).squeeze(-1)
 
     def save(self, out_dir) -> Path:
@@ -132,108 +158,7 @@ class Critic(nn.Module):
         return out
 
 
-# ---------------------------------------------------------------- turning trajectories into tensors
-
-
-@dataclass
-class TurnBatch:
-    inputs: dict  # prompt + generated tokens
-    target: torch.Tensor  # bool [1, T]: the generated tokens
-    behaviour_lp: torch.Tensor  # [n] log-probs under the policy that acted
-    traj: int  # index of its trajectory in the batch
-    weight: float = 1.0
-    images: list[str] = field(default_factory=list)  # ImageBank keys, when the pixels live there
-    old_lp: torch.Tensor | None = None
-    ref_lp: torch.Tensor | None = None  # under the frozen start policy (kl_coef > 0)
-    values: torch.Tensor | None = None
-    adv: torch.Tensor | None = None
-    ret: torch.Tensor | None = None
-
-
-class ImageBank:
-    """The distinct screenshots of a batch, each encoded once by a frozen vision tower.
-
-    `add(inputs)` takes a turn's pixel_values apart per image (rows by image_grid_thw), keeps one
-    copy of each distinct image (by content hash) and returns the turn's image keys in order;
-    `encode(backbone)` runs the vision tower over all of them, a few images per call (attention
-    stays within each image, so batching changes nothing but the speed); `attach(turns)` puts
-    each turn's features where its pixels were, as "image_embeds" (agent.vlm.to_model)."""
-
-    def __init__(self, chunk: int = 16):
-        self.chunk = chunk
-        self.pixels: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.features: dict[str, torch.Tensor] = {}
-        self.deepstack: dict[str, list[torch.Tensor]] = {}
-
-    def add(self, inputs: dict) -> list[str]:
-        pv, grid = inputs.get("pixel_values"), inputs.get("image_grid_thw")
-        if pv is None or grid is None:
-            return []
-        keys, row = [], 0
-        for thw in grid:
-            n = int(thw.prod())
-            rows = pv[row: row + n]
-            row += n
-            key = hashlib.blake2b(rows.contiguous().numpy().tobytes() + thw.numpy().tobytes(), digest_size=16).hexdigest()
-            self.pixels.setdefault(key, (rows, thw))
-            keys.append(key)
-        if row != pv.shape[0]:
-            raise ValueError(f"pixel_values has {pv.shape[0]} rows but image_grid_thw accounts for {row}")
-        return keys
-
-    @torch.no_grad()
-    def encode(self, backbone) -> dict[str, torch.Tensor]:
-        """Features of every image not encoded yet; `backbone` is a Qwen-VL model (policy.model)."""
-        todo = [k for k in self.pixels if k not in self.features]
-        for at in range(0, len(todo), self.chunk):
-            keys = todo[at: at + self.chunk]
-            pv = torch.cat([self.pixels[k][0] for k in keys]).to(backbone.device)
-            grid = torch.stack([self.pixels[k][1] for k in keys]).to(backbone.device)
-            out = backbone.get_image_features(pv, grid, return_dict=True)
-            self.features.update({k: f.detach() for k, f in zip(keys, out.pooler_output)})
-            # Qwen3-VL's DeepStack: per layer, a tuple of per-image features; kept per image here
-            layers = getattr(out, "deepstack_features", None) or []
-            for i, k in enumerate(keys):
-                self.deepstack[k] = [layer[i].detach() for layer in layers]
-        return self.features
-
-    def attach(self, turns) -> None:
-        for tb in turns:
-            if tb.images:
-                tb.inputs["image_embeds"] = tuple(self.features[k] for k in tb.images)
-                if any(self.deepstack.get(k) for k in tb.images):
-                    tb.inputs["image_deepstack"] = [self.deepstack[k] for k in tb.images]
-
-
-def build_turns(trajs, processor, bank: ImageBank | None = None) -> list[TurnBatch]:
-    """One TurnBatch per generated turn. With a bank, the turn's pixels move into it (each
-    distinct image kept once) and the turn keeps the keys."""
-    from agent.vlm import build_inputs, extend_inputs
-
-    out = []
-    for i, tr in enumerate(trajs):
-        for turn in tr.turns:
-            if not turn.response_ids:
-                continue  # nothing was generated: nothing to score
-            prompt = build_inputs(processor, turn.messages, add_generation_prompt=True)
-            full, target = extend_inputs(prompt, turn.response_ids)
-            tb = TurnBatch(full, target, torch.tensor(turn.logprobs, dtype=torch.float32), i, tr.weight)
-            if bank is not None:
-                tb.images = bank.add(full)
-                full.pop("pixel_values", None)
-            out.append(tb)
-    return out
-
-
-def prepare_turns(trajs, processor, policy, cfg: PPOConfig) -> list[TurnBatch]:
-    """The batch's turns, with the images encoded once when the vision tower is frozen."""
-    if cfg.train_vision:
-        return build_turns(trajs, processor)
-    bank = ImageBank()
-    turns = build_turns(trajs, processor, bank)
-    bank.encode(policy.model)
-    bank.attach(turns)
-    return turns
+# ---------------------------------------------------------------- turns and values (their tensors: trainer.ppo_batch)
 
 
 def freeze_vision(*models) -> list[tuple[torch.nn.Parameter, bool]]:
@@ -246,11 +171,14 @@ def freeze_vision(*models) -> list[tuple[torch.nn.Parameter, bool]]:
     return saved
 
 
-def turn_values(critic, tb: TurnBatch) -> torch.Tensor:
-    """The critic's value before each generated token (read at the position that predicts it)."""
-    v = critic(tb.inputs)
-    before = torch.zeros_like(tb.target)  # score() put the target beside the model
-    before[:, :-1] = tb.target[:, 1:]
+def turn_values(critic, tb, prefix: PrefixKV | None = None) -> torch.Tensor:
+    """The critic's value before each generated token (read at the position that predicts it),
+    flat in row order; tb: a TurnBatch or a ppo_batch.Pack, its target beside the critic; prefix:
+    its rows' shared start under the critic (prefix_kv), or None."""
+    v = critic(tb.inputs, prefix)
+    target = suffix_target(tb.target, prefix)
+    before = torch.zeros_like(target)
+    before[:, :-1] = target[:, 1:]
     return v[before]
 
 
@@ -283,22 +211,24 @@ def shaped_turn_rewards(traj, cfg: PPOConfig) -> list[float]:
 @torch.no_grad()
 def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConfig, ref=None) -> dict:
     """Proximal log-probs (and the reference's, given one), values, then decoupled GAE per
-    trajectory; fills the TurnBatches."""
-    from agent.vlm import action_logprobs
-
+    trajectory; fills the TurnBatches. Forwards run over micro-batches of turns (trainer.ppo_batch)."""
     dev = policy.device  # everything below lives beside the model (a learner on a GPU)
-    for tb in turns:
-        tb.target = tb.target.to(dev)
-        tb.old_lp = action_logprobs(policy, tb.inputs, tb.target, temperature=cfg.temperature)[tb.target]
+    kv_p, kv_c = prefix_kv(policy, turns, cfg.share_prefix), prefix_kv(critic.backbone, turns, cfg.share_prefix)
+    kv_r = prefix_kv(ref, turns, cfg.share_prefix) if ref is not None else None
+    for p in packs(turns, policy.config, dev, cfg.micro_batch_tokens):
+        p.scatter("old_lp", pack_logprobs(policy, p, cfg.temperature, prefix=kv_p))
         if ref is not None:
-            tb.ref_lp = action_logprobs(ref, tb.inputs, tb.target, temperature=cfg.temperature)[tb.target]
-        tb.values = turn_values(critic, tb)
+            p.scatter("ref_lp", pack_logprobs(ref, p, cfg.temperature, prefix=kv_r))
+        p.scatter("values", turn_values(critic, p, kv_c))
+    for tb in turns:
+        if tb.behaviour_lp is not None:
+            tb.behaviour_lp = tb.behaviour_lp.to(dev)
     stats = {"returns": [], "values": []}
     for i, tr in enumerate(trajs):
         mine = [tb for tb in turns if tb.traj == i]
         if not mine:
             continue
-        lengths = [int(tb.target.sum()) for tb in mine]
+        lengths = [tb.tokens for tb in mine]
         # GAE runs on the CPU: a loop over tokens, cheaper there than as a GPU kernel launch per token
         rewards = torch.zeros(sum(lengths))
         ends = torch.tensor(lengths).cumsum(0) - 1
@@ -325,66 +255,92 @@ def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConf
 
 
 def critic_step(critic, opt, turns, cfg: PPOConfig, clip: bool = True) -> float:
-    """One pass of value regression over `turns` in minibatches; returns the mean loss."""
+    """One pass of value regression over `turns` in minibatches (gradients accumulated over
+    their micro-batches); returns the mean loss."""
     losses = []
     for mb in _minibatches(turns, cfg.minibatch_turns):
-        n = sum(int(tb.target.sum()) for tb in mb)
+        n = sum(tb.tokens for tb in mb)
         opt.zero_grad(set_to_none=True)
         total = 0.0
-        for tb in mb:
-            v = turn_values(critic, tb)
-            loss = rl_losses.value_loss(v, tb.ret, tb.values, clip=cfg.value_clip if clip else None, reduction="sum") / n
+        kv = prefix_kv(critic.backbone, mb, cfg.share_prefix, grad=True)  # once per minibatch
+        for p in packs(mb, critic.backbone.config, critic.head.weight.device, cfg.micro_batch_tokens):
+            v = turn_values(critic, p, kv)
+            loss = rl_losses.value_loss(v, p.cat("ret"), p.cat("values"), clip=cfg.value_clip if clip else None,
+                                        reduction="sum") / n
             loss.backward()
             total += float(loss.detach())
+        if kv is not None:
+            kv.backward()  # the micro-batches' gradients through the shared prefix, once
         nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
         opt.step()
         losses.append(total)
     return sum(losses) / max(1, len(losses))
 
 
-def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
-    from agent.vlm import action_logprobs
-
-    m = {"policy_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
-    if cfg.kl_coef:
-        m["kl_ref"] = []
+def _policy_loss(policy, p: Pack, cfg: PPOConfig, prefix: PrefixKV | None = None) -> tuple[torch.Tensor, dict]:
+    """A micro-batch's policy loss summed over its tokens (each weighted by its trajectory's
+    weight), and its metrics as sums over tokens, so a pass can report token means."""
+    lp, ent = pack_logprobs(policy, p, cfg.temperature, return_entropy=True, prefix=prefix)
+    behaviour = None
+    if cfg.behaviour_correction:
+        if any(tb.behaviour_lp is None for tb in p.turns):
+            raise ValueError("behaviour_correction needs the rollout's log-probs of every generated token "
+                             "(Turn.logprobs, one per response id); some turns lack them")
+        behaviour = p.cat("behaviour_lp")
+    out = rl_losses.ppo_policy_loss(lp, p.cat("old_lp"), p.cat("adv"), clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                    clip_ratio_c=cfg.dual_clip, reduction="none", behaviour_log_probs=behaviour,
+                                    imp_weight_cap=cfg.imp_weight_cap)
+    per_token = out["loss"] - cfg.ent_coef * ent
+    n = lp.numel()
+    m = {"policy_loss": float(out["loss"].detach().sum()), "entropy": float(ent.detach().sum()),
+         "approx_kl": float(out["approx_kl"]) * n, "clipfrac": float(out["clipfrac"]) * n}
+    if cfg.kl_coef:  # keeps the policy near where it started (k3: unbiased, never negative)
+        # capped per token, as verl's low_var_kl: tokens come from the behaviour policy, so a
+        # token the policy has since pushed far below the start gives exp(log r) in the
+        # thousands (seen: batch means of 2e4), and its gradient would swamp the batch's
+        kl_ref = rl_losses.kl_estimate(lp, p.cat("ref_lp"), "k3").clamp(max=KL_REF_CAP)
+        per_token = per_token + cfg.kl_coef * kl_ref
+        m["kl_ref"] = float(kl_ref.detach().sum())
     if cfg.dual_clip:
-        m["clipfrac_dual"] = []
+        m["clipfrac_dual"] = float(out["clipfrac_dual"]) * n
+    if behaviour is not None:
+        kept = (1.0 - float(out["imp_weight_truncated"])) * n
+        m |= {"imp_weight_mean": float(out["imp_weight_mean"]) * kept, "imp_kept": kept,
+              "imp_weight_truncated": float(out["imp_weight_truncated"]) * n}
+    return (per_token * p.token_weights()).sum(), m
+
+
+def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
+    """One pass of the clipped policy loss over `turns`: per minibatch, the token-mean over its
+    generated tokens, gradients accumulated over its micro-batches, then one optimizer step.
+    Metrics are token means over the pass (imp_weight_mean over the tokens it kept)."""
+    sums: dict[str, float] = {}
     stopped, tokens = False, 0
     for mb in _minibatches(turns, cfg.minibatch_turns):
-        n = sum(int(tb.target.sum()) for tb in mb)  # token-mean over the minibatch
+        n = sum(tb.tokens for tb in mb)  # token-mean over the minibatch
         tokens += n  # forward and backward were paid for, even when the step is not taken
         opt.zero_grad(set_to_none=True)
         mb_kl = 0.0
-        for tb in mb:
-            lp, ent = action_logprobs(policy, tb.inputs, tb.target, temperature=cfg.temperature, return_entropy=True)
-            lp, ent = lp[tb.target], ent[tb.target]
-            out = rl_losses.ppo_policy_loss(lp, tb.old_lp, tb.adv, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                            clip_ratio_c=cfg.dual_clip, reduction="sum")
-            loss = out["loss"] - cfg.ent_coef * ent.sum()
-            if cfg.kl_coef:  # keeps the policy near where it started (k3: unbiased, never negative)
-                # capped per token, as verl's low_var_kl: tokens come from the behaviour policy, so a
-                # token the policy has since pushed far below the start gives exp(log r) in the
-                # thousands (seen: batch means of 2e4), and its gradient would swamp the batch's
-                kl_ref = rl_losses.kl_estimate(lp, tb.ref_lp, "k3").clamp(max=KL_REF_CAP)
-                loss = loss + cfg.kl_coef * kl_ref.sum()
-                m["kl_ref"].append(float(kl_ref.detach().mean()))
-            loss = loss * tb.weight / n
-            loss.backward()
-            m["policy_loss"].append(float(out["loss"].detach()) / lp.numel())
-            m["entropy"].append(float(ent.detach().mean()))
-            m["approx_kl"].append(float(rl_losses.approx_kl(lp.detach(), tb.old_lp)))
-            m["clipfrac"].append(float(out["clipfrac"]))
-            if cfg.dual_clip:
-                m["clipfrac_dual"].append(float(out["clipfrac_dual"]))
-            mb_kl += m["approx_kl"][-1] * lp.numel() / n
+        kv = prefix_kv(policy, mb, cfg.share_prefix, grad=True)  # once per minibatch
+        for p in packs(mb, policy.config, policy.device, cfg.micro_batch_tokens):
+            loss, m = _policy_loss(policy, p, cfg, kv)
+            (loss / n).backward()
+            mb_kl += m["approx_kl"] / n
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+        if kv is not None:
+            kv.backward()  # the micro-batches' gradients through the shared prefix, once
         if cfg.target_kl is not None and mb_kl > cfg.target_kl:
             opt.zero_grad(set_to_none=True)  # this minibatch's step is not taken, nor any after it
             stopped = True
             break
         nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
         opt.step()
-    return {**{k: sum(v) / max(1, len(v)) for k, v in m.items()}, "kl_stopped": stopped, "tokens": tokens}
+    kept = sums.pop("imp_kept", None)
+    out = {k: v / max(1, tokens) for k, v in sums.items()}
+    if kept is not None:  # a mean over the tokens the cap kept, not over all
+        out["imp_weight_mean"] = sums["imp_weight_mean"] / kept if kept else 1.0
+    return {**out, "kl_stopped": stopped, "tokens": tokens}
 
 
 def _minibatches(items, size):
@@ -429,6 +385,10 @@ class Learner:
     With cfg.train_vision off, both vision towers are frozen until `close()`."""
 
     def __init__(self, policy, processor, cfg: PPOConfig):
+        if cfg.micro_batch_tokens is not None and cfg.micro_batch_tokens < 0:
+            raise ValueError(f"micro_batch_tokens must be >= 0 (0: one turn per forward), got {cfg.micro_batch_tokens}")
+        if cfg.imp_weight_cap is not None and cfg.imp_weight_cap <= 1:
+            raise ValueError(f"imp_weight_cap must be > 1 (None: no cap), got {cfg.imp_weight_cap}")
         self.policy, self.processor, self.cfg = policy, processor, cfg
         self.critic = Critic(policy)
         # frozen, the two vision towers stay equal, so the critic can use the policy's image features
@@ -491,32 +451,35 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
     from tqdm import tqdm
 
     from trainer.actor import VLMActor
-    from trainer.rollout import RolloutPool, WorkerSpec, run_episode
+    from trainer.episodes import EpisodeRunner
+    from trainer.rollout import RolloutPool, WorkerSpec
 
     torch.manual_seed(cfg.seed)
     work_dir = Path(work_dir)
     actor_kw = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
 
-    # -- rollouts: worker processes, or this process
+    # -- rollouts: worker processes, or this process; either way `n_envs` envs per batched generation
     pool = None
     if cfg.n_workers > 0:
         spec = WorkerSpec(str(model_dir), str(work_dir / "weights"), env_kw=dict(env_kw), memory_kw=dict(memory_kw or {}),
-                          actor_kw=actor_kw, episode_kw={"end_on_parse_error": cfg.end_on_parse_error})
+                          actor_kw=actor_kw, episode_kw={"end_on_parse_error": cfg.end_on_parse_error},
+                          n_envs=cfg.n_envs)
         pool = RolloutPool(spec, cfg.n_workers, mode=cfg.mode, max_staleness=cfg.max_staleness,
                            staleness_decay=cfg.staleness_decay, seed_start=cfg.seed * 100_000, families=families).start(policy)
         collect = lambda: pool.collect(cfg.batch_episodes)  # noqa: E731
     else:
-        from trainer.sandbox.env import SandboxEnv
+        from trainer.sandbox.env_process import make_envs
 
-        env, local = SandboxEnv(**env_kw), VLMActor(policy, processor, **actor_kw)
+        local = VLMActor(policy, processor, **actor_kw)
+        envs = make_envs(min(cfg.n_envs, cfg.batch_episodes), **env_kw)
+        runner = EpisodeRunner(local, envs, memory_kw=memory_kw, end_on_parse_error=cfg.end_on_parse_error)
         seeds = iter(range(cfg.seed * 100_000, 10**9))
 
         def collect():
             policy.eval()
+            local.cache.clear_features()  # the weights changed in place: cached features and prefixes with them
             fams = families or [None]
-            return [run_episode(local, env, s, family=fams[s % len(fams)], memory_kw=memory_kw,
-                                end_on_parse_error=cfg.end_on_parse_error) for s in
-                    (next(seeds) for _ in range(cfg.batch_episodes))]
+            return runner.run_all([(s, fams[s % len(fams)]) for s in (next(seeds) for _ in range(cfg.batch_episodes))])
 
     learner = Learner(policy, processor, cfg)  # after the rollout side is up: close() is in the finally
     history = []
@@ -555,5 +518,6 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
         if pool is not None:
             pool.close()
         else:
-            env.close()
+            for env in envs:
+                env.close()
     return {"critic": learner.critic, "history": history, "updates": step + 1, "config": asdict(cfg)}

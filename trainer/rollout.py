@@ -1,15 +1,19 @@
-"""Rollouts: episodes of a policy in the sandbox, in-process or in worker processes.
+"""Rollouts for the learner: worker processes that play sandbox episodes, weights broadcast,
+and the staleness rule.
 
-`run_episode(actor, env, ...)` plays one episode the way the agent runs (the same prompt and
-hierarchical memory as agent.policies, the model's raw text sent to the env) and returns a
-`Trajectory`: per turn the messages the model saw, the tokens it generated and their log-probs
-under the policy that generated them, the reward, and terminated / truncated kept apart.
+Episodes are played by trainer.episodes.EpisodeRunner (the one runner PPO, eval and the flywheel
+share): per turn the messages the model saw, the tokens it generated and their log-probs under
+the policy that generated them, the reward, and terminated / truncated kept apart.
 
 `RolloutPool` runs worker processes (multiprocessing, spawn: each has its own Qt sandbox and its
-own copy of the weights). The learner hands out episode tickets (a task seed) through one queue
-and receives finished trajectories through another; weights are broadcast as a safetensors file
-per policy version plus a shared version counter, and a worker loads the newest version before
-each episode. Modes:
+own copy of the weights). Each worker steps `WorkerSpec.n_envs` sandbox environments together and
+asks its policy copy for all their replies in one batched generation; a slot whose episode ends
+takes the next ticket at once. The learner hands out episode tickets (a task seed) through one
+queue and receives finished trajectories through another; weights are broadcast as a safetensors
+file per policy version plus a shared version counter, and a worker loads the newest version
+between two batched generations, so an episode may span versions: every token keeps the
+log-prob of the policy that sampled it (the learner corrects for that, trainer.ppo), and a
+trajectory's version is the oldest of its turns. Modes:
   - "async": the ticket queue is kept full, so workers never wait; the learner updates as soon
     as a batch of trajectories is in, while the workers keep playing with the weights they have.
     Data may be a few versions old: `staleness()` drops trajectories more than `max_staleness`
@@ -26,118 +30,13 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.executors.base import Frame
-from agent.memory import Memory, MemoryStep
-from agent.policies.base import build_prompt
+from trainer.episodes import EpisodeRunner, Trajectory, Turn, frame_of, run_episode  # noqa: F401  (re-exported)
 
 MODES = ("async", "sync")
 
 
 class RolloutError(RuntimeError):
     """A worker died or the pool was used wrongly; the message says which and why."""
-
-
-# ---------------------------------------------------------------- data
-
-
-@dataclass
-class Turn:
-    messages: list  # the chat the model saw (agent.memory's neutral form, images as Frames)
-    response_ids: list[int]  # generated tokens (the end-of-turn token included)
-    logprobs: list[float]  # their log-probs under the behaviour policy
-    text: str
-    reward: float = 0.0  # the env's reward for this turn (shaping is the learner's business)
-    parse_error: str | None = None
-    progress: float = 0.0  # the verifier's partial progress after this turn (0..1)
-    point: tuple | None = None  # the turn's first click (start_box), normalized; None if none
-    expert_point: tuple | None = None  # where the task's expert would have clicked in that state
-    # did the turn's action change the screen (the env's info["screen_changed"])? None when no action
-    # ran, the turn ended the episode, or the env does not say
-    changed: bool | None = None
-
-
-@dataclass
-class Trajectory:
-    seed: int
-    family: str
-    instruction: str
-    turns: list[Turn] = field(default_factory=list)
-    terminated: bool = False
-    truncated: bool = False
-    success: bool = False
-    progress: float = 0.0
-    start_progress: float = 0.0  # the verifier's progress before the first turn (some subgoals may hold already)
-    version: int = 0  # the policy version that generated it
-    worker: int = -1
-    seconds: float = 0.0
-    final_messages: list | None = None  # the next prompt, to bootstrap a truncated episode
-    weight: float = 1.0  # set by the staleness rule
-    slipped: list[int] = field(default_factory=list)  # demonstrations: turns that were injected mistakes
-
-    @property
-    def n_generated(self) -> int:
-        return sum(len(t.response_ids) for t in self.turns)
-
-
-# ---------------------------------------------------------------- one episode
-
-
-def frame_of(obs) -> Frame:
-    return Frame(geometry=obs["geometry"], pixels=obs["screenshot"])
-
-
-def run_episode(actor, env, seed: int, *, family: str | None = None, memory_kw: dict | None = None,
-                platform: str = "desktop", greedy: bool = False, version: int = 0, worker: int = -1,
-                max_steps: int | None = None, end_on_parse_error: bool = False) -> Trajectory:
-    """Play one episode; `actor.generate(messages, greedy=...)` gives (text, ids, logprobs).
-
-    By default an output that does not parse is answered with feedback and the episode goes on,
-    as in the agent; with end_on_parse_error it ends the episode there (terminated, failed), so
-    an RL policy cannot buy extra attempts with unparseable outputs."""
-    from agent.grammar import parse_normalized
-    from agent.loop import reask_feedback
-
-    t0 = time.perf_counter()
-    obs, info = env.reset(seed=int(seed), options={"family": family} if family else None)
-    traj = Trajectory(seed=int(seed), family=info["family"], instruction=info["instruction"], version=version,
-                      worker=worker, start_progress=float(info.get("progress", 0.0)))
-    memory = Memory(**(memory_kw or {}))
-    prompt = build_prompt(info["instruction"], (platform,))
-    limit = max_steps or info.get("max_steps") or 10
-    feedback = None
-    while True:
-        frame = frame_of(obs)
-        messages = memory.build_messages(prompt, frame, space=env.coords_space, feedback=feedback)
-        gen = actor.generate(messages, greedy=greedy)
-        ask = getattr(env, "expert_click", None)  # before the step: the state the reply answers
-        expert = ask() if ask else None
-        obs, reward, terminated, truncated, info = env.step(gen.text)
-        error = info.get("parse_error") or info.get("action_error")
-        traj.turns.append(Turn(messages, list(gen.ids), list(gen.logprobs), gen.text, float(reward), error,
-                               float(info.get("progress", 0.0)), expert_point=expert,
-                               changed=info.get("screen_changed")))
-        if info.get("parse_error"):
-            if end_on_parse_error:
-                terminated = True
-            feedback = reask_feedback(info["parse_error"])
-        else:
-            feedback = None
-            w, h = frame.size
-            parsed = parse_normalized(gen.text, env.coords_space, w, h)
-            if parsed:
-                memory.add(MemoryStep(parsed.thought, list(parsed.actions), frame))
-                box = parsed.actions[0].args.get("start_box") if parsed.actions else None
-                traj.turns[-1].point = tuple(box[:2]) if box else None
-        if not (terminated or truncated) and len(traj.turns) >= limit:
-            truncated = True
-        if terminated or truncated:
-            break
-    traj.terminated, traj.truncated = bool(terminated), bool(truncated and not terminated)
-    traj.success, traj.progress = bool(info.get("success")), float(info.get("progress", 0.0))
-    if traj.truncated:  # a time-limit cut is bootstrapped from the value of the next state
-        traj.final_messages = memory.build_messages(prompt, frame_of(obs), space=env.coords_space, feedback=feedback)
-    traj.seconds = time.perf_counter() - t0
-    return traj
 
 
 # ---------------------------------------------------------------- staleness
@@ -194,14 +93,17 @@ class WorkerSpec:
     # seconds added to every env step: a sandbox in a VM or a remote browser waits on its screen
     # this long per action, the regime asynchronous rollouts are built for (the benchmark's knob)
     env_latency_s: float = 0.0
-    episode_kw: dict = field(default_factory=dict)  # more run_episode keywords (end_on_parse_error)
+    episode_kw: dict = field(default_factory=dict)  # more EpisodeRunner keywords (end_on_parse_error)
+    n_envs: int = 1  # environments per worker, stepped together with one batched generation per round
     # scheduling niceness of the workers (POSIX): the learner is the critical path of async
     # training, so where workers and learner share cores the workers take the cycles it leaves
     nice: int = 10
 
 
 def _worker_main(rank: int, spec: WorkerSpec, version_value, tickets, results, stop_event) -> None:
-    """A worker: take a ticket, load the newest weights, play the episode, send it back."""
+    """A worker: `spec.n_envs` envs played together by one EpisodeRunner; tickets taken while a
+    slot is free, the newest weights loaded between batched generations, each finished episode
+    sent back at once."""
     try:
         import torch
 
@@ -209,43 +111,72 @@ def _worker_main(rank: int, spec: WorkerSpec, version_value, tickets, results, s
         if spec.nice > 0 and hasattr(os, "nice"):
             os.nice(spec.nice)
         from trainer.actor import VLMActor
-        from trainer.sandbox.env import SandboxEnv
+        from trainer.sandbox.env_process import make_envs
 
+        parent = os.getppid()
         actor = VLMActor.load(spec.model_dir, **spec.actor_kw)
-        env = SandboxEnv(**spec.env_kw)
+        envs = make_envs(spec.n_envs, **spec.env_kw)
         if spec.env_latency_s > 0:
-            env = _Delayed(env, spec.env_latency_s)
+            envs = [_Delayed(env, spec.env_latency_s) for env in envs]
         results.put(("ready", rank))
-        have = -1
-        while not stop_event.is_set():
-            try:
-                ticket = tickets.get(timeout=0.2)
-            except queue_mod.Empty:
-                continue
-            if ticket is None:
-                break
-            seed, family = ticket
+        runner = EpisodeRunner(actor, envs, memory_kw=spec.memory_kw, worker=rank, version=-1, **spec.episode_kw)
+
+        def load_newest() -> None:
             newest = version_value.value
-            if newest != have:
+            if newest != runner.version:
                 actor.load_weights(weights_path(spec.weights_dir, newest))
-                have = newest
-            traj = run_episode(actor, env, seed, family=family, memory_kw=spec.memory_kw, version=have, worker=rank,
-                               **spec.episode_kw)
+                runner.version = newest
+
+        closing = []
+
+        def next_ticket(block: bool):
+            while not stop_event.is_set() and not closing and os.getppid() == parent:  # an orphan stops
+                try:
+                    ticket = tickets.get(timeout=0.2) if block else tickets.get_nowait()
+                except queue_mod.Empty:
+                    if not block:
+                        return None
+                    continue
+                if ticket is None:  # the pool is closing
+                    closing.append(True)
+                    return None
+                load_newest()  # an episode starts with the newest weights
+                return ticket
+            return None
+
+        runner.before_round = load_newest
+        for traj in runner.run(next_ticket):
             results.put(("traj", traj))
-        env.close()
+            if stop_event.is_set() or closing:
+                break
+        for env in envs:
+            env.close()
     except BaseException:  # the learner must hear about it, not hang on an empty queue
         results.put(("error", f"worker {rank}: {traceback.format_exc()}"))
 
 
 class _Delayed:
-    """An env whose every step takes `latency` seconds longer, sleeping (no CPU), like a remote one."""
+    """An env whose every step takes `latency` seconds longer, sleeping (no CPU), like a remote one;
+    steps sent together (send_step) wait out their latency together, as remote envs would."""
 
     def __init__(self, env, latency: float):
         self.env, self.latency = env, latency
+        self._sent = None
 
     def step(self, action):
         time.sleep(self.latency)
         return self.env.step(action)
+
+    def send_step(self, action) -> None:
+        self._sent = time.monotonic()
+        if hasattr(self.env, "send_step"):
+            self.env.send_step(action)
+        else:
+            self._result = self.env.step(action)
+
+    def recv_step(self):
+        time.sleep(max(0.0, self._sent + self.latency - time.monotonic()))
+        return self.env.recv_step() if hasattr(self.env, "send_step") else self._result
 
     def __getattr__(self, name):
         return getattr(self.env, name)
@@ -284,7 +215,9 @@ class RolloutPool:
     def start(self, model) -> "RolloutPool":
         publish_weights(model, self.spec.weights_dir, 0)
         for rank in range(self.n_workers):
-            p = self._ctx.Process(target=_worker_main, name=f"rollout-{rank}", daemon=True,
+            # not daemonic: a worker's environments are processes of its own (trainer.sandbox.env_process);
+            # close() ends the workers, and a worker whose learner died stops by itself
+            p = self._ctx.Process(target=_worker_main, name=f"rollout-{rank}", daemon=False,
                                   args=(rank, self.spec, self.version, self.tickets, self.results, self.stop_event))
             p.start()
             self.procs.append(p)
@@ -372,7 +305,7 @@ class RolloutPool:
         batch: list[Trajectory] = []
         while len(batch) < batch_size:
             if self.mode == "async":  # keep every worker busy, with a little queued work
-                want = self.n_workers * self.prefetch + (batch_size - len(batch))
+                want = self.n_workers * (self.spec.n_envs + self.prefetch - 1) + (batch_size - len(batch))
                 self._issue(max(0, want - self.outstanding))
             traj = self._receive(timeout)
             self.stats["received"] += 1
@@ -386,33 +319,3 @@ class RolloutPool:
             self.stats["lags"].append(learner_version - traj.version)
             batch.append(traj)
         return batch
-
-
-# ---------------------------------------------------------------- in-process (evaluation, tests)
-
-
-def evaluate(actor, families: list[str], seeds_per_family: int, *, env_kw: dict | None = None,
-             memory_kw: dict | None = None, seed_start: int | None = None, progress=None) -> dict:
-    """Greedy success rate per family on held-out seeds (the sandbox's held-out split)."""
-    from trainer.sandbox.env import SandboxEnv
-    from trainer.sandbox.task import HELDOUT_START
-
-    start = HELDOUT_START if seed_start is None else seed_start
-    env = SandboxEnv(**(env_kw or {}))
-    out: dict = {"families": {}}
-    try:
-        for fam in families:
-            wins, steps = 0, 0
-            for k in range(seeds_per_family):
-                traj = run_episode(actor, env, start + k, family=fam, memory_kw=memory_kw, greedy=True)
-                wins += traj.success
-                steps += len(traj.turns)
-                if progress:
-                    progress()
-            out["families"][fam] = {"success": wins / seeds_per_family, "episodes": seeds_per_family,
-                                    "mean_steps": steps / seeds_per_family}
-    finally:
-        env.close()
-    rates = [v["success"] for v in out["families"].values()]
-    out["mean_success"] = sum(rates) / len(rates) if rates else 0.0
-    return out

@@ -28,38 +28,18 @@ def evaluate_model(model_dir, families: list[str], seeds_per_family: int, *, env
 
 
 def evaluate_actor(actor, families: list[str], seeds_per_family: int, *, env_kw: dict, max_new_tokens: int = 48,
-                   progress=None, miniwob: bool = False) -> dict:
-    from trainer.rollout import run_episode
-    from trainer.sandbox.env import SandboxEnv
-    from trainer.sandbox.task import HELDOUT_START
+                   progress=None, miniwob: bool = False, n_envs: int = 16) -> dict:
+    """trainer.episodes.evaluate (batched, the one runner), plus the signature that says which
+    evaluations compare. progress(done, total)."""
+    from trainer.episodes import evaluate
 
-    if seeds_per_family < 1:
-        raise ValueError(f"seeds_per_family must be at least 1, got {seeds_per_family}")
-    total = len(families) * seeds_per_family
-    env = SandboxEnv(**env_kw)
-    out: dict = {"families": {}}
-    done = turns = parsed = 0
-    try:
-        for fam in families:
-            wins, prog, steps = 0, 0.0, 0
-            for k in range(seeds_per_family):
-                tr = run_episode(actor, env, HELDOUT_START + k, family=fam, greedy=True)
-                wins += tr.success
-                prog += tr.progress
-                steps += len(tr.turns)
-                turns += len(tr.turns)
-                parsed += sum(t.parse_error is None for t in tr.turns)
-                done += 1
-                if progress:
-                    progress(done, total)
-            out["families"][fam] = {"success": wins / seeds_per_family, "progress": prog / seeds_per_family,
-                                    "mean_steps": steps / seeds_per_family, "episodes": seeds_per_family}
-    finally:
-        env.close()
-    fams = out["families"].values()
-    out["mean_success"] = sum(f["success"] for f in fams) / len(out["families"])
-    out["mean_progress"] = sum(f["progress"] for f in fams) / len(out["families"])
-    out["format_rate"] = parsed / max(1, turns)
+    total, done = len(families) * seeds_per_family, [0]
+
+    def tick():
+        done[0] += 1
+        progress(done[0], total)
+
+    out = evaluate(actor, families, seeds_per_family, env_kw=env_kw, n_envs=n_envs, progress=tick if progress else None)
     out["eval_signature"] = eval_signature(families, seeds_per_family, env_kw, max_new_tokens)
     if miniwob:
         out["miniwob"] = miniwob_status()

@@ -170,30 +170,39 @@ def bootstrap_model(store, cfg: FlywheelConfig, registry: Registry, *, progress=
     return registry.get(mv.version)
 
 
-def collect_rollouts(store, model_dir, version: str, cfg: FlywheelConfig, iteration: int, *, progress=None) -> list[str]:
-    """The current model plays `cfg.rollouts` training-seed tasks; they are stored unscored."""
+def collect_rollouts(store, model_dir, version: str, cfg: FlywheelConfig, iteration: int, *, progress=None,
+                     n_envs: int = 8) -> list[str]:
+    """The current model plays `cfg.rollouts` training-seed tasks (sampled, the one episode runner,
+    batched over `n_envs` envs); they are stored unscored."""
     if cfg.rollouts <= 0:
         return []
-    from agent.policies.local import LocalVLMPolicy
-    from trainer.sandbox.env import SandboxEnv
-    from trainer.sandbox.rollout import run_episode, to_episode
+    import torch
 
-    policy = LocalVLMPolicy(model_dir, platform="sandbox", max_new_tokens=cfg.max_new_tokens,
-                            temperature=cfg.rollout_temperature, seed=cfg.seed * 7919 + iteration, version=version)
-    env = SandboxEnv(**cfg.env_kw, coords_space=policy.space)
-    ids = []
+    from agent.vlm import load_vlm
+    from trainer.actor import VLMActor
+    from trainer.episodes import play
+    from trainer.sandbox.env_process import make_envs
+    from trainer.sandbox.rollout import trajectory_to_episode
+
+    model, processor = load_vlm(model_dir, device="cpu")
+    actor = VLMActor(model, processor, temperature=cfg.rollout_temperature, max_new_tokens=cfg.max_new_tokens)
+    tickets = [(ROLLOUT_SEED_BASE + iteration * 1000 + k, cfg.families[k % len(cfg.families)]) for k in range(cfg.rollouts)]
+    envs = make_envs(min(n_envs, len(tickets)), **cfg.env_kw)
+    done = [0]
+
+    def tick(_traj):
+        done[0] += 1
+        if progress:
+            progress(done[0], cfg.rollouts)
+
     try:
-        for k in range(cfg.rollouts):
-            fam = cfg.families[k % len(cfg.families)]
-            result = run_episode(env, policy, fam, ROLLOUT_SEED_BASE + iteration * 1000 + k, record=True)
-            ep = to_episode(result, store, producer=version, policy_version=version)
-            ids.append(ep.id)
-            if progress:
-                progress(k + 1, cfg.rollouts)
+        with torch.random.fork_rng():  # reproducible samples, the caller's RNG untouched
+            torch.manual_seed(cfg.seed * 7919 + iteration)
+            trajs = play(actor, tickets, envs=envs, greedy=False, progress=tick)
     finally:
-        env.close()
-        policy.close()
-    return ids
+        for env in envs:
+            env.close()
+    return [trajectory_to_episode(t, store, producer=version, policy_version=version).id for t in trajs]
 
 
 def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _StageLog, prog: _Progress) -> list[dict]:

@@ -9,6 +9,8 @@ Reductions (verl's names):
   counted token are left out).
 - "sum": the plain sum, for a caller that accumulates gradients over micro-batches and divides
   by the token count of the whole minibatch itself.
+- "none": no reduction, the per-token tensor with masked tokens at 0, for a caller that weighs
+  tokens further (a trajectory's staleness weight) before it sums.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 
 Tensor = torch.Tensor
 
-REDUCTIONS = ("token-mean", "seq-mean", "sum")
+REDUCTIONS = ("token-mean", "seq-mean", "sum", "none")
 # exp() of a log-ratio beyond this overflows float32 / explodes gradients; verl clamps the same.
 _MAX_LOG_RATIO = 20.0
 
@@ -44,6 +46,8 @@ def aggregate(x: Tensor, mask: Tensor | None = None, reduction: str = "token-mea
     m = _mask_for(x, mask)
     # where(), not x * m: a masked token holding inf or NaN must not poison the result.
     x = torch.where(m, x, torch.zeros_like(x))
+    if reduction == "none":
+        return x
     if reduction == "sum":
         return x.sum()
     if reduction == "token-mean":
@@ -67,9 +71,41 @@ def _log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
     return (log_probs - old_log_probs.detach()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
 
 
+@torch.no_grad()
+def behaviour_weights(proximal_log_probs: Tensor, behaviour_log_probs: Tensor, mask: Tensor | None = None, *,
+                      cap: float | None = 2.0) -> dict[str, Tensor]:
+    """Decoupled PPO's importance weight w = pi_prox / pi_behav per token (AReaL, arXiv 2505.24298).
+
+    Asynchronous rollouts are sampled by a behaviour policy some versions behind the learner. The
+    decoupled objective takes the clipped ratio against the proximal policy (the learner's own at
+    the start of the update), so the trust region is centred where the learner is, not where a
+    stale worker was; w corrects for the tokens having been drawn from the behaviour policy.
+    A token with w > cap is dropped from the loss (weight 0, still counted in a token-mean's
+    denominator), as AReaL's behav_imp_weight_cap does, rather than clipped to the cap: a token
+    that much likelier under the learner than under the policy that sampled it is a rare draw
+    whose weight would be mostly variance. cap None: no truncation; otherwise cap > 1.
+
+    Returns (all detached) {"weights": w like the inputs, 0 on masked and dropped tokens,
+    "kept": bool mask of the tokens that count with their weight, "imp_weight_mean": mean w over
+    the kept tokens (1 when none), "imp_weight_truncated": share of counted tokens dropped}.
+    """
+    _same_shape(proximal_log_probs=proximal_log_probs, behaviour_log_probs=behaviour_log_probs)
+    if cap is not None and cap <= 1.0:
+        raise LossError(f"imp_weight_cap must be > 1 (w = 1 is on-policy data), got {cap!r}")
+    m = _mask_for(proximal_log_probs, mask)
+    log_w = torch.where(m, proximal_log_probs - behaviour_log_probs, 0.0).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    w = torch.exp(log_w)
+    kept = m if cap is None else m & (w <= cap)
+    n_kept = kept.sum()
+    return {"weights": torch.where(kept, w, 0.0), "kept": kept,
+            "imp_weight_mean": torch.where(kept, w, 0.0).sum() / n_kept if n_kept > 0 else torch.ones(()),
+            "imp_weight_truncated": (m & ~kept).sum() / m.sum().clamp(min=1)}
+
+
 def ppo_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor | None = None, *,
                     clip_low: float = 0.2, clip_high: float = 0.28, clip_ratio_c: float | None = None,
-                    reduction: str = "token-mean") -> dict[str, Tensor]:
+                    reduction: str = "token-mean", behaviour_log_probs: Tensor | None = None,
+                    imp_weight_cap: float | None = None) -> dict[str, Tensor]:
     """PPO's clipped surrogate with clip-higher and optional dual clip; per-token inputs [N] or [B, T].
 
     ratio = exp(log_probs - old_log_probs), clipped to [1 - clip_low, 1 + clip_high]. A larger upper
@@ -77,10 +113,14 @@ def ppo_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor
     in one update, which keeps entropy from collapsing; the lower bound stays tight.
     Dual clip (verl, clip_ratio_c > 1, e.g. 3): for negative advantages the per-token loss is
     bounded by -A * c, so a bad token whose ratio has already exploded cannot dominate the batch.
+    With behaviour_log_probs (the log-probs the rollout sampled with), old_log_probs are the
+    proximal policy's and each token's clipped loss is multiplied by behaviour_weights' w, tokens
+    with w > imp_weight_cap dropped (the decoupled objective of AReaL).
 
-    Returns {"loss": scalar with grad, "clipfrac": share of counted tokens where the clip is active
-    (their gradient is zero), "clipfrac_dual": share bounded by the dual clip, "approx_kl": k3
-    KL(old || new), "ratio_mean"}; all but "loss" are detached.
+    Returns {"loss": scalar with grad ([N] / [B, T] for reduction "none"), "clipfrac": share of
+    counted tokens where the clip is active (their gradient is zero), "clipfrac_dual": share
+    bounded by the dual clip, "approx_kl": k3 KL(old || new), "ratio_mean"}, with behaviour
+    log-probs also "imp_weight_mean" and "imp_weight_truncated"; all but "loss" are detached.
     """
     _same_shape(log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages)
     if not 0.0 <= clip_low < 1.0:
@@ -104,6 +144,12 @@ def ppo_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor
         bound = -adv * clip_ratio_c
         dual = (adv < 0) & (loss > bound)
         loss = torch.where(dual, bound, loss)
+    imp = {}
+    if behaviour_log_probs is not None:
+        _same_shape(log_probs=log_probs, behaviour_log_probs=behaviour_log_probs)
+        imp = behaviour_weights(old_log_probs, behaviour_log_probs, m, cap=imp_weight_cap)
+        loss = loss * imp.pop("weights")
+        imp.pop("kept")
     with torch.no_grad():
         metrics = {
             "clipfrac": masked_mean(clipped.float(), m),
@@ -111,7 +157,7 @@ def ppo_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor
             "approx_kl": masked_mean(kl_estimate(old_log_probs, log_probs, "k3"), m),
             "ratio_mean": masked_mean(ratio, m),
         }
-    return {"loss": aggregate(loss, m, reduction), **metrics}
+    return {"loss": aggregate(loss, m, reduction), **metrics, **imp}
 
 
 @torch.no_grad()

@@ -42,7 +42,12 @@ def register(sub, common) -> None:
     s.add_argument("--split", choices=("train", "heldout"), default="heldout")
     s.add_argument("--families", help="comma-separated families (default: all)")
     s.add_argument("--workers", type=int, default=1, help="worker processes for expert/random")
-    s.add_argument("--json", action="store_true", help='print {"overall": rate, "families": {NAME: rate}}')
+    s.add_argument("--envs", type=int, default=16,
+                   help="model policies: environments played together, one batched generation per round (default 16)")
+    s.add_argument("--max-new-tokens", type=int, default=128, help="model policies: reply length limit (default 128)")
+    s.add_argument("--json", action="store_true",
+                   help='print {"overall": rate, "families": {NAME: rate}, "intervals": {...}} (intervals: episodes and '
+                        'Wilson 95%% interval per family and overall)')
     s.add_argument("--grounding", action="store_true",
                    help="score grounding instead: 'Click on X' for two labelled elements of each of --episodes "
                         "screens, a hit when the click lands inside X (trainer.grounding)")
@@ -205,6 +210,41 @@ def make_policy(args):
     return local(model_dir, platform="sandbox")
 
 
+def make_actor(args):
+    """The actor for a model policy: a local model answers many chats per batched generation; an
+    endpoint answers one at a time."""
+    from trainer.actor import PolicyActor, VLMActor
+
+    if args.max_new_tokens < 1:
+        raise RuntimeError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.envs < 1:
+        raise RuntimeError(f"--envs must be at least 1, got {args.envs}")
+    policy = make_policy(args)
+    if args.policy == "endpoint":
+        return PolicyActor(policy)
+    from agent.vlm import load_vlm
+
+    model, processor = load_vlm(policy.model_dir)
+    return VLMActor(model, processor, max_new_tokens=args.max_new_tokens)
+
+
+def _play_model(args, actor, jobs, bar) -> list[dict]:
+    """The jobs played by the one episode runner (trainer.episodes), as run_episode-style results."""
+    from trainer.episodes import EpisodeRunner
+    from trainer.sandbox.env_process import make_envs
+
+    envs = make_envs(min(args.envs, len(jobs)), width=args.width, height=args.height)
+    try:
+        runner = EpisodeRunner(actor, envs, greedy=True, platform="desktop", trace=args.trace)
+        trajs = runner.run_all([(seed, family) for family, seed in jobs], progress=lambda _t: bar.update(1))
+    finally:
+        for env in envs:
+            env.close()
+    return [{"family": t.family, "seed": t.seed, "instruction": t.instruction, "success": t.success,
+             "trace": [{"action": u.action, "point": u.point if u.action == "click" else None, "hit": u.hit,
+                        "changed": u.changed, "error": u.parse_error} for u in t.turns]} for t in trajs]
+
+
 def _grounding(args, families) -> int:
     from trainer.grounding import grounding_eval
     from trainer.sandbox.families import FAMILIES
@@ -237,19 +277,32 @@ def _grounding(args, families) -> int:
 
 def _print_rates(as_json: bool, what: str, overall: float, rows: dict, extra: tuple[str, ...] = (),
                  more_json: dict | None = None) -> None:
-    """{"overall": rate, "families": {name: rate}} (plus `more_json`) as JSON, or a table of rows
-    name -> (n, rate, *one value per `extra` column)."""
+    """{"overall": rate, "families": {name: rate}, "intervals": {...}} (plus `more_json`) as JSON, or
+    a table of rows name -> (n, rate, *one value per `extra` column), each rate with its Wilson 95%
+    interval (trainer.stats)."""
+    from trainer.stats import wilson
+
+    def interval(n, r):
+        return wilson(round(r * n), n)
+
+    total = sum(r[0] for r in rows.values())
+    lo, hi = interval(total, overall)
     if as_json:
-        print(json.dumps({"overall": overall, "families": {k: r[1] for k, r in rows.items()}, **(more_json or {})}))
+        intervals = {"overall": {"episodes": total, "ci95": [lo, hi]},
+                     "families": {k: {"episodes": r[0], "ci95": list(interval(r[0], r[1]))} for k, r in rows.items()}}
+        print(json.dumps({"overall": overall, "families": {k: r[1] for k, r in rows.items()}, "intervals": intervals,
+                          **(more_json or {})}))
         return
-    print(f"{'family':<16} {'n':>5} {what:>8}" + "".join(f" {h:>10}" for h in extra))
+    print(f"{'family':<16} {'n':>5} {what:>8} {'95% interval':>16}" + "".join(f" {h:>10}" for h in extra))
     for name, r in rows.items():
-        print(f"{name:<16} {r[0]:>5} {r[1]:>8.2%}" + "".join(f" {v:>10}" for v in r[2:2 + len(extra)]))
-    print(f"{'overall':<16} {sum(r[0] for r in rows.values()):>5} {overall:>8.2%}")
+        a, b = interval(r[0], r[1])
+        print(f"{name:<16} {r[0]:>5} {r[1]:>8.2%} {f'[{a:.2f}, {b:.2f}]':>16}"
+              + "".join(f" {v:>10}" for v in r[2:2 + len(extra)]))
+    print(f"{'overall':<16} {total:>5} {overall:>8.2%} {f'[{lo:.2f}, {hi:.2f}]':>16}")
 
 
 def cmd_eval(args) -> int:
-    from trainer.sandbox.rollout import plan, rates, run_episode, run_many, trace_summary
+    from trainer.sandbox.rollout import plan, rates, run_many, trace_summary
 
     try:
         families = _families(args)
@@ -275,19 +328,10 @@ def cmd_eval(args) -> int:
                 bar.update(1)
         else:
             try:
-                policy = make_policy(args)
+                actor = make_actor(args)
             except Exception as e:
                 return _fail(str(e))
-            from trainer.sandbox.env import SandboxEnv
-
-            env = SandboxEnv(args.width, args.height, coords_space=policy.space)
-            try:
-                for family, seed in jobs:
-                    results.append(run_episode(env, policy, family, seed, trace=args.trace))
-                    bar.update(1)
-            finally:
-                env.close()
-                policy.close()
+            results = _play_model(args, actor, jobs, bar)
     finally:
         bar.close()
     out = rates(results)

@@ -13,7 +13,7 @@ import os
 from typing import Iterator
 
 from agent.schema import Action, Episode, Observation, Outcome, Provenance, ScreenGeometry, Step, monotonic
-from trainer.sandbox.task import HELDOUT_START
+from trainer.sandbox.task import HELDOUT_START, split_of
 
 BUILTIN_POLICIES = ("expert", "random")
 
@@ -162,6 +162,31 @@ def to_episode(result: dict, store, producer: str = "expert", policy_version: st
                        "split": result["split"], "progress": result["progress"], "status": result["status"]})
     store.save_episode(ep)
     return ep
+
+
+def trajectory_to_episode(traj, store, producer: str, policy_version: str | None = None) -> Episode:
+    """A model's Trajectory (trainer.episodes) as a stored rollout Episode, through to_episode: each
+    turn's screenshot, its thought and actions as parsed from the reply, the reply itself."""
+    from agent.executors.base import encode_pixels
+    from agent.grammar import parse_normalized
+
+    steps, total = [], 0.0
+    width = height = 0
+    for i, turn in enumerate(traj.turns):
+        frame = turn.frame
+        width, height = frame.size
+        parsed = parse_normalized(turn.text, turn.space, width, height)
+        last = i == len(traj.turns) - 1
+        total += turn.reward
+        steps.append({"png": encode_pixels(frame.pixels, "image/png"), "thought": parsed.thought if parsed else "",
+                      "actions": [a.to_dict() for a in parsed.actions] if parsed else [], "reward": turn.reward,
+                      "terminated": last and traj.terminated, "truncated": last and traj.truncated,
+                      "progress": turn.progress, "raw": turn.text, "t": turn.t, "error": turn.parse_error})
+    result = {"family": traj.family, "seed": traj.seed, "instruction": traj.instruction, "success": traj.success,
+              "reward": total, "progress": traj.progress, "status": traj.status, "level": traj.level,
+              "split": split_of(traj.seed),
+              "width": width, "height": height, "trajectory": steps}
+    return to_episode(result, store, producer=producer, policy_version=policy_version)
 
 
 # ------------------------------------------------------------ worker processes

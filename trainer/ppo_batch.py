@@ -1,0 +1,376 @@
+"""The PPO learner's batch as tensors: trajectories -> turns (TurnBatch, prompt + generated
+tokens, their screenshots encoded once by a frozen vision tower in an ImageBank) -> padded
+micro-batches (Pack), so a forward (and backward) runs over many turns instead of one.
+
+Turns are sorted by length and grouped greedily while rows x longest row (prompt tokens
+included: that is what a forward computes and what a GPU holds) stays within a token budget; a
+turn longer than the budget goes alone, and a budget of 0 gives one turn per forward, the
+learner's sequential path. Rows are right-padded (agent.vlm_inputs.collate_inputs): causal
+attention never lets a real token see the padding after it, and Qwen-VL's 3D rope index skips
+positions whose attention_mask is 0, so each row scores as its batch-of-one forward does
+(tests/test_ppo_packed.py checks log-probs, values and a whole update against the sequential
+path). Image features from the ImageBank ("image_embeds", Qwen3-VL's "image_deepstack") are
+concatenated in row order, the order in which the model scatters them into the image
+placeholders (agent.vlm_inputs.to_model).
+
+Per-token results come back flattened row-major over the target mask, which is each turn's
+generated tokens in row order; `Pack.split` and `Pack.scatter` hand them back per turn.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+
+# ---------------------------------------------------------------- trajectories -> turns
+
+
+@dataclass
+class TurnBatch:
+    """One generated turn as the learner sees it: its inputs (batch of one) and what score() and
+    the passes attach per generated token (log-probs, values, advantages, returns)."""
+    inputs: dict  # prompt + generated tokens
+    target: torch.Tensor  # bool [1, T]: the generated tokens
+    behaviour_lp: torch.Tensor | None  # [n] log-probs under the policy that acted (None: not recorded)
+    traj: int  # index of its trajectory in the batch
+    weight: float = 1.0
+    images: list[str] = field(default_factory=list)  # ImageBank keys, when the pixels live there
+    old_lp: torch.Tensor | None = None
+    ref_lp: torch.Tensor | None = None  # under the frozen start policy (kl_coef > 0)
+    values: torch.Tensor | None = None
+    adv: torch.Tensor | None = None
+    ret: torch.Tensor | None = None
+    tokens: int = field(init=False)  # n, the generated tokens (a Python int: no device sync to count them)
+
+    def __post_init__(self):
+        self.tokens = int(self.target.sum())
+
+
+class ImageBank:
+    """The distinct screenshots of a batch, each encoded once by a frozen vision tower.
+
+    `add(inputs)` takes a turn's pixel_values apart per image (rows by image_grid_thw), keeps one
+    copy of each distinct image (by content hash) and returns the turn's image keys in order;
+    `encode(backbone)` runs the vision tower over all of them, a few images per call (attention
+    stays within each image, so batching changes nothing but the speed); `attach(turns)` puts
+    each turn's features where its pixels were, as "image_embeds" (agent.vlm.to_model)."""
+
+    def __init__(self, chunk: int = 16):
+        self.chunk = chunk
+        self.pixels: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.features: dict[str, torch.Tensor] = {}
+        self.deepstack: dict[str, list[torch.Tensor]] = {}
+
+    def add(self, inputs: dict) -> list[str]:
+        pv, grid = inputs.get("pixel_values"), inputs.get("image_grid_thw")
+        if pv is None or grid is None:
+            return []
+        keys, row = [], 0
+        for thw in grid:
+            n = int(thw.prod())
+            rows = pv[row: row + n]
+            row += n
+            key = hashlib.blake2b(rows.contiguous().numpy().tobytes() + thw.numpy().tobytes(), digest_size=16).hexdigest()
+            self.pixels.setdefault(key, (rows, thw))
+            keys.append(key)
+        if row != pv.shape[0]:
+            raise ValueError(f"pixel_values has {pv.shape[0]} rows but image_grid_thw accounts for {row}")
+        return keys
+
+    @torch.no_grad()
+    def encode(self, backbone) -> dict[str, torch.Tensor]:
+        """Features of every image not encoded yet; `backbone` is a Qwen-VL model (policy.model)."""
+        todo = [k for k in self.pixels if k not in self.features]
+        for at in range(0, len(todo), self.chunk):
+            keys = todo[at: at + self.chunk]
+            pv = torch.cat([self.pixels[k][0] for k in keys]).to(backbone.device)
+            grid = torch.stack([self.pixels[k][1] for k in keys]).to(backbone.device)
+            out = backbone.get_image_features(pv, grid, return_dict=True)
+            self.features.update({k: f.detach() for k, f in zip(keys, out.pooler_output)})
+            # Qwen3-VL's DeepStack: per layer, a tuple of per-image features; kept per image here
+            layers = getattr(out, "deepstack_features", None) or []
+            for i, k in enumerate(keys):
+                self.deepstack[k] = [layer[i].detach() for layer in layers]
+        return self.features
+
+    def attach(self, turns) -> None:
+        for tb in turns:
+            if tb.images:
+                tb.inputs["image_embeds"] = tuple(self.features[k] for k in tb.images)
+                if any(self.deepstack.get(k) for k in tb.images):
+                    tb.inputs["image_deepstack"] = [self.deepstack[k] for k in tb.images]
+
+
+def build_turns(trajs, processor, bank: ImageBank | None = None) -> list[TurnBatch]:
+    """One TurnBatch per generated turn. With a bank, the turn's pixels move into it (each
+    distinct image kept once) and the turn keeps the keys."""
+    from agent.vlm import build_inputs, extend_inputs
+
+    out = []
+    for i, tr in enumerate(trajs):
+        for turn in tr.turns:
+            if not turn.response_ids:
+                continue  # nothing was generated: nothing to score
+            prompt = build_inputs(processor, turn.messages, add_generation_prompt=True)
+            full, target = extend_inputs(prompt, turn.response_ids)
+            behaviour = torch.tensor(turn.logprobs, dtype=torch.float32)
+            tb = TurnBatch(full, target, behaviour if len(behaviour) == len(turn.response_ids) else None, i, tr.weight)
+            if bank is not None:
+                tb.images = bank.add(full)
+                full.pop("pixel_values", None)
+            out.append(tb)
+    return out
+
+
+def prepare_turns(trajs, processor, policy, cfg) -> list[TurnBatch]:
+    """The batch's turns, with the images encoded once when the vision tower is frozen."""
+    if cfg.train_vision:
+        return build_turns(trajs, processor)
+    bank = ImageBank()
+    turns = build_turns(trajs, processor, bank)
+    bank.encode(policy.model)
+    bank.attach(turns)
+    return turns
+
+
+# ---------------------------------------------------------------- turns -> micro-batches
+
+
+_PRECOMPUTED = ("image_embeds", "image_deepstack")  # per image, not per token: concatenated, not padded
+
+
+def micro_batches(turns: list, budget: int) -> list[list]:
+    """`turns` (anything with .inputs["input_ids"] [1, T]) grouped so that rows x longest row
+    <= budget, shortest first; budget 0: one turn each, in the given order."""
+    if budget < 0:
+        raise ValueError(f"micro_batch_tokens must be >= 0 (0: one turn per forward), got {budget}")
+    if budget == 0:
+        return [[tb] for tb in turns]
+    groups, cur, widest = [], [], 0
+    for tb in sorted(turns, key=lambda t: t.inputs["input_ids"].shape[1]):
+        width = tb.inputs["input_ids"].shape[1]  # sorted: the newcomer is the longest row
+        if cur and (len(cur) + 1) * max(widest, width) > budget:
+            groups.append(cur)
+            cur, widest = [], 0
+        cur.append(tb)
+        widest = max(widest, width)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def pad_token_id(config) -> int:
+    """A token to pad input_ids with: the config's pad token unless it is a vision placeholder
+    (the model finds image positions by id, padding included); attention_mask hides it anyway."""
+    text = getattr(config, "text_config", config)
+    vision = {getattr(config, k, None) for k in ("image_token_id", "video_token_id", "vision_start_token_id")}
+    for cand in (getattr(text, "pad_token_id", None), getattr(text, "eos_token_id", None), 0, 1, 2):
+        if isinstance(cand, int) and cand not in vision:
+            return cand
+    raise ValueError("no token id to pad with")
+
+
+# micro_batch_tokens None picks by device. Measured (python -m tests.test_ppo_packed: default model,
+# 8 episodes, ~35 turns of ~550 tokens, one thread): on this 2-core CPU packing only loses, 1.00x at
+# 1024 tokens, 0.93x at 2048, 0.78x at 8192: a turn's forward is ~90% arithmetic over its prompt
+# (2.9 of 29 ms fwd+bwd is per-call overhead), and padded batches of several turns fall out of the
+# core's 2 MB L2 cache (elementwise ops over [16, 550, 256] run at DRAM speed). On a GPU a forward
+# of a model this size is kernel launches, as many for 16 rows as for one, so there it packs.
+GPU_BUDGET = 8192
+
+
+def budget_for(budget: int | None, device) -> int:
+    """The micro-batch token budget to use on `device`: `budget` itself, or for None the default
+    (0 on a CPU, GPU_BUDGET elsewhere)."""
+    if budget is not None:
+        return budget
+    return 0 if torch.device(device or "cpu").type == "cpu" else GPU_BUDGET
+
+
+def packs(turns: list, model_config, device, budget: int | None):
+    """The micro-batches of `turns` as Packs, one at a time (each collated as it is used)."""
+    pad = pad_token_id(model_config)
+    return (Pack.build(group, pad, device) for group in micro_batches(turns, budget_for(budget, device)))
+
+
+@dataclass
+class Pack:
+    """One micro-batch: `inputs` for a forward, `target` bool [B, T] on the model's device
+    marking the generated tokens, `sizes` each row's count of them."""
+    turns: list
+    inputs: dict
+    target: torch.Tensor
+    sizes: list[int]
+
+    @classmethod
+    def build(cls, turns: list, pad_id: int, device=None) -> "Pack":
+        from agent.vlm_inputs import collate_inputs
+
+        sizes = [tb.tokens for tb in turns]
+        if len(turns) == 1:  # the sequential path: the turn's own tensors, nothing padded
+            tb = turns[0]
+            return cls(turns, tb.inputs, tb.target.to(device), sizes)
+        items = [{k: v for k, v in tb.inputs.items() if k not in _PRECOMPUTED} | {"target": tb.target.cpu()}
+                 for tb in turns]
+        inputs = collate_inputs(items, pad_id)
+        target = inputs.pop("target").bool().to(device)
+        if any("image_embeds" in tb.inputs for tb in turns):
+            inputs["image_embeds"] = tuple(e for tb in turns for e in tb.inputs.get("image_embeds", ()))
+        if any("image_deepstack" in tb.inputs for tb in turns):
+            inputs["image_deepstack"] = [d for tb in turns for d in tb.inputs.get("image_deepstack", ())]
+        return cls(turns, inputs, target, sizes)
+
+    def split(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A flat per-token tensor over the pack's generated tokens -> one tensor per turn."""
+        return flat.split(self.sizes)
+
+    def scatter(self, name: str, flat: torch.Tensor) -> None:
+        """Set attribute `name` of each turn to its part of `flat`."""
+        for tb, part in zip(self.turns, self.split(flat)):
+            setattr(tb, name, part)
+
+    def cat(self, name: str) -> torch.Tensor:
+        """The turns' per-token attribute `name`, concatenated in row order."""
+        return torch.cat([getattr(tb, name) for tb in self.turns])
+
+    def token_weights(self) -> torch.Tensor:
+        """Each generated token's trajectory weight (staleness decay), in row order."""
+        w = torch.tensor([float(tb.weight) for tb in self.turns], device=self.target.device)
+        return w.repeat_interleave(torch.tensor(self.sizes, device=self.target.device))
+
+
+# ---------------------------------------------------------------- a shared prompt prefix, computed once
+
+# Every agent prompt starts with the same few hundred text tokens (the system message and UI-TARS's
+# prompt up to the instruction). With prefix sharing, a list of turns' common text start is forwarded
+# once per model (`PrefixKV`), its keys and values expanded over each micro-batch's rows, and the
+# micro-batches forward only what follows it (`forward_kwargs`): the attention mask spans prefix +
+# suffix, and the 3D rope positions are the model's own get_rope_index over the whole rows, cut to
+# the suffix, so every row sees what it sees unshared. With gradients, the prefix's keys and values
+# are leaves that the micro-batches' backwards fill, and `PrefixKV.backward()` sends their summed
+# gradient through the prefix's forward once (exact: the chain rule through a shared input).
+MIN_SHARED_PREFIX = 16  # fewer shared tokens: not worth a forward of their own, the turns go unshared
+
+
+def shared_prefix(turns: list, min_tokens: int = MIN_SHARED_PREFIX) -> torch.Tensor | None:
+    """input_ids [1, n] of the longest text start all `turns` share, or None when there are
+    fewer than two turns or they share fewer than `min_tokens`. The prefix stops before the first
+    image token (images are per row) and leaves each row the token that predicts its first
+    generated token."""
+    if len(turns) < 2:
+        return None
+    ids = [tb.inputs["input_ids"][0] for tb in turns]
+    first_target = min(int(tb.target[0].nonzero()[0]) for tb in turns)
+    first = ids[0].cpu()
+    n = first_target - 1
+    for x in ids[1:]:
+        diff = (x[:n].cpu() != first[:n]).nonzero()
+        if len(diff):
+            n = int(diff[0])
+    for tb in turns:  # the same ids are the same token types; every row checked all the same
+        vision = tb.inputs["mm_token_type_ids"][0][:n].nonzero()
+        if len(vision):
+            n = int(vision[0])
+    return first[:n].unsqueeze(0) if n >= min_tokens else None
+
+
+def _vl_model(model):
+    """The Qwen-VL backbone (embeddings, vision, language model, get_rope_index) of `model`: a
+    ...ForConditionalGeneration's .model, or the backbone itself (the critic's)."""
+    return model.model if hasattr(model, "lm_head") else model
+
+
+class PrefixKV:
+    """The keys and values of a shared prefix (input_ids [1, n]) under `model`'s weights, from one
+    forward. `grad`: keep that forward's graph; the micro-batches' backwards accumulate into the
+    keys' and values' .grad, and `backward()` then propagates them into the weights."""
+
+    def __init__(self, model, ids: torch.Tensor, grad: bool = False):
+        from transformers import DynamicCache
+
+        vl = _vl_model(model)
+        dev = vl.device
+        ids = ids.to(dev)
+        self.n = int(ids.shape[1])
+        ones = torch.ones_like(ids)
+        pos = vl.get_rope_index(ids, torch.zeros_like(ids), attention_mask=ones)[0]
+        with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+            out = vl(input_ids=ids, attention_mask=ones, mm_token_type_ids=torch.zeros_like(ids), position_ids=pos,
+                     past_key_values=DynamicCache(), use_cache=True)
+        self._graph = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        track = any(t.requires_grad for kv in self._graph for t in kv)
+        self.kv = [(k.detach().requires_grad_(track), v.detach().requires_grad_(track)) for k, v in self._graph]
+        if not track:
+            self._graph = []
+
+    def cache(self, rows: int):
+        """A fresh cache holding the prefix for `rows` rows (a forward extends it in place)."""
+        from transformers import DynamicCache
+
+        return DynamicCache(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.kv])
+
+    def backward(self) -> None:
+        """The gradient the micro-batches left on the prefix's keys and values, through its forward."""
+        outs, grads = [], []
+        for (k, v), (lk, lv) in zip(self._graph, self.kv):
+            for t, leaf in ((k, lk), (v, lv)):
+                if leaf.grad is not None:
+                    outs.append(t)
+                    grads.append(leaf.grad)
+        if outs:
+            torch.autograd.backward(outs, grads)
+        self._graph = []
+        for lk, lv in self.kv:
+            lk.grad = lv.grad = None
+
+
+def forward_kwargs(model, inputs: dict, prefix: PrefixKV | None = None) -> dict:
+    """Keyword arguments for `model(...)` over `inputs` (whole rows, prefix included): the rows
+    themselves, or with a prefix only what follows it, with its cache, the full attention mask
+    and the rope positions of the whole rows cut to the suffix."""
+    from agent.vlm_inputs import to_model
+
+    out = to_model(inputs, model)
+    if prefix is None:
+        return out
+    n = prefix.n
+    pos, _ = _vl_model(model).get_rope_index(out["input_ids"], out["mm_token_type_ids"], out.get("image_grid_thw"),
+                                             attention_mask=out["attention_mask"])
+    for k in ("input_ids", "mm_token_type_ids"):
+        out[k] = out[k][:, n:]
+    out["position_ids"] = pos[..., n:]
+    out["past_key_values"] = prefix.cache(out["input_ids"].shape[0])
+    return out
+
+
+def suffix_target(target: torch.Tensor, prefix: PrefixKV | None) -> torch.Tensor:
+    """The generated-token mask over what a forward with `prefix` computes."""
+    return target if prefix is None else target[:, prefix.n:]
+
+
+def pack_logprobs(model, p, temperature: float = 1.0, return_entropy: bool = False, prefix: PrefixKV | None = None):
+    """Log-probs (with return_entropy, and entropies) of a Pack's generated tokens, flat in row
+    order: agent.vlm.action_logprobs, or over the suffix after a shared prefix."""
+    from agent.vlm import action_logprobs
+
+    if prefix is None:
+        out = action_logprobs(model, p.inputs, p.target, temperature=temperature, return_entropy=return_entropy)
+        return (out[0][p.target], out[1][p.target]) if return_entropy else out[p.target]
+    kw = forward_kwargs(model, p.inputs, prefix)
+    mask = suffix_target(p.target, prefix).to(kw["input_ids"].device)
+    predict_from = torch.zeros_like(mask)
+    predict_from[:, :-1] = mask[:, 1:]  # logits at t-1 predict token t
+    out = model(**kw, logits_to_keep=predict_from, use_cache=False)
+    lp_all = torch.log_softmax(out.logits.reshape(-1, out.logits.shape[-1]).float() / temperature, dim=-1)
+    lp = lp_all.gather(1, kw["input_ids"][mask].unsqueeze(1)).squeeze(1)
+    if not return_entropy:
+        return lp
+    return lp, -(lp_all.exp() * lp_all).sum(-1)
+
+
+def prefix_kv(model, turns: list, share: bool, grad: bool = False) -> PrefixKV | None:
+    """The shared prefix of `turns` under `model` (PPOConfig.share_prefix), or None: sharing off,
+    or the turns share fewer than MIN_SHARED_PREFIX tokens (each row then forwards whole)."""
+    ids = shared_prefix(turns) if share else None
+    return None if ids is None else PrefixKV(model, ids, grad)

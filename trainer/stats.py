@@ -1,0 +1,70 @@
+"""How sure an evaluation is: success rates with Wilson 95% intervals, and the paired interval of
+the difference between two models played on the same seeds (Newcombe's method 10).
+
+A rate from 30 episodes is +-15 points wide; these intervals go beside every rate the trainer,
+the flywheel and `sandbox eval` print, so a difference is read against its noise.
+"""
+from __future__ import annotations
+
+import math
+
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion; (0, 1) when n is 0. Unlike the normal
+    interval it stays inside [0, 1] and is not zero-width at 0 or n successes."""
+    if n < 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def rate(outcomes) -> dict:
+    """{"episodes": n, "success": rate, "ci95": [lo, hi]} of a list of bools (or 0/1)."""
+    outcomes = [bool(o) for o in outcomes]
+    n, k = len(outcomes), sum(outcomes)
+    lo, hi = wilson(k, n)
+    return {"episodes": n, "success": k / n if n else 0.0, "ci95": [lo, hi]}
+
+
+def paired_difference(first, second, z: float = Z95) -> dict:
+    """The difference second - first of two success rates measured on the same tasks (the same
+    seeds, episode i of each on the same task), with Newcombe's (1998) method-10 interval, which
+    uses the pairing: two models that fail the same hard seeds differ by less noise than two
+    independent samples would. Returns {"episodes", "first", "second", "diff", "ci95": [lo, hi],
+    "discordant": [first only, second only]}."""
+    first, second = [bool(x) for x in first], [bool(x) for x in second]
+    if len(first) != len(second):
+        raise ValueError(f"paired outcomes need the same episodes: {len(first)} vs {len(second)}")
+    n = len(first)
+    if n == 0:
+        raise ValueError("paired_difference needs at least one episode")
+    a = sum(f and s for f, s in zip(first, second))
+    b = sum(f and not s for f, s in zip(first, second))  # first succeeded, second failed
+    c = sum(s and not f for f, s in zip(first, second))
+    d = n - a - b - c
+    p1, p2 = (a + b) / n, (a + c) / n
+    l1, u1 = wilson(a + b, n, z)
+    l2, u2 = wilson(a + c, n, z)
+    denom = math.sqrt((a + b) * (c + d) * (a + c) * (b + d))
+    if denom == 0:
+        phi = 0.0
+    else:  # with the continuity correction Newcombe applies when ad > bc
+        num = a * d - b * c
+        phi = (max(num - n / 2, 0.0) if num > 0 else num) / denom
+    theta = p1 - p2
+    lo = theta - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    hi = theta + math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
+    return {"episodes": n, "first": p1, "second": p2, "diff": p2 - p1, "ci95": [-hi, -lo], "discordant": [b, c]}
+
+
+def fmt_rate(r: dict) -> str:
+    """'0.42 [0.35, 0.49] (n=200)' for a rate() dict."""
+    lo, hi = r["ci95"]
+    return f"{r['success']:.2f} [{lo:.2f}, {hi:.2f}] (n={r['episodes']})"

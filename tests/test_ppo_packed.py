@@ -45,7 +45,7 @@ def test_micro_batches_group_sorted_turns_under_the_token_budget():
     with pytest.raises(ValueError, match="micro_batch_tokens must be >= 0"):
         micro_batches(turns, -1)
     # None: sequential on a CPU (packing measured slower there), packed on an accelerator
-    assert (budget_for(None, "cpu"), budget_for(None, "cuda"), budget_for(300, "cpu")) == (0, 8192, 300)
+    assert (budget_for(None, "cpu"), budget_for(None, "cuda"), budget_for(300, "cpu")) == (2048, 8192, 300)
 
 
 def test_packed_scoring_equals_one_turn_per_forward(tiny_any_dir, one_thread):  # noqa: F811
@@ -109,12 +109,13 @@ def test_a_shared_prefix_is_text_all_turns_share_and_leaves_each_row_its_first_p
 
 def test_a_pack_of_turns_with_pixels_scores_like_each_turn(tiny_vlm_dir, one_thread):  # noqa: F811
     """With the vision tower trained, the turns carry pixel_values: collated, they are
-    concatenated in row order with their image_grid_thw."""
+    concatenated in row order with their image_grid_thw (and with a shared prefix, they go with
+    the suffix)."""
     import torch
 
     from agent.vlm import action_logprobs, load_vlm
     from trainer.ppo import PPOConfig, prepare_turns
-    from trainer.ppo_batch import Pack, pad_token_id
+    from trainer.ppo_batch import Pack, pack_logprobs, pad_token_id, prefix_kv
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     turns = prepare_turns(_episodes(model, proc, n=2), proc, model, PPOConfig(train_vision=True))
@@ -123,9 +124,12 @@ def test_a_pack_of_turns_with_pixels_scores_like_each_turn(tiny_vlm_dir, one_thr
     assert p.inputs["image_grid_thw"].shape[0] == sum(tb.inputs["image_grid_thw"].shape[0] for tb in turns)
     with torch.no_grad():
         packed = p.split(action_logprobs(model, p.inputs, p.target)[p.target])
-        for tb, lp in zip(turns, packed):
+        kv = prefix_kv(model, turns, share=True)  # the pixels go with the suffix: the prefix is text
+        shared = p.split(pack_logprobs(model, p, prefix=kv))
+        for tb, lp, lp_shared in zip(turns, packed, shared):
             alone = action_logprobs(model, tb.inputs, tb.target)[tb.target]
             assert torch.allclose(alone, lp, atol=1e-5), (alone - lp).abs().max()
+            assert torch.allclose(alone, lp_shared, atol=1e-5), (alone - lp_shared).abs().max()
 
 
 def test_packed_update_matches_the_sequential_update(tiny_any_dir, one_thread):  # noqa: F811

@@ -3,7 +3,8 @@ per second, sequential (today's path: one env, one episode, a batch-of-one `gene
 re-encodes every screenshot each turn) against batched (trainer.episodes.EpisodeRunner over
 `--envs` sandbox processes, one batched generation per round, each screenshot preprocessed and
 encoded once); and learner generated-tokens per second, sequential (one turn per forward,
-PPOConfig.micro_batch_tokens = 0) against packed (padded micro-batches of many turns).
+PPOConfig.micro_batch_tokens = 0, share_prefix off) against packed (padded micro-batches of many
+turns, the prompt start they share forwarded once).
 
     python tests/bench/bench_throughput.py [--envs 32 --episodes 48 --learner-batch 16 --repeats 2] [--json]
 
@@ -57,18 +58,21 @@ def rollouts(model_dir, tickets, n_envs: int, batched: bool, max_new_tokens: int
 
 
 def learner(model_dir, trajs, micro_batch_tokens: int, repeats: int) -> dict:
+    """micro_batch_tokens 0: today's sequential learner (one turn per forward, nothing shared);
+    else packed micro-batches with the shared prompt prefix forwarded once."""
     from trainer.ppo import Learner, PPOConfig
     from trainer.sft import load_for_training
 
     tokens = seconds = 0.0
     for _ in range(repeats):
         model, processor = load_for_training(model_dir, "cpu")
-        lrn = Learner(model, processor, PPOConfig(epochs=1, lr=1e-5, micro_batch_tokens=micro_batch_tokens))
+        lrn = Learner(model, processor, PPOConfig(epochs=1, lr=1e-5, micro_batch_tokens=micro_batch_tokens,
+                                                  share_prefix=micro_batch_tokens > 0))
         m = lrn.update(trajs)
         lrn.close()
         tokens += m["policy_tokens"]
         seconds += m["learner_seconds"]
-    label = "sequential (baseline)" if micro_batch_tokens == 0 else f"packed, {micro_batch_tokens} tokens"
+    label = "sequential (baseline)" if micro_batch_tokens == 0 else f"packed, {micro_batch_tokens} tokens, shared prefix"
     return {"path": label, "turns": sum(len(t.turns) for t in trajs) * repeats, "tokens": tokens, "seconds": seconds,
             "tokens_per_s": tokens / seconds}
 

@@ -130,8 +130,35 @@ _SPECS = [
 
 REGISTRY: dict[str, ActionSpec] = {s.name: s for s in _SPECS}
 
-# Hotkeys that can lose work; the risky gate asks before them.
-DESTRUCTIVE_HOTKEYS = frozenset({"alt f4", "ctrl w", "ctrl q", "ctrl shift delete", "shift delete", "ctrl alt delete", "cmd q", "cmd w"})
+# Other spellings of named keys that models write (UI-TARS-desktop's parser accepts these), and
+# the one name each becomes, so that the gate, the executors and training data see one spelling.
+KEY_ALIASES = {
+    "control": "ctrl", "option": "alt", "command": "cmd", "super": "win", "meta": "win", "escape": "esc",
+    "del": "delete", "return": "enter", "arrowup": "up", "arrowdown": "down", "arrowleft": "left",
+    "arrowright": "right", "pgup": "pageup", "pgdn": "pagedown", "page_up": "pageup", "page_down": "pagedown",
+}
+MODIFIER_ORDER = ("ctrl", "alt", "shift", "cmd", "win")
+
+
+def canonical_keys(text: str) -> str:
+    """A key chord in one spelling: 'Control+Shift+Del' and 'shift ctrl delete' both give
+    'ctrl shift delete' (aliases resolved, 'page down' joined, modifiers first in a fixed order)."""
+    words = str(text).replace("+", " ").lower().split()
+    keys, i = [], 0
+    while i < len(words):
+        if words[i] == "page" and i + 1 < len(words) and words[i + 1] in ("up", "down"):
+            keys.append("page" + words[i + 1])
+            i += 2
+            continue
+        keys.append(KEY_ALIASES.get(words[i], words[i]))
+        i += 1
+    mods = [m for m in MODIFIER_ORDER if m in keys]
+    return " ".join(mods + [k for k in keys if k not in MODIFIER_ORDER])
+
+
+# Hotkeys that can lose work (in canonical_keys spelling); the risky gate asks before them.
+DESTRUCTIVE_HOTKEYS = frozenset({"alt f4", "ctrl w", "ctrl q", "ctrl shift delete", "shift delete", "ctrl alt delete",
+                                 "cmd q", "cmd w"})
 
 
 def actions_for(platform: str) -> list[ActionSpec]:
@@ -184,5 +211,5 @@ def is_risky(action: Action) -> bool:
     if spec.risky:
         return True
     if action.name == "hotkey":
-        return " ".join(str(action.args.get("key", "")).lower().split()) in DESTRUCTIVE_HOTKEYS
+        return canonical_keys(action.args.get("key", "")) in DESTRUCTIVE_HOTKEYS
     return False

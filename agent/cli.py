@@ -54,8 +54,8 @@ def parse_to_json(text: str, width: int, height: int, space: str, scale: float =
     from agent.grammar import parse_response, to_normalized
     from agent.schema import ScreenGeometry
 
-    if width <= 0 or height <= 0 or scale <= 0:
-        return {"error": f"--width, --height and --scale must be positive (got {width}, {height}, {scale})"}, False
+    if width <= 0 or height <= 0 or not (0 < scale < float("inf")):  # `not (...)` also catches NaN
+        return {"error": f"--width, --height and --scale must be positive finite numbers (got {width}, {height}, {scale})"}, False
     parsed = parse_response(text, platform)
     if not parsed:
         return {"error": parsed.reason}, False

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from agent import coords
-from agent.actions import REGISTRY, actions_for, validate
+from agent.actions import REGISTRY, actions_for, canonical_keys, validate
 from agent.schema import Action
 
 
@@ -54,6 +54,9 @@ def parse_point(text: str) -> tuple[float, float] | str:
     """A point from any coordinate form UI-TARS models write; a box gives its centre.
     Returns the reason as a string when it cannot be read."""
     s = str(text).replace("<|box_start|>", "").replace("<|box_end|>", "").strip()
+    # one space for every run: the patterns' optional separators then cannot backtrack over long
+    # whitespace runs (a malformed box with 200-space runs took 32 s before)
+    s = re.sub(r"\s+", " ", s)
     for pattern in (_BBOX, _POINT, _BRACKETED, _BARE):
         m = pattern.match(s)
         if m:
@@ -105,18 +108,30 @@ class _CallReader:
                 out.append(_ESCAPES.get(nxt, "\\" + nxt))
                 self.i += 2
                 continue
-            if c == q:
-                # A quote closes the value only where a ',' or ')' follows; otherwise it is
-                # an unescaped quote inside the text (it's), which models do write.
-                j = self.i + 1
-                while j < len(self.s) and self.s[j] in " \t":
-                    j += 1
-                if j >= len(self.s) or self.s[j] in ",)":
-                    self.i += 1
-                    return "".join(out)
+            if c == q and self._closes(self.i + 1):
+                self.i += 1
+                return "".join(out)
             out.append(c)
             self.i += 1
         raise _Syntax(f"unterminated quote in argument {key!r} of {name}(...): the response was cut off or a quote is missing")
+
+    _NEXT_ARG = re.compile(r"\s*(?:[A-Za-z_][A-Za-z0-9_]{0,63}\s*=|['\"(<\[\-+0-9]|\))")
+    _NEXT_CALL = re.compile(r"\s*(?:$|[A-Za-z_][A-Za-z0-9_]{0,63}\s*\()")
+
+    def _closes(self, j: int) -> bool:
+        """Does the quote just before j close the value? Only where the call goes on from there:
+        ', key=...' or another argument, or ')' followed by the end or the next call. Otherwise it
+        is a quote inside the text, unescaped, which models write (it's, print('hi'), 'yes'),
+        and UI-TARS's own parser keeps as text."""
+        while j < len(self.s) and self.s[j] in " \t":
+            j += 1
+        if j >= len(self.s):
+            return True
+        if self.s[j] == ",":
+            return bool(self._NEXT_ARG.match(self.s, j + 1))
+        if self.s[j] == ")":
+            return bool(self._NEXT_CALL.match(self.s, j + 1))
+        return False
 
     def bare(self) -> str:
         depth, start = 0, self.i
@@ -194,7 +209,7 @@ def _build_action(name: str, args: list[tuple[str | None, str]]) -> Action | str
                 return f"{name}: {p.name}: {pt}"
             out[p.name] = pt
         elif p.kind == "key":
-            out[p.name] = " ".join(value.replace("+", " ").lower().split())
+            out[p.name] = canonical_keys(value)
         elif p.kind == "direction":
             out[p.name] = value.strip().lower()
         else:
@@ -241,6 +256,12 @@ def _parse(text, platform):
     text = re.sub(r"^```[a-zA-Z]*\s*$", "", text, flags=re.MULTILINE)
     sec = _sections(text)
     if "Action" not in sec:
+        # 'Action:' after other text on its line ("I'll open it. Action: click(...)", as in
+        # UI-TARS-desktop's fixtures): the last one starts the action, as their parser reads it
+        at = max(text.rfind("Action:"), text.rfind("Action："))
+        if at > 0:
+            sec = _sections(text[:at] + "\n" + text[at:])
+    if "Action" not in sec:
         return ParseError("no 'Action:' section in the response", raw)
     body = sec["Action"].strip()
     if not body:
@@ -260,8 +281,10 @@ def _parse(text, platform):
         return ParseError(str(e), raw)
     if not actions:
         return ParseError("no action found in the 'Action:' section", raw)
+    # a Reflection / Action_Summary reply has no Thought: its summary is the thought (as UI-TARS parses it)
+    thought = sec.get("Thought", sec.get("Action_Summary", "")).strip()
     return ParsedResponse(
-        thought=sec.get("Thought", "").strip(),
+        thought=thought,
         actions=actions,
         reflection=(sec["Reflection"].strip() if "Reflection" in sec else None),
         summary=(sec["Action_Summary"].strip() if "Action_Summary" in sec else None),

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 import zipfile
+
+import pytest
 from pathlib import Path
 
 from factories import make_episode
@@ -124,3 +126,11 @@ def test_import_episode_json_with_image_files(tmp_path):
     st = Store(tmp_path / "dst")
     ep = st.load_episode(doc["id"])
     assert st.get_blob(ep.steps[0].observation.screenshot) == (tmp_path / "shot.png").read_bytes()
+
+
+@pytest.mark.parametrize("scale", ["nan", "inf", "0"])
+def test_parse_refuses_a_scale_that_is_not_a_positive_finite_number(scale):
+    r = run("parse", "--width", "100", "--height", "100", "--scale", scale, stdin="Action: click(start_box='(5,5)')")
+    assert r.returncode == 2
+    error = json.loads(r.stdout)["error"]
+    assert "--scale must be positive finite numbers" in error and error.endswith(f"{float(scale)})")

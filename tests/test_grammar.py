@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.actions import REGISTRY, validate
+from agent.actions import REGISTRY, canonical_keys, validate
 from agent.grammar import (
     ParseError,
     format_action,
@@ -198,7 +198,9 @@ def test_format_then_parse_golden(text, action):
 _texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
 _coord = st.integers(min_value=0, max_value=4000).map(float)
 _point = st.tuples(_coord, _coord)
-_keys = st.lists(st.sampled_from(["ctrl", "alt", "shift", "enter", "a", "z", "1", "f5", "tab"]), min_size=1, max_size=3).map(" ".join)
+# chords in their one spelling (agent.actions.canonical_keys), which is what parsing gives back
+_keys = st.lists(st.sampled_from(["ctrl", "alt", "shift", "enter", "a", "z", "1", "f5", "tab"]), min_size=1,
+                 max_size=3).map(" ".join).map(canonical_keys)
 
 
 @st.composite
@@ -252,3 +254,64 @@ def test_system_prompt_lists_the_registry():
 def test_parse_point_reports_reason():
     assert isinstance(parse_point("nowhere"), str)
     assert parse_point("<bbox>0 0 10 20</bbox>") == (5.0, 10.0)
+
+
+# ---------------------------------------------------------------- hostile and real-world outputs
+
+
+def test_malformed_box_with_long_whitespace_runs_parses_in_linear_time():
+    """A reply that made the box patterns backtrack for 32 s (nested optional separators over
+    whitespace) is refused at once."""
+    import time
+
+    text = "Thought: x\nAction: click(start_box='(1" + " " * 200 + "1" + " " * 200 + "1" + " " * 200 + "x')"
+    t0 = time.perf_counter()
+    out = parse_response(text)
+    assert time.perf_counter() - t0 < 0.1
+    assert not out and "cannot read coordinates" in out.reason
+    assert parse_response("Action: click(start_box='(1 ,    2)')").actions[0].args["start_box"] == (1.0, 2.0)
+
+
+@pytest.mark.parametrize("text,thought,actions", [
+    # 'Action:' in the middle of a line, as in UI-TARS-desktop's own fixtures
+    ("点击登录按钮 Action: click(start_box='(200,300,400,500)')", "", [("click", {"start_box": (300.0, 400.0)})]),
+    ("Thought: I'll open it. Action: click(start_box='(10,20)')", "I'll open it.", [("click", {"start_box": (10.0, 20.0)})]),
+    # unescaped quotes inside type content, which UI-TARS's reference parser repairs
+    ("Thought: t\nAction: type(content='I said 'yes', then left')", "t", [("type", {"content": "I said 'yes', then left"})]),
+    ("Thought: t\nAction: type(content='print('hi')')", "t", [("type", {"content": "print('hi')"})]),
+    ("Thought: t\nAction: type(content='it's')\n\nhotkey(key='enter')", "t",
+     [("type", {"content": "it's"}), ("hotkey", {"key": "enter"})]),
+    # key names other tools write
+    ("Action: hotkey(key='arrowdown')", "", [("hotkey", {"key": "down"})]),
+    ("Action: hotkey(key='ArrowLeft')", "", [("hotkey", {"key": "left"})]),
+    ("Action: hotkey(key='pgdn')", "", [("hotkey", {"key": "pagedown"})]),
+    ("Action: hotkey(key='page down')", "", [("hotkey", {"key": "pagedown"})]),
+    ("Action: hotkey(key='Shift+Control+T')", "", [("hotkey", {"key": "ctrl shift t"})]),
+    # Reflection / Action_Summary replies: the summary is the thought
+    ("Reflection: the menu did not open\nAction_Summary: click Settings again\nAction: click(start_box='(5,5)')",
+     "click Settings again", [("click", {"start_box": (5.0, 5.0)})]),
+    ("Action_Summary: press enter\nAction: hotkey(key='return')", "press enter", [("hotkey", {"key": "enter"})]),
+])
+def test_real_model_outputs_parse_as_ui_tars_parses_them(text, thought, actions):
+    out = parse_response(text)
+    assert out, out
+    assert out.thought == thought
+    assert [(a.name, a.args) for a in out.actions] == actions
+
+
+def test_a_quote_followed_by_a_real_next_argument_still_closes_the_value():
+    out = parse_response("Action: scroll(start_box='(1,2)', direction='down')")
+    assert out.actions[0].args == {"start_box": (1.0, 2.0), "direction": "down"}
+    out = parse_response("Action: type(content='a, b', )")
+    assert out.actions[0].args == {"content": "a, b"}
+
+
+@pytest.mark.parametrize("key", ["control w", "Control+Q", "shift del", "ctrl alt del", "option f4", "alt ctrl delete",
+                                 "shift control delete", "command q"])
+def test_hotkeys_spelled_otherwise_are_as_risky_as_the_listed_ones(key):
+    from agent.actions import is_risky
+
+    assert is_risky(Action("hotkey", {"key": key}))
+    parsed = parse_response(f"Action: hotkey(key='{key}')")
+    assert is_risky(parsed.actions[0])
+    assert not is_risky(Action("hotkey", {"key": "ctrl c"}))

@@ -2,7 +2,14 @@
 between machines; and import of plain episode JSON whose screenshots are image files.
 
 Import validates everything (schema, every blob's hash) before it writes anything, so a corrupt
-or truncated file is refused whole, with the reason, and the store is left as it was.
+or truncated file is refused whole, with the reason, and the store is left as it was; the
+episodes of a file are saved in one transaction. A file is untrusted input:
+- a bundle's members are read in chunks against limits (MAX_MEMBER_BYTES each, MAX_TOTAL_BYTES in
+  all, a compression ratio of at most MAX_RATIO: a 1 MB zip that inflates to gigabytes is refused
+  before it is inflated), encrypted or unknown-compression members are refused by name, and only
+  blobs an episode refers to are kept;
+- an episode JSON's screenshot paths must lie inside the JSON file's folder (symlinks resolved)
+  and be image files: a path to ~/.bashrc or /proc/self/environ imports nothing.
 """
 from __future__ import annotations
 
@@ -16,6 +23,51 @@ from agent.store import Store, sha256
 
 class ImportError_(Exception):
     """A file that cannot be imported, and why."""
+
+
+MAX_MEMBER_BYTES = 256 * 2**20  # one blob (a long audio take is the largest a recording makes)
+MAX_TOTAL_BYTES = 4 * 2**30  # everything a bundle inflates to
+MAX_RATIO = 100  # inflated / compressed, per member; screenshots barely compress, JSON ~10x
+MAX_MEMBERS = 200_000
+MAX_IMAGE_BYTES = 64 * 2**20  # a screenshot file named by an episode JSON
+IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"RIFF", b"GIF8", b"BM")
+
+
+def _load_json(data: bytes, where: str):
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ImportError_(f"{where}: not UTF-8 text ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ImportError_(f"{where}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise ImportError_(f"{where}: JSON nested too deeply") from None
+
+
+def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, budget: list[int]) -> bytes:
+    """A member's bytes, refused past the limits whatever its header claims."""
+    name = info.filename
+    if info.flag_bits & 0x1:
+        raise ImportError_(f"{path}: member {name} is encrypted")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA):
+        raise ImportError_(f"{path}: member {name} uses an unknown compression method ({info.compress_type})")
+    ratio_limit = max(info.compress_size * MAX_RATIO, 8 * 2**20) if info.compress_type != zipfile.ZIP_STORED else MAX_MEMBER_BYTES
+    limit = min(MAX_MEMBER_BYTES, budget[0], ratio_limit)
+    if info.file_size > limit:
+        raise ImportError_(f"{path}: member {name} inflates to {info.file_size} bytes, over the limit of {limit} "
+                           f"(a compression bomb or an oversized file)")
+    out, n = [], 0
+    try:
+        with z.open(info) as f:
+            while chunk := f.read(1 << 20):
+                n += len(chunk)
+                if n > limit:  # the header lied about the size
+                    raise ImportError_(f"{path}: member {name} inflates past the limit of {limit} bytes")
+                out.append(chunk)
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, ValueError) as e:
+        raise ImportError_(f"{path}: member {name} is corrupt or unreadable ({e})") from None
+    budget[0] -= n
+    return b"".join(out)
 
 
 def write_bundle(store: Store, out_path, episode_ids) -> dict:
@@ -38,35 +90,38 @@ def _read_bundle(path: Path) -> tuple[list[Episode], dict[str, bytes]]:
         z = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as e:
         raise ImportError_(f"{path}: not a readable Tandem bundle ({e})") from None
-    episodes, blobs = [], {}
+    episodes, blobs, budget = [], {}, [MAX_TOTAL_BYTES]
     with z:
-        for info in z.infolist():
+        infos = z.infolist()
+        if len(infos) > MAX_MEMBERS:
+            raise ImportError_(f"{path}: {len(infos)} members, over the limit of {MAX_MEMBERS}")
+        for info in infos:  # the episodes first: they say which blobs are wanted
             name = info.filename
-            try:
-                data = z.read(info)
-            except (zipfile.BadZipFile, OSError, EOFError) as e:
-                raise ImportError_(f"{path}: member {name} is corrupt ({e})") from None
-            if name.startswith("blobs/") and len(name) > 6:
-                h = name[6:]
-                if sha256(data) != h:
-                    raise ImportError_(f"{path}: blob {h} does not match its content hash")
-                blobs[h] = data
-            elif name.startswith("episodes/") and name.endswith(".json"):
+            if name.startswith("episodes/") and name.endswith(".json"):
                 try:
-                    episodes.append(Episode.from_dict(json.loads(data)))
-                except (json.JSONDecodeError, SchemaError) as e:
+                    episodes.append(Episode.from_dict(_load_json(_read_member(z, info, path, budget), f"{path}: {name}")))
+                except SchemaError as e:
                     raise ImportError_(f"{path}: {name}: {e}") from None
+        wanted = set().union(*(ep.blob_hashes() for ep in episodes)) if episodes else set()
+        for info in infos:
+            name = info.filename
+            if name.startswith("blobs/") and name[6:] in wanted:
+                data = _read_member(z, info, path, budget)
+                if sha256(data) != name[6:]:
+                    raise ImportError_(f"{path}: blob {name[6:]} does not match its content hash")
+                blobs[name[6:]] = data
     return episodes, blobs
 
 
 def _read_episode_json(path: Path, store: Store) -> tuple[list[Episode], dict[str, bytes]]:
     """A JSON episode (or JSONL of episodes) whose screenshot fields are hashes already in the
     store or paths of image files relative to the JSON file."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        docs = [json.loads(text)] if path.suffix == ".json" else [json.loads(l) for l in text.splitlines() if l.strip()]
-    except json.JSONDecodeError as e:
-        raise ImportError_(f"{path}: not valid JSON: {e}") from None
+    raw = path.read_bytes()
+    if path.suffix == ".json":
+        docs = [_load_json(raw, str(path))]
+    else:
+        docs = [_load_json(line, f"{path} line {k + 1}") for k, line in enumerate(raw.splitlines()) if line.strip()]
+    base = path.parent.resolve()
     episodes, blobs = [], {}
     for doc in docs:
         for s in doc.get("steps", []) if isinstance(doc, dict) else []:
@@ -75,10 +130,17 @@ def _read_episode_json(path: Path, store: Store) -> tuple[list[Episode], dict[st
                 ref = obs.get(key)
                 if not ref or (len(ref) == 64 and store.has_blob(ref)):
                     continue
-                img = (path.parent / ref).resolve()
+                where = f"{path}: step {s.get('index')}: {key} {ref!r}"
+                img = (base / str(ref)).resolve()
+                if not img.is_relative_to(base):
+                    raise ImportError_(f"{where} lies outside the JSON file's folder {base}; nothing was imported")
                 if not img.is_file():
-                    raise ImportError_(f"{path}: step {s.get('index')}: {key} {ref!r} is neither a stored blob nor a file")
+                    raise ImportError_(f"{where} is neither a stored blob nor a file")
+                if img.stat().st_size > MAX_IMAGE_BYTES:
+                    raise ImportError_(f"{where} is larger than {MAX_IMAGE_BYTES} bytes")
                 data = img.read_bytes()
+                if not data.startswith(IMAGE_MAGIC):
+                    raise ImportError_(f"{where} is not an image file (PNG, JPEG, WebP, GIF or BMP)")
                 h = sha256(data)
                 blobs[h] = data
                 obs[key] = h
@@ -106,8 +168,9 @@ def import_file(store: Store, path) -> dict:
     for data in blobs.values():
         store.put_blob(data)
     replaced = 0
-    for ep in episodes:
-        if store.has_episode(ep.id):
-            replaced += 1
-        store.save_episode(ep)
+    with store.transaction():  # the file's episodes all, or none
+        for ep in episodes:
+            if store.has_episode(ep.id):
+                replaced += 1
+            store.save_episode(ep)
     return {"episodes": len(episodes), "replaced": replaced, "blobs": len(blobs)}

@@ -13,6 +13,17 @@ def _store(args):
     return Store(args.data) if getattr(args, "data", None) else Store()
 
 
+def _missing_store(args) -> str | None:
+    """For commands that only read: the reason to stop when --data names a folder that holds no
+    Tandem data (a typo would otherwise create an empty store and report nothing in it)."""
+    from pathlib import Path
+
+    data = getattr(args, "data", None)
+    if data and not (Path(data) / "tandem.db").is_file():
+        return f"{data} holds no Tandem data (no tandem.db there); check the --data path"
+    return None
+
+
 def register(sub, common) -> None:
     p = sub.add_parser(
         "parse",
@@ -97,6 +108,10 @@ def cmd_export(args) -> int:
     from agent.export import export_jsonl
     from agent.store import NotFound
 
+    missing = _missing_store(args)
+    if missing:
+        print(f"export failed: {missing}", file=sys.stderr)
+        return 2
     store = _store(args)
     ids = args.episodes or [e.id for e in store.list_episodes(route=args.route)]
     try:
@@ -117,6 +132,13 @@ def cmd_export(args) -> int:
 
 
 def cmd_info(args) -> int:
+    missing = _missing_store(args)
+    if missing:  # nothing is created; an empty answer, said plainly
+        print(f"warning: {missing}", file=sys.stderr)
+        c = {"episodes": 0, "steps": 0, "blobs": 0, "blob_bytes": 0, "by_kind": {}, "by_route": {}, "data": args.data,
+             "exists": False}
+        print(json.dumps(c) if args.json else f"data location: {args.data} (empty: no Tandem data there)")
+        return 0
     store = _store(args)
     c = store.counts()
     c["data"] = str(store.root)
@@ -133,6 +155,10 @@ def cmd_info(args) -> int:
 
 
 def cmd_check(args) -> int:
+    missing = _missing_store(args)
+    if missing:
+        print(f"check failed: {missing}", file=sys.stderr)
+        return 2
     store = _store(args)
     problems = store.check()
     for p in problems:

@@ -134,3 +134,22 @@ def test_parse_refuses_a_scale_that_is_not_a_positive_finite_number(scale):
     assert r.returncode == 2
     error = json.loads(r.stdout)["error"]
     assert "--scale must be positive finite numbers" in error and error.endswith(f"{float(scale)})")
+
+
+def test_a_mistyped_data_folder_is_said_and_not_created(tmp_path):
+    typo = tmp_path / "tandem-dta"
+    r = run("info", "--data", str(typo))
+    assert r.returncode == 0 and "holds no Tandem data" in r.stderr and "empty" in r.stdout
+    r = run("info", "--json", "--data", str(typo))
+    assert json.loads(r.stdout)["exists"] is False
+    for cmd in (("check",), ("export", "--out", str(tmp_path / "x.zip"))):
+        r = run(*cmd, "--data", str(typo))
+        assert r.returncode == 2 and "holds no Tandem data" in r.stderr
+    assert not typo.exists()
+
+
+def test_record_refuses_a_bad_rate_before_creating_a_store(tmp_path):
+    data = tmp_path / "new"
+    r = run("record", "--instruction", "x", "--fps", "100", "--data", str(data))
+    assert r.returncode != 0 and "fps must be in (0, 60], got 100.0" in r.stderr
+    assert not data.exists()

@@ -52,6 +52,12 @@ class RecorderConfig:
     producer: str | None = None
     password_fields: bool = True  # mask keys while the platform says a password field is focused
 
+    def __post_init__(self):  # refused when made, before any store or thread exists
+        if not 0 < self.fps <= 60:
+            raise RecorderError(f"fps must be in (0, 60], got {self.fps}")
+        if not 1 <= self.quality <= 100:
+            raise RecorderError(f"quality must be in [1, 100], got {self.quality}")
+
 
 class RecordingSession:
     """start() -> (pause()/resume()/add_note()/set_secret())* -> stop() -> the saved Episode.

@@ -1,0 +1,156 @@
+"""Importing untrusted files: an episode JSON cannot pull in files outside its folder, a zip bomb
+is refused before it inflates, unreferenced blobs are not written, malformed members give an
+error naming them, and a refused file leaves the store as it was. Real files, a real store."""
+from __future__ import annotations
+
+import json
+import zipfile
+
+import pytest
+
+from agent.bundle import ImportError_, import_file, write_bundle
+from agent.store import Store, sha256
+from factories import make_episode, screenshot_png
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "data") as s:
+        yield s
+
+
+def _episode_json(tmp_path, store, screenshot_ref) -> "Path":  # noqa: F821
+    src = Store(tmp_path / "src")
+    ep = make_episode(src, n_steps=1)
+    src.close()
+    doc = ep.to_dict()
+    doc["steps"][0]["observation"]["screenshot"] = screenshot_ref
+    folder = tmp_path / "upload"
+    folder.mkdir(exist_ok=True)
+    path = folder / "episode.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("where", ["absolute", "parent", "symlink"])
+def test_episode_json_cannot_name_files_outside_its_folder(tmp_path, store, where):
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(screenshot_png(40, 30, label="private"))  # even a real image is refused
+    if where == "absolute":
+        ref = str(secret)
+    elif where == "parent":
+        ref = "../secret.png"
+    else:
+        (tmp_path / "upload").mkdir()
+        (tmp_path / "upload" / "shot.png").symlink_to(secret)
+        ref = "shot.png"
+    path = _episode_json(tmp_path, store, ref)
+    with pytest.raises(ImportError_, match="outside the JSON file's folder"):
+        import_file(store, path)
+    assert store.counts()["episodes"] == 0 and not list(store.blob_dir.rglob("*/*"))
+
+
+def test_episode_json_refuses_a_non_image_file(tmp_path, store):
+    path = _episode_json(tmp_path, store, "notes.txt")
+    (path.parent / "notes.txt").write_text("API_KEY=hunter2\n")
+    with pytest.raises(ImportError_, match="not an image file"):
+        import_file(store, path)
+    assert store.counts()["episodes"] == 0
+
+
+def test_episode_json_with_its_screenshot_beside_it_imports(tmp_path, store):
+    path = _episode_json(tmp_path, store, "shots/one.png")
+    (path.parent / "shots").mkdir()
+    png = screenshot_png(40, 30, label="mine")
+    (path.parent / "shots" / "one.png").write_bytes(png)
+    assert import_file(store, path)["episodes"] == 1
+    assert store.get_blob(sha256(png)) == png
+
+
+def test_zip_bomb_is_refused_before_it_inflates(tmp_path, store):
+    """A member of 300 MB of zeros deflates to ~300 KB; its header says so, and even a reader
+    that trusted no header would stop at the ratio limit."""
+    bomb = tmp_path / "bomb.zip"
+    fake = "0" * 64
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        with z.open(f"blobs/{fake}", "w", force_zip64=True) as f:
+            chunk = b"\0" * (1 << 20)
+            for _ in range(300):
+                f.write(chunk)
+        z.writestr("episodes/x.json", json.dumps({"id": "x"}))
+    assert bomb.stat().st_size < 2 * 2**20
+    with pytest.raises(ImportError_):
+        import_file(store, bomb)
+    assert store.counts()["episodes"] == 0 and not list(store.blob_dir.rglob("*/*"))
+    # the blob itself, wanted by an episode, is refused by its inflated size
+    src = Store(tmp_path / "src")
+    ep = make_episode(src, n_steps=1)
+    want = next(iter(ep.blob_hashes()))
+    src.close()
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr(f"episodes/{ep.id}.json", json.dumps(ep.to_dict()))
+        with z.open(f"blobs/{want}", "w", force_zip64=True) as f:
+            for _ in range(300):
+                f.write(b"\0" * (1 << 20))
+    with pytest.raises(ImportError_, match="compression bomb|over the limit"):
+        import_file(store, bomb)
+    assert store.counts()["episodes"] == 0
+
+
+def test_unreferenced_blobs_are_not_written(tmp_path, store):
+    src = Store(tmp_path / "src")
+    ep = make_episode(src, n_steps=2)
+    bundle = tmp_path / "b.zip"
+    write_bundle(src, bundle, [ep.id])
+    src.close()
+    with zipfile.ZipFile(bundle, "a") as z:
+        for k in range(50):
+            data = f"junk {k}".encode()
+            z.writestr(f"blobs/{sha256(data)}", data)
+    res = import_file(store, bundle)
+    assert res["episodes"] == 1 and res["blobs"] == len(ep.blob_hashes())
+    assert len(list(store.blob_dir.rglob("*/*"))) == len(ep.blob_hashes())
+
+
+def test_a_bundle_with_one_bad_episode_imports_nothing(tmp_path, store):
+    src = Store(tmp_path / "src")
+    good = make_episode(src, n_steps=1)
+    bundle = tmp_path / "b.zip"
+    write_bundle(src, bundle, [good.id])
+    src.close()
+    with zipfile.ZipFile(bundle, "a") as z:
+        z.writestr("episodes/zz-bad.json", json.dumps({"id": "bad", "steps": "not a list"}))
+    with pytest.raises(ImportError_, match="zz-bad.json"):
+        import_file(store, bundle)
+    assert store.counts()["episodes"] == 0
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"\xff\xfe not utf-8", "not UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b"{not json", "not valid JSON"),
+])
+def test_malformed_members_are_named(tmp_path, store, content, needle):
+    bundle = tmp_path / "b.zip"
+    with zipfile.ZipFile(bundle, "w") as z:
+        z.writestr("episodes/e1.json", content)
+    with pytest.raises(ImportError_, match=needle):
+        import_file(store, bundle)
+    path = tmp_path / "e.json"
+    path.write_bytes(content)
+    with pytest.raises(ImportError_, match=needle):
+        import_file(store, path)
+
+
+def test_encrypted_member_is_refused_by_name(tmp_path, store):
+    bundle = tmp_path / "b.zip"
+    with zipfile.ZipFile(bundle, "w") as z:
+        z.writestr("episodes/e1.json", b"{}")
+    raw = bytearray(bundle.read_bytes())
+    for sig in (b"PK\x03\x04", b"PK\x01\x02"):  # set the encrypted flag in both headers
+        at = raw.find(sig)
+        flag_at = at + (6 if sig == b"PK\x03\x04" else 8)
+        raw[flag_at] |= 0x1
+    bundle.write_bytes(bytes(raw))
+    with pytest.raises(ImportError_, match="e1.json is encrypted"):
+        import_file(store, bundle)

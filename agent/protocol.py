@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +46,7 @@ CLOSE_POLICY = 1008  # authentication failed, too many errors
 CLOSE_PROTOCOL = 1002  # version mismatch, garbage in the handshake
 
 ERROR_CODES = (
-    "bad_json", "bad_message", "bad_version", "unknown_type", "bad_field", "too_large",
+    "bad_json", "bad_text", "bad_message", "bad_version", "unknown_type", "bad_field", "too_large",
     "auth_required", "auth_failed", "forbidden", "not_found", "bad_state", "hash_mismatch",
     "unexpected_blob", "bad_episode", "bad_manifest", "conflict", "overloaded", "internal",
     "too_many_errors",
@@ -185,6 +186,9 @@ class Decoded:
     error: tuple[str, str] | None = None  # (code, reason)
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
 def decode_message(text: str, limits: Limits = Limits()) -> Decoded:
     if len(text) > limits.max_text:
         return Decoded(error=("too_large", f"control message of {len(text)} characters exceeds {limits.max_text}"))
@@ -192,6 +196,12 @@ def decode_message(text: str, limits: Limits = Limits()) -> Decoded:
         obj = json.loads(text)
     except (ValueError, RecursionError) as e:
         return Decoded(error=("bad_json", f"not JSON: {str(e)[:120]}"))
+    if _SURROGATE_ESCAPE.search(text):  # "\ud800" alone decodes to text no UTF-8 frame can carry on
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return Decoded(error=("bad_text", "the message holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                                              "which is not text"))
     if not isinstance(obj, dict):
         return Decoded(error=("bad_message", f"a message must be a JSON object, got {type(obj).__name__}"))
     v = obj.get("v")
@@ -543,6 +553,10 @@ class ServerConnection(Connection):
             return self._fail("bad_episode", f"episode does not validate: {e}", ref=ref, detail={"episode_id": str(ep.get("id"))[:200]})
         if not _is_id(parsed.id):
             return self._fail("bad_episode", f"episode id must be a short non-empty string, got {_short(parsed.id)}", ref=ref)
+        if not isinstance(parsed.revision, int) or isinstance(parsed.revision, bool) or parsed.revision < 0:
+            # an ack carries the revision, and acks take non-negative ones: refuse it here, not store it unacked
+            return self._fail("bad_episode", f"episode revision must be a non-negative integer, got {_short(parsed.revision)}",
+                              ref=ref, detail={"episode_id": parsed.id})
         digest = content_hash(ep)
         if digest != body["content_hash"]:
             return self._fail("bad_manifest", f"content_hash {body['content_hash']} does not match the episode ({digest})", ref=ref, detail={"episode_id": parsed.id})

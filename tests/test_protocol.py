@@ -87,6 +87,7 @@ def test_blob_over_the_limit():
 @pytest.mark.parametrize("text, code", [
     ("{not json", "bad_json"),
     ("[" * 100000, "bad_json"),  # recursion depth, not a crash
+    ('{"v": 1, "type": "hello", "token": "a\\ud800b"}', "bad_text"),  # a lone surrogate cannot be sent on as UTF-8
     ("[1, 2]", "bad_message"),
     ('{"type": "hello", "token": "x"}', "bad_version"),
     ('{"v": 2, "type": "hello", "token": "x"}', "bad_version"),
@@ -325,6 +326,9 @@ def test_bad_manifests(store):
     bad = {**d, "steps": [{"index": "x"}]}
     ev = s.receive_text(msg("manifest", episode=bad, blobs=[], content_hash=P.content_hash(bad)))[0]
     assert ev.code == "bad_episode"
+    bad = {**d, "revision": -1}  # it could be stored but never acknowledged (acks take revisions >= 0)
+    ev = s.receive_text(msg("manifest", episode=bad, blobs=hs, content_hash=P.content_hash(bad)))[0]
+    assert ev.code == "bad_episode" and "revision must be a non-negative integer, got -1" in ev.reason
 
 
 def test_unexpected_and_corrupt_blobs():

@@ -420,3 +420,77 @@ def test_protocol_errors_over_the_wire_leave_the_server_up(backend):
 
 def test_websockets_version_pinned():
     assert websockets.__version__.startswith("17.")
+
+
+def test_revoked_then_readded_admin_loses_its_idle_admin_session(tmp_path, backend):
+    """`backend user revoke root` then `backend user add root --role annotator` (another store
+    connection, as the command line's): root's old idle admin session is cut within the sweep
+    period without sending anything, and cannot create users."""
+    from trainer.backend_store import BackendStore
+    from trainer.server import REVOCATION_CHECK_S
+
+    async def run():
+        old = await Session.open(backend.url, backend.tokens["root"])
+        cli = BackendStore(tmp_path / "backend")  # the command line's own connection
+        cli.revoke_user("root")
+        new_token = cli.add_user("root", "annotator")
+        cli.close()
+        await asyncio.sleep(REVOCATION_CHECK_S * 2.5)  # the old session says nothing meanwhile
+        with pytest.raises((SyncError, asyncio.TimeoutError, RequestRefused)):
+            await old.request("user_add", name="mallory", role="admin", timeout=5)
+        await old.close()
+        fresh = await Session.open(backend.url, new_token)
+        role = fresh.role
+        with pytest.raises(RequestRefused):
+            await fresh.request("user_add", name="mallory", role="admin", timeout=5)
+        await fresh.close()
+        return role
+
+    assert asyncio.run(run()) == "annotator"
+    assert "mallory" not in {u.name for u in backend.store.users()}
+
+
+def test_a_connection_that_never_says_hello_is_closed(backend, monkeypatch):
+    import trainer.server as server
+
+    monkeypatch.setattr(server, "HELLO_TIMEOUT_S", 0.5)
+
+    async def run():
+        async with connect(backend.url) as ws:
+            t0 = time.monotonic()
+            with pytest.raises(websockets.ConnectionClosed) as e:
+                await asyncio.wait_for(ws.recv(), 10)
+            return time.monotonic() - t0, e.value.rcvd.code if e.value.rcvd else None
+
+    waited, code = asyncio.run(run())
+    assert waited < 5 and code == 1008
+
+
+def test_naming_another_users_blob_hash_does_not_make_it_readable(tmp_path, backend):
+    """ann2 uploads an episode that names ann's screenshot by hash without having it: the server
+    asks ann2 for the data (the proof of having it) instead of taking the hash as present, so the
+    upload cannot finish and the blob stays unreadable to ann2."""
+    mine = local(tmp_path, "a")
+    ep_a = make_episode(mine, 1)
+    Outbox(mine).submit(ep_a.id)
+    assert sync(mine, backend, "ann").ok
+    h_a = sorted(ep_a.blob_hashes())[0]
+    forged = {**ep_a.to_dict(), "id": "forged-episode"}
+
+    async def as_ann2():
+        s = await Session.open(backend.url, backend.tokens["ann2"])
+        s.conn.upload(forged, ref="m1")
+        await s.flush()
+        ev = await s.next_event(timeout=10)
+        with pytest.raises(RequestRefused) as e:
+            await s.get_blob(h_a)
+        await s.close()
+        return ev, e.value.code
+
+    need, refused = asyncio.run(as_ann2())
+    assert isinstance(need, P.BlobsNeeded) and h_a in need.hashes
+    assert refused == "forbidden"
+    assert backend.store.owner_of("forged-episode") is None
+    # ann's own re-upload still skips what ann already sent
+    Outbox(mine).submit(ep_a.id)
+    assert sync(mine, backend, "ann").blobs_sent == 0

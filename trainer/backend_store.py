@@ -45,6 +45,7 @@ class User:
     role: str
     created_at: float
     revoked_at: float | None
+    token_id: str | None = None  # the token a session authenticated with (a new token is a new identity)
 
     @property
     def active(self) -> bool:
@@ -92,6 +93,8 @@ class BackendStore:
                      "content_hash": str, "status": str}, pk="id")
             if "models" not in names:
                 self.db["models"].create({"version": str, "info": str, "announced_at": float}, pk="version")
+            if "blob_uploads" not in names:  # who sent which blob's bytes: proof of having them (missing_blobs)
+                self.db["blob_uploads"].create({"hash": str, "user": str}, pk=("hash", "user"))
 
     def _query(self, sql: str, params=()) -> list[dict]:
         with self.store.transaction():
@@ -125,11 +128,19 @@ class BackendStore:
         r = rows[0]
         if r["revoked_at"] is not None:
             raise BackendError("auth_failed", f"the token of user {r['name']!r} was revoked")
-        return User(r["name"], r["role"], r["created_at"], None)
+        return User(r["name"], r["role"], r["created_at"], None, r["token_id"])
 
     def is_active(self, name: str) -> bool:
         rows = self._query("SELECT revoked_at FROM users WHERE name = ?", [name])
         return bool(rows) and rows[0]["revoked_at"] is None
+
+    def sessions_still_valid(self, users: list[User]) -> list[bool]:
+        """Per authenticated user: is the token it came in with still the name's live token, with
+        the same role? Revoking a name and adding it again (even by the command line, on another
+        process) issues a new token, and the old sessions lose everything they had."""
+        rows = {r["name"]: r for r in self._query("SELECT name, role, token_id, revoked_at FROM users")}
+        return [(r := rows.get(u.name)) is not None and r["revoked_at"] is None and r["token_id"] == u.token_id
+                and r["role"] == u.role for u in users]
 
     def revoke_user(self, name: str) -> None:
         with self.store.transaction():
@@ -165,14 +176,32 @@ class BackendStore:
         with self.store.transaction():
             return self._verdict(self._current(episode_id), user, revision, digest)
 
-    def missing_blobs(self, hashes) -> list[str]:
-        return [h for h in hashes if not self.store.has_blob(h)]
+    def missing_blobs(self, hashes, user: User | None = None) -> list[str]:
+        """The blobs an upload must send. An annotator reads only blobs of its own episodes, so a
+        blob it names that it has neither in its episodes nor sent before must be sent: sending it
+        is the proof that it has the content (the hash is checked on receipt). Naming the hash of
+        another user's screenshot would otherwise make it readable."""
+        if user is None or user.role != "annotator":
+            return [h for h in hashes if not self.store.has_blob(h)]
+        hashes = list(hashes)
+        mine = set()
+        for at in range(0, len(hashes), 500):
+            part = hashes[at: at + 500]
+            marks = ",".join("?" * len(part))
+            mine |= {r["hash"] for r in self._query(
+                "SELECT DISTINCT r.hash FROM blob_refs r JOIN episode_owners o ON o.episode_id = r.episode_id "
+                f"WHERE o.owner = ? AND r.hash IN ({marks}) "
+                f"UNION SELECT hash FROM blob_uploads WHERE user = ? AND hash IN ({marks})",
+                [user.name, *part, user.name, *part])}
+        return [h for h in hashes if h not in mine or not self.store.has_blob(h)]
 
-    def put_blob(self, data: bytes) -> str:
+    def put_blob(self, data: bytes, user: User | None = None) -> str:
         """Write a received blob (temp file, rename) without waiting for the disk: the
         sync_blobs() before the episode's commit makes the whole batch durable with one flush,
-        instead of one fsync per screenshot."""
+        instead of one fsync per screenshot. With a user, remember that it sent these bytes."""
         digest = sha256(data)
+        if user is not None:
+            self.db.execute("INSERT OR IGNORE INTO blob_uploads (hash, user) VALUES (?, ?)", [digest, user.name])
         path = self.store.blob_path(digest)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ from trainer.backend_store import BackendError, BackendStore, User
 log = logging.getLogger("tandem.backend")
 SERVER_NAME = "tandem-backend/1"
 REVOCATION_CHECK_S = 1.0  # how stale a session's view of its own token may be
+HELLO_TIMEOUT_S = 10.0  # a connection that has not said hello by then is closed
 SUPERVISOR_ROLES = ("supervisor", "admin")
 WRITE_AHEAD = 32 * 2**20  # bytes of received blobs a session may have queued for the disk
 
@@ -41,6 +42,7 @@ class Session:
     writes: list = field(default_factory=list)  # (future, bytes) of blob writes in flight
     tasks: set = field(default_factory=set)  # ingest-and-ack tasks in flight
     dropped: bool = False
+    opened: float = field(default_factory=time.monotonic)
 
 
 @dataclass(eq=False)
@@ -65,6 +67,7 @@ class BackendServer:
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="backend-writer")
         self._inflight: set[asyncio.Future] = set()
         self._server = None
+        self._sweeper = None
         self.stats = {"connections": 0, "acks": 0, "errors": 0, "blobs": 0, "blob_bytes": 0}
 
     # ------------------------------------------------------------ lifecycle
@@ -74,10 +77,43 @@ class BackendServer:
             max_size=self.limits.max_frame + 1024, max_queue=self.max_queue, close_timeout=3,
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return self.port
+
+    async def _sweep(self) -> None:
+        """Every REVOCATION_CHECK_S: cut sessions whose token was revoked or replaced by any route
+        (the protocol, `backend user revoke` from another process), idle ones included, so a
+        revoked supervisor stops receiving live screenshots at once; and close connections that
+        never said hello."""
+        while True:
+            await asyncio.sleep(REVOCATION_CHECK_S)
+            now = time.monotonic()
+            for s in [s for s in self.sessions if s.user is None and not s.dropped and now - s.opened > HELLO_TIMEOUT_S]:
+                s.dropped = True
+                asyncio.get_running_loop().create_task(s.ws.close(1008, "no hello"))
+            authed = [s for s in self.sessions if s.user is not None and not s.dropped]
+            if not authed:
+                continue
+            try:
+                valid = await self._io(self.store.sessions_still_valid, [s.user for s in authed])
+            except Exception as e:  # noqa: BLE001 - a store hiccup must not end the sweeper
+                log.error("revocation sweep failed: %s", e)
+                continue
+            for s, ok in zip(authed, valid):
+                if not ok:
+                    self._cut(s, f"the token of user {s.user.name!r} was revoked")
+
+    def _cut(self, s: Session, reason: str) -> None:
+        """End another session now: tell it why, then close."""
+        s.conn.reject(reason)
+        self._push(s)
+        s.dropped = True
+        asyncio.get_running_loop().create_task(s.ws.close(1008, "token revoked"))
 
     async def stop(self) -> None:
         """Stop accepting, close every connection, finish the writes in flight, close the store."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -193,7 +229,7 @@ class BackendServer:
     async def _write_blob(self, s: Session, data: bytes) -> None:
         """Queue the write and read on: the writer thread runs jobs in order, so the episode's
         ingest (queued later) finds its blobs written. Bounded by WRITE_AHEAD bytes per session."""
-        fut = asyncio.get_running_loop().run_in_executor(self._writer, self.store.put_blob, data)
+        fut = asyncio.get_running_loop().run_in_executor(self._writer, self.store.put_blob, data, s.user)
         self._inflight.add(fut)
         fut.add_done_callback(self._inflight.discard)
         fut.add_done_callback(lambda f: f.cancelled() or f.exception() and log.error("blob write failed: %s", f.exception()))
@@ -220,7 +256,7 @@ class BackendServer:
         if time.monotonic() - s.checked_at < REVOCATION_CHECK_S:
             return True
         s.checked_at = time.monotonic()
-        if await self._io(self.store.is_active, s.user.name):
+        if (await self._io(self.store.sessions_still_valid, [s.user]))[0]:
             return True
         s.conn.reject(f"the token of user {s.user.name!r} was revoked")
         return False
@@ -236,7 +272,7 @@ class BackendServer:
             s.conn.ack(m.episode_id, m.revision, m.content_hash, status, ref=m.ref)
             self.stats["acks"] += 1
             return
-        missing = await self._io(self.store.missing_blobs, m.blobs)
+        missing = await self._io(self.store.missing_blobs, m.blobs, s.user)
         if missing:
             s.conn.need(m, missing)
         else:
@@ -309,10 +345,7 @@ class BackendServer:
             await self._io(self.store.revoke_user, b["name"])
             for other in list(self.sessions):  # revocation takes effect at once on this server
                 if other.user and other.user.name == b["name"] and other is not s:
-                    other.conn.reject(f"the token of user {b['name']!r} was revoked")
-                    self._push(other)
-                    other.dropped = True
-                    asyncio.get_running_loop().create_task(other.ws.close(1008, "token revoked"))
+                    self._cut(other, f"the token of user {b['name']!r} was revoked")
             s.conn.send("ok", what=t, ref=ref)
         else:
             raise BackendError("unknown_type", f"{t!r} is not a request the server answers")

@@ -46,7 +46,9 @@ def register(sub, common) -> None:
     p.add_argument("--platform", choices=("desktop", "android"), default="desktop")
     p.add_argument("--serial", help="android: the device serial (default: $ANDROID_SERIAL or the only device)")
     p.add_argument("--monitor", type=int, default=1, help="desktop: mss monitor index (1 = primary, 0 = all)")
-    p.add_argument("--tools-root", metavar="DIR", help="also give the agent the terminal and files, confined to DIR")
+    p.add_argument("--tools-root", metavar="DIR", help="also give the agent the terminal and files: read_file/write_file stay inside DIR; "
+                        "run_command starts in DIR but runs with your rights and is NOT confined (a command can "
+                        "cd out); the gate asks before every tool action")
     p.add_argument("--image-format", choices=("png", "jpeg"), default="jpeg", help="screenshots in the store (default jpeg q90; png is lossless and about 10x slower)")
     p.add_argument("--hotkey", default=DEFAULT_HOTKEY, help=f"kill-switch hotkey in pynput notation (default {DEFAULT_HOTKEY})")
     p.add_argument("--no-kill-switch", action="store_true", help="do not listen for the kill-switch hotkey")

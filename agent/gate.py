@@ -24,6 +24,25 @@ GATE_MODES = ("auto", "risky", "all")
 DECISIONS = ("approve", "edit", "reject", "takeover", "stop")
 
 
+# application classes (WM_CLASS) of terminal emulators, lower case; a window whose class or title
+# names one of these, or whose title says "terminal", runs what is typed into it
+TERMINAL_APPS = ("xterm", "uxterm", "rxvt", "urxvt", "gnome-terminal", "konsole", "xfce4-terminal", "terminator",
+                 "tilix", "alacritty", "kitty", "wezterm", "foot", "lxterminal", "mate-terminal", "qterminal",
+                 "terminology", "st-256color", "iterm", "windowsterminal", "powershell", "cmd.exe", "terminal")
+
+
+def terminal_window(observation) -> str | None:
+    """The terminal the observation's focused window is (its class or title), or None."""
+    fw = getattr(observation, "extra", {}).get("focused_window") if observation is not None else None
+    if not fw:
+        return None
+    for field_ in (fw.get("app"), fw.get("title")):
+        low = (field_ or "").lower()
+        if any(t in low for t in TERMINAL_APPS):
+            return field_
+    return None
+
+
 class GateError(ValueError):
     pass
 
@@ -123,6 +142,8 @@ class Gate:
                 return f"risky action: {a.name}" + (f" {a.args.get('key')!r}" if a.name == "hotkey" else "")
             if a.name == "type" and observation is not None and getattr(observation, "extra", {}).get("password_focused"):
                 return "typing into a password field"
+            if a.name == "type" and (term := terminal_window(observation)):
+                return f"typing into a terminal window ({term}): the text may run as a command"
         return None
 
     def review(self, request: GateRequest) -> Decision:

@@ -13,7 +13,7 @@ SUDO=""
 debs=(libxcb-icccm4 libxcb-keysyms1 libxcb-xinerama0 libxcb-cursor0 libxkbcommon-x11-0 libegl1 libgl1
       libfontconfig1 libdbus-1-3 libpulse0 libportaudio2 xdotool scrot
       dbus-daemon at-spi2-core)  # the accessibility bus: the recorder asks it whether a password field is focused
-[ $want_test -eq 1 ] && debs+=(xvfb espeak-ng sox pulseaudio pulseaudio-utils libasound2-plugins)
+[ $want_test -eq 1 ] && debs+=(xvfb espeak-ng sox pulseaudio pulseaudio-utils libasound2-plugins xterm)  # xterm: the gate's terminal test
 if command -v apt-get >/dev/null; then
   missing=()
   for d in "${debs[@]}"; do dpkg -s "$d" >/dev/null 2>&1 || missing+=("$d"); done

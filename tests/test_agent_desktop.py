@@ -263,3 +263,57 @@ def test_cli_publish_lets_a_remote_supervisor_edit_the_click(target, xdisplay, t
     s0 = ep.steps[0]
     assert s0.provenance.source == "corrected" and s0.provenance.decided_by == "alice"
     assert s0.provenance.proposal_action.name == "click"
+
+
+class RejectAll:
+    """A supervisor that says no to every step it is asked about, and remembers why it was asked."""
+
+    def __init__(self):
+        self.why = []
+
+    def decide(self, request):
+        self.why.append(request.why)
+        return Decision.reject("not in a terminal", by="tester")
+
+    def take_over(self, request):
+        raise AssertionError("not used")
+
+
+def test_risky_gate_asks_before_typing_into_a_terminal(xdisplay, desktop, store, tmp_path):
+    """A replayed reply types `rm -rf victim` + Enter; the focused window is a real xterm. The
+    default gate ('risky') asks first, the supervisor says no, and the folder is still there."""
+    import shutil
+
+    if not shutil.which("xterm"):
+        pytest.fail("xterm is not installed: run `bash packaging/install.sh --test` first")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("precious")
+    def start():
+        return subprocess.Popen(["xterm", "-geometry", "200x60+0+0", "-title", "shell", "-e", "bash", "--norc",
+                                 "--noprofile"], cwd=tmp_path, env={**os.environ, "DISPLAY": xdisplay})
+
+    term, restarts = start(), 0
+    try:
+        deadline = time.time() + 15
+        while time.time() < deadline:  # wait for the window, then put the pointer on it (focus follows it)
+            found = subprocess.run(["xdotool", "search", "--name", "^shell$"], capture_output=True, text=True).stdout
+            if found.strip():
+                break
+            if term.poll() is not None and restarts < 2:  # seen once: a first xterm that could not open the display
+                term, restarts = start(), restarts + 1
+            time.sleep(0.1)
+        assert found.strip(), "the xterm window did not come up"
+        subprocess.run(["xdotool", "mousemove", "400", "300"], check=True)
+        time.sleep(0.5)
+        frame = desktop.observe()
+        assert "xterm" in (frame.extra.get("focused_window", {}).get("app") or "").lower()
+        sup = RejectAll()
+        policy = ReplayPolicy(["Thought: Clean up.\nAction: type(content='rm -rf victim\\n')", "Action: finished()"])
+        AgentLoop(policy, desktop, store=store, gate=Gate("risky", sup), config=LoopConfig(max_steps=3)).run("Tidy up")
+        time.sleep(1.0)
+        assert sup.why and "terminal" in sup.why[0]
+        assert (victim / "keep.txt").read_text() == "precious"
+    finally:
+        term.terminate()
+        term.wait(5)

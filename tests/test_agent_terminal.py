@@ -86,3 +86,27 @@ def test_release_ends_a_running_command(term):
     th.join(5)
     assert not th.is_alive() and time.monotonic() - t0 < 1.0
     assert result["exit_code"] != 0
+
+
+def test_write_file_never_follows_a_link_planted_at_its_temporary_name(term, tmp_path):
+    """The old writer used the fixed name .NAME.tandem-tmp; a link planted there sent the content
+    outside the root. Every plausible temporary name is planted here; nothing outside changes."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("untouched")
+    for name in (".notes.txt.tandem-tmp", ".notes.txt.tandem-tmp.tmp", "notes.txt.tmp"):
+        os.symlink(outside, term.root / name)
+    term.write_file("notes.txt", "hello")
+    assert (term.root / "notes.txt").read_text() == "hello" and not (term.root / "notes.txt").is_symlink()
+    assert outside.read_text() == "untouched"
+
+
+def test_commands_are_said_not_to_be_confined(term):
+    """run_command starts inside the root but a shell can leave it; the help says so plainly."""
+    import subprocess
+    import sys
+
+    out = term.run_command("cd .. && pwd")
+    assert out["output"].strip() == str(term.root.parent)  # not confined: documented, not hidden
+    helptext = subprocess.run([sys.executable, "main.py", "agent", "--help"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout
+    assert "NOT confined" in " ".join(helptext.split())

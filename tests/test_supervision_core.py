@@ -184,3 +184,28 @@ def test_decision_log_and_stats_over_real_runs():
 def test_stats_of_nothing():
     st = decision_stats([])
     assert st.decisions == 0 and st.approval_rate is None and st.seconds_quantile(0.5) is None
+
+
+def test_terminal_windows_are_told_apart_from_others():
+    from types import SimpleNamespace
+
+    from agent.gate import Gate, terminal_window
+    from agent.policies.base import Proposal
+
+    def obs(title, app):
+        return SimpleNamespace(extra={"focused_window": {"title": title, "app": app}})
+
+    assert terminal_window(obs("bash", "XTerm")) == "XTerm"
+    assert terminal_window(obs("me@host: ~/src", "gnome-terminal-server")) == "gnome-terminal-server"
+    assert terminal_window(obs("Terminal - me@box", None)) == "Terminal - me@box"
+    assert terminal_window(obs("Untitled - Notes", "gedit")) is None
+    assert terminal_window(SimpleNamespace(extra={})) is None and terminal_window(None) is None
+
+    class Ask:
+        def decide(self, request):
+            raise AssertionError("not used")
+
+    typing = Proposal("type it", [Action("type", {"content": "ls\n"})], "", None)
+    gate = Gate("risky", Ask())
+    assert "terminal window (XTerm)" in gate.why_ask(typing, obs("bash", "XTerm"))
+    assert gate.why_ask(typing, obs("Untitled - Notes", "gedit")) is None

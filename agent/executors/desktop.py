@@ -69,6 +69,7 @@ class DesktopExecutor:
         self._last: Frame | None = None
         self.password_fields = password_fields
         self._password = None  # agent.password_focus.PasswordFocus, started with the first observation
+        self._focus = None  # agent.focused_window.FocusedWindow, opened with the first observation
 
     # ---------------------------------------------------------------- lazy back ends
     def _pyautogui(self):
@@ -122,6 +123,13 @@ class DesktopExecutor:
             pixels = bgra[:, :, :3]  # a view; encode_pixels copies it
         geometry = self.geometry_for(mon, grab.width, grab.height)
         self._last = Frame(geometry=geometry, pixels=pixels, bgr=True, time=t)
+        if self._focus is None:
+            from agent.focused_window import FocusedWindow
+
+            self._focus = FocusedWindow()
+        title, app = self._focus.get()  # the gate asks before typing into a terminal
+        if title or app:
+            self._last.extra["focused_window"] = {"title": title, "app": app}
         if self.password_fields:
             if self._password is None:
                 from agent.password_focus import PasswordFocus
@@ -314,6 +322,9 @@ class DesktopExecutor:
         if self._password is not None:
             self._password.stop()
             self._password = None
+        if self._focus is not None:
+            self._focus.close()
+            self._focus = None
         if self._sct is not None:
             try:
                 self._sct.close()

@@ -1,15 +1,19 @@
 """Terminal and files: the report's GUI-SDK tools (run_command, read_file, write_file).
 
-Commands run in a working directory with a timeout and an output cap; files are read and
-written only inside an allowed root, and a path escaping it (.., absolute elsewhere, a symlink
-out) is refused with the path named. The gate always asks before these actions
-(agent.actions marks them risky); this module enforces the sandbox, not consent.
+Files are read and written only inside an allowed root: a path escaping it (.., absolute
+elsewhere, a symlink out) is refused with the path named, and a write goes through a fresh
+temporary file (created exclusively, never through a planted link) renamed over the target.
+Commands start in a working directory inside the root, with a timeout and an output cap, but a
+shell command runs with the user's rights and is NOT confined: `cd ..`, an absolute path or any
+program can reach outside the root. The gate always asks before these actions (agent.actions
+marks them risky): consent, not a sandbox, is what stands between a command and the machine.
 """
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 from agent.executors.base import ExecutionError, Frame
@@ -98,9 +102,16 @@ class TerminalExecutor:
         if len(data) > self.file_limit:
             raise ExecutionError(f"content for {path!r} is {len(data)} bytes, more than the limit of {self.file_limit}")
         full.parent.mkdir(parents=True, exist_ok=True)
-        tmp = full.with_name(f".{full.name}.tandem-tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, full)
+        self.resolve(str(full.parent))  # the folder made must still be inside the root
+        # O_EXCL under a random name: a link planted where a temporary file would go is never followed
+        fd, tmp = tempfile.mkstemp(dir=full.parent, prefix=f".{full.name}.", suffix=".tandem-tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, full)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return {"path": str(full), "bytes": len(data)}
 
     def _kill_group(self):

@@ -11,10 +11,9 @@ and the session says so in the episode's meta (privacy.denylist_active = false).
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 
+from agent.focused_window import FocusedWindow  # noqa: F401  (re-exported: the recorder's denylist uses it)
 from app.recorder.errors import RecorderError
 
 DEFAULT_DENYLIST = (
@@ -74,78 +73,3 @@ class Denylist:
         return None
 
 
-class FocusedWindow:
-    """Reads the focused window's title and class on X11 (python-xlib), one connection per
-    instance: use it from one thread. Without a window manager, X focus follows the pointer
-    (PointerRoot), so the top-level window under the pointer is the focused one."""
-
-    def __init__(self):
-        self.available = sys.platform.startswith("linux") and bool(os.environ.get("DISPLAY"))
-        self._d = None
-
-    def _display(self):
-        if self._d is None:
-            from Xlib import display
-
-            self._d = display.Display()
-            self._net_active = self._d.intern_atom("_NET_ACTIVE_WINDOW")
-            self._net_name = self._d.intern_atom("_NET_WM_NAME")
-            self._utf8 = self._d.intern_atom("UTF8_STRING")
-        return self._d
-
-    def _name(self, w) -> tuple[str | None, str | None]:
-        title = None
-        try:
-            p = w.get_full_property(self._net_name, self._utf8)
-            if p is not None and p.value:
-                title = p.value.decode("utf-8", "replace") if isinstance(p.value, bytes) else str(p.value)
-            if not title:
-                n = w.get_wm_name()
-                title = n.decode("latin-1") if isinstance(n, bytes) else n
-            cls = w.get_wm_class()
-        except Exception:  # noqa: BLE001 - the window may vanish between the calls
-            return None, None
-        return title or None, (cls[1] if cls else None)
-
-    def _named_in(self, w, depth=0) -> tuple[str | None, str | None]:
-        """The first title found at w or below it (clients are often children of a frame)."""
-        title, cls = self._name(w)
-        if title or cls or depth > 3:
-            return title, cls
-        try:
-            children = w.query_tree().children
-        except Exception:  # noqa: BLE001
-            return None, None
-        for c in reversed(children):
-            title, cls = self._named_in(c, depth + 1)
-            if title or cls:
-                return title, cls
-        return None, None
-
-    def get(self) -> tuple[str | None, str | None]:
-        """(title, app class) of the focused window; (None, None) when unknown."""
-        if not self.available:
-            return None, None
-        try:
-            d = self._display()
-            root = d.screen().root
-            p = root.get_full_property(self._net_active, 0)  # a window manager's answer
-            if p is not None and p.value and p.value[0]:
-                return self._named_in(d.create_resource_object("window", p.value[0]))
-            focus = d.get_input_focus().focus
-            if isinstance(focus, int) or focus == root:  # PointerRoot / None: the window under the pointer
-                child = root.query_pointer().child
-                if not child:
-                    return None, None
-                return self._named_in(child)
-            return self._named_in(focus)
-        except Exception:  # noqa: BLE001 - no X, or a window gone: unknown, never a crash
-            return None, None
-
-    def close(self) -> None:
-        if self._d is not None:
-            try:
-                self._d.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self._d = None

@@ -49,7 +49,9 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a fresh temporary file (created exclusively beside it, so a
+    planted link is never followed), flushed to disk, then renamed over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
@@ -147,7 +149,7 @@ class Store:
         digest = sha256(data)
         path = self.blob_path(digest)
         if not path.exists():
-            _atomic_write(path, data)
+            atomic_write(path, data)
         return digest
 
     def has_blob(self, digest: str) -> bool:

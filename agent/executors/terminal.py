@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import tempfile
 from pathlib import Path
 
 from agent.executors.base import ExecutionError, Frame
 from agent.schema import Action, ScreenGeometry, monotonic
+from agent.store import atomic_write
 
 TOOL_ACTIONS = ("run_command", "read_file", "write_file")
 # A text observation has no pixels; this nominal geometry only keeps the schema's
@@ -103,15 +103,7 @@ class TerminalExecutor:
             raise ExecutionError(f"content for {path!r} is {len(data)} bytes, more than the limit of {self.file_limit}")
         full.parent.mkdir(parents=True, exist_ok=True)
         self.resolve(str(full.parent))  # the folder made must still be inside the root
-        # O_EXCL under a random name: a link planted where a temporary file would go is never followed
-        fd, tmp = tempfile.mkstemp(dir=full.parent, prefix=f".{full.name}.", suffix=".tandem-tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, full)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(full, data)  # an exclusive random temporary name: a planted link is never followed
         return {"path": str(full), "bytes": len(data)}
 
     def _kill_group(self):

@@ -494,3 +494,33 @@ def test_naming_another_users_blob_hash_does_not_make_it_readable(tmp_path, back
     # ann's own re-upload still skips what ann already sent
     Outbox(mine).submit(ep_a.id)
     assert sync(mine, backend, "ann").blobs_sent == 0
+
+
+def test_live_state_stays_bounded(backend):
+    """Open proposals of a run are capped (the newest kept), runs nobody follows any more are
+    dropped, and a frame larger than a hello before authenticating closes the connection."""
+    from trainer.server import MAX_PENDING_PER_RUN, PRE_AUTH_MAX_FRAME
+
+    async def run():
+        agent = await Session.open(backend.url, backend.tokens["ann"])
+        for i in range(MAX_PENDING_PER_RUN * 5):
+            await agent.propose("watched", f"p{i}", {"i": i}, b"x" * 1000)
+        await agent.request("list_episodes")
+        pending = backend.call(lambda: list(backend.server.runs["watched"].pending))
+        sup = await Session.open(backend.url, backend.tokens["sup"])
+        for k in range(50):
+            await sup.request("subscribe", run_id=f"gone-{k}")
+            await sup.request("unsubscribe", run_id=f"gone-{k}")
+        runs = backend.call(lambda: sorted(backend.server.runs))
+        await sup.close()
+        await agent.close()
+        async with connect(backend.url, compression=None, max_size=None) as ws:
+            await ws.send(b"\0" * (PRE_AUTH_MAX_FRAME * 4))
+            with pytest.raises(websockets.ConnectionClosed) as e:
+                await asyncio.wait_for(ws.recv(), 10)
+        return pending, runs, e.value.rcvd.code if e.value.rcvd else None
+
+    pending, runs, code = asyncio.run(run())
+    assert pending == [f"p{i}" for i in range(MAX_PENDING_PER_RUN * 4, MAX_PENDING_PER_RUN * 5)]
+    assert runs == ["watched"]
+    assert code == 1009  # message too big

@@ -27,6 +27,9 @@ log = logging.getLogger("tandem.backend")
 SERVER_NAME = "tandem-backend/1"
 REVOCATION_CHECK_S = 1.0  # how stale a session's view of its own token may be
 HELLO_TIMEOUT_S = 10.0  # a connection that has not said hello by then is closed
+PRE_AUTH_MAX_FRAME = 64 * 1024  # until hello succeeds a frame is a hello: larger ones close the connection
+MAX_PENDING_PER_RUN = 8  # open proposals a run keeps (an agent waits on one at a time; watched runs never decide)
+MAX_RUNS_PER_SESSION = 32  # runs one connection publishes or subscribes to
 SUPERVISOR_ROLES = ("supervisor", "admin")
 WRITE_AHEAD = 32 * 2**20  # bytes of received blobs a session may have queued for the disk
 
@@ -74,7 +77,9 @@ class BackendServer:
     async def start(self) -> int:
         self._server = await serve(
             self._handle, self.host, self.port, ssl=self.ssl, compression=None,
-            max_size=self.limits.max_frame + 1024, max_queue=self.max_queue, close_timeout=3,
+            # the full frame size only once a session is authenticated (_hello): 30 anonymous connections
+            # sending 60 MB frames held 760 MB before
+            max_size=PRE_AUTH_MAX_FRAME, max_queue=self.max_queue, close_timeout=3,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -246,6 +251,7 @@ class BackendServer:
             s.conn.reject(str(e))
             return
         s.checked_at = time.monotonic()
+        s.ws.protocol.max_message_size = self.limits.max_frame + 1024
         s.conn.accept(s.user.name, s.user.role, SERVER_NAME)
         latest = await self._io(self.store.latest_model)
         if latest:
@@ -361,6 +367,8 @@ class BackendServer:
                 self._push(sub)
 
     def _subscribe(self, s: Session, run_id: str, tell_claim: bool = True) -> None:
+        if run_id not in s.runs and len(s.runs) >= MAX_RUNS_PER_SESSION:
+            raise BackendError("too_large", f"a connection may follow at most {MAX_RUNS_PER_SESSION} runs")
         run = self._run(run_id)
         run.subscribers.add(s)
         s.runs.add(run_id)
@@ -376,6 +384,8 @@ class BackendServer:
             run.subscribers.discard(s)
             if run.claimer is s:
                 self._release(s, run_id)
+            if not run.subscribers and run.publisher is None and not run.pending:
+                del self.runs[run_id]  # nobody left: 60k subscribe/leave rounds leaked 37 MB before
 
     def _claim(self, s: Session, run_id: str) -> None:
         run = self._run(run_id)
@@ -394,12 +404,16 @@ class BackendServer:
             self._broadcast(run, lambda c: c.send("claimed", run_id=run_id, by=None), exclude=s)
 
     def _proposal(self, s: Session, ev: P.ProposalReceived) -> None:
+        if ev.run_id not in self.runs and sum(r.publisher is s for r in self.runs.values()) >= MAX_RUNS_PER_SESSION:
+            raise BackendError("too_large", f"a connection may publish at most {MAX_RUNS_PER_SESSION} runs")
         run = self._run(ev.run_id)
         if run.publisher is None:
             run.publisher = s
         elif run.publisher is not s:
             raise BackendError("forbidden", f"run {ev.run_id} is published by another connection")
         run.pending[ev.proposal_id] = (ev.step, ev.screenshot, ev.screenshot_data, s.user.name)
+        while len(run.pending) > MAX_PENDING_PER_RUN:  # only the newest are kept for late subscribers; a watched
+            del run.pending[next(iter(run.pending))]  # run's proposals are never decided (131 -> 803 MB before)
         for sub in list(run.subscribers):
             if not sub.dropped:
                 sub.conn.send_proposal(ev.run_id, ev.proposal_id, ev.step, ev.screenshot_data, sender=s.user.name)

@@ -176,6 +176,8 @@ class RecordPage(QWidget):
         self.state = "recording"
         self.timer.start()
         self._update_state()
+        if self.session is not None and self.session.warnings:
+            self._error("Warning: " + "; ".join(self.session.warnings))
 
     def _start_failed(self, exc) -> None:
         self.session = None

@@ -154,3 +154,24 @@ def test_password_state_is_answered_for_the_time_of_each_key():
     pf._set(False, 8.0)
     assert [pf.active_at(t) for t in (4.9, 5.0, 7.9, 8.0, 9.0)] == [False, True, True, False, False]
     assert len(pf._times) == 3 and not pf.active
+
+
+def test_a_recording_without_the_accessibility_bus_warns_the_annotator(xdisplay, store, monkeypatch):
+    """Masking turns itself off where nothing can say a password field is focused; the recorder
+    says so out loud (the CLI prints it, the Record page shows it), not only in the metadata."""
+    from app.recorder.session import RecorderConfig, RecordingSession
+
+    monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
+    monkeypatch.delenv("AT_SPI_BUS_ADDRESS", raising=False)
+    session = RecordingSession(store, "log in", RecorderConfig(fps=5))
+    session.start()
+    try:
+        assert session.warnings and "password fields are NOT masked" in session.warnings[0]
+        assert "no accessibility bus" in session.warnings[0]
+    finally:
+        ep = session.stop()
+    assert ep.meta["privacy"]["password_fields"]["watched"] is False
+    off = RecordingSession(store, "no masking asked", RecorderConfig(fps=5, password_fields=False))
+    off.start()
+    off.stop()
+    assert off.warnings == []  # masking switched off on purpose: nothing to warn about

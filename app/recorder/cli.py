@@ -95,6 +95,8 @@ def _record(args) -> int:
         session = RecordingSession(store, args.instruction, cfg,
                                    on_control=lambda name, t: print(f"[{name}]", file=sys.stderr, flush=True))
         ep = session.start()
+        for w in session.warnings:
+            print(f"warning: {w}", file=sys.stderr, flush=True)
         _say({"episode": ep.id, "status": "recording", "screen": ep.meta["screen"]})
         try:
             stop.wait(args.duration)

@@ -67,6 +67,7 @@ class RecordingSession:
     applied here before the callback."""
 
     def __init__(self, store, instruction: str, config: RecorderConfig | None = None, on_control=None):
+        self.warnings: list[str] = []  # said to the person once recording starts (start() fills it)
         if not instruction or not instruction.strip():
             raise RecorderError("a recording needs an instruction (what the task is)")
         self.store, self.instruction = store, instruction.strip()
@@ -141,6 +142,12 @@ class RecordingSession:
                         "password_fields": {"watched": bool(self.password and self.password.available),
                                             "how": self.password.reason if self.password else "off"}},
         }
+        # what a person must hear before they type anything private (the CLI prints, the app shows these)
+        self.warnings = []
+        if cfg.password_fields and not (self.password and self.password.available):
+            self.warnings.append("password fields are NOT masked: "
+                                 f"{self.password.reason if self.password else 'the check did not start'}; "
+                                 "use secret typing (Ctrl+Alt+Shift+S) for anything private")
         try:
             self.store.save_episode(self.episode)
             self.encoder.start()

@@ -137,7 +137,9 @@ def cmd_agent(args) -> int:
             store.close()
             return _fail("--publish needs --gate risky or all: with auto nobody is asked")
         url = args.server or store.get_setting("sync.server_url")
-        token = args.token or store.get_setting("sync.token")
+        from agent.secret_store import saved_secret
+
+        token = args.token or saved_secret(store, "sync.token")
         if not url or not token:
             store.close()
             return _fail("--publish needs a backend: run `python main.py sync --server URL --token T --save` or pass "

@@ -185,7 +185,9 @@ class MainWindow(QMainWindow):
             return None
         from app.sync.embedded import EMBEDDED_TOKEN_KEY
 
-        token = self.store.get_setting(EMBEDDED_TOKEN_KEY)
+        from agent.secret_store import saved_secret
+
+        token = saved_secret(self.store, EMBEDDED_TOKEN_KEY)
         return (self.sync_url, token) if token else None
 
     # ------------------------------------------------------------ sync
@@ -193,8 +195,10 @@ class MainWindow(QMainWindow):
         """Sync to the configured server, or to an embedded backend on loopback when none is."""
         from app.sync.qt_bridge import SyncBridge
 
+        from agent.secret_store import saved_secret
+
         url = self.server or self.store.get_setting("sync.server_url")
-        token = self.store.get_setting("sync.token")
+        token = saved_secret(self.store, "sync.token")
         if not url:
             from app.sync.embedded import start_embedded_backend
 

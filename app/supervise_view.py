@@ -48,7 +48,9 @@ class LiveEvents(QObject):
 def sync_credentials(store, window) -> tuple[str | None, str | None]:
     """The server and token the app syncs with (the embedded backend's when none is configured)."""
     url = getattr(window, "sync_url", None) or store.get_setting("sync.server_url")
-    token = store.get_setting("sync.token") or store.get_setting("sync.embedded_token")
+    from agent.secret_store import saved_secret
+
+    token = saved_secret(store, "sync.token") or saved_secret(store, "sync.embedded_token")
     return url, token
 
 

@@ -30,7 +30,10 @@ class SyncPage(QWidget):
         form = QFormLayout(box)
         self.url = QLineEdit(store.get_setting(SERVER_KEY) or "")
         self.url.setPlaceholderText("empty: the embedded backend on this machine")
-        self.token = QLineEdit(store.get_setting(TOKEN_KEY) or "")
+        from agent.secret_store import SecretStore
+
+        self.secrets = SecretStore(store.root)
+        self.token = QLineEdit(self.secrets.get(TOKEN_KEY, store) or "")
         self.token.setEchoMode(QLineEdit.Password)
         self.token.setPlaceholderText("the token `backend user add` printed")
         self.current = QLabel(self._describe())
@@ -76,7 +79,7 @@ class SyncPage(QWidget):
 
     def apply_settings(self) -> None:
         self.store.set_setting(SERVER_KEY, self.url.text().strip() or None)
-        self.store.set_setting(TOKEN_KEY, self.token.text().strip() or None)
+        self.secrets.set(TOKEN_KEY, self.token.text().strip() or None)  # the keyring or a 0600 file
         self.window.restart_sync()
         if self.window.sync is not None:
             self.window.sync.entry_changed.connect(self.status.update_entry)

@@ -19,7 +19,7 @@ def store(tmp_path):
         yield s
 
 
-def _episode_json(tmp_path, store, screenshot_ref) -> "Path":  # noqa: F821
+def _episode_json(tmp_path, store, screenshot_ref):
     src = Store(tmp_path / "src")
     ep = make_episode(src, n_steps=1)
     src.close()

@@ -14,6 +14,7 @@ from agent.store import Store, sha256
 from app.sync.client import Backoff, SyncClient
 from app.sync.outbox import Outbox
 from app.sync.session import RequestRefused, Session, SyncError
+from agent.secret_store import saved_secret
 from factories import make_episode, screenshot_png
 from trainer.server import start_in_thread
 
@@ -353,7 +354,8 @@ def test_embedded_backend(tmp_path):
     store = local(tmp_path)
     url, token, stop = start_embedded_backend(store)
     try:
-        assert url.startswith("ws://127.0.0.1:") and store.get_setting(EMBEDDED_TOKEN_KEY) == token
+        assert url.startswith("ws://127.0.0.1:") and saved_secret(store, EMBEDDED_TOKEN_KEY) == token
+        assert store.get_setting(EMBEDDED_TOKEN_KEY) is None  # never in tandem.db
         ep = make_episode(store, 2)
         Outbox(store).submit(ep.id)
         report = asyncio.run(SyncClient(store, url, token).sync(deadline=time.monotonic() + 10))

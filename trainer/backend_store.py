@@ -39,6 +39,13 @@ class BackendError(Exception):
         self.code = code
 
 
+DEFAULT_TOKEN_DAYS = 90  # a user token's lifetime unless `backend user add --days` says otherwise
+
+
+def _expired(row: dict) -> bool:
+    return row.get("expires_at") is not None and time.time() > row["expires_at"]
+
+
 @dataclass(frozen=True)
 class User:
     name: str
@@ -93,6 +100,8 @@ class BackendStore:
                      "content_hash": str, "status": str}, pk="id")
             if "models" not in names:
                 self.db["models"].create({"version": str, "info": str, "announced_at": float}, pk="version")
+            if "expires_at" not in self.db["users"].columns_dict:  # stores made before tokens expired
+                self.db["users"].add_column("expires_at", float)
             if "blob_uploads" not in names:  # who sent which blob's bytes: proof of having them (missing_blobs)
                 self.db["blob_uploads"].create({"hash": str, "user": str}, pk=("hash", "user"))
 
@@ -101,8 +110,11 @@ class BackendStore:
             return list(self.db.query(sql, params))
 
     # ------------------------------------------------------------ users
-    def add_user(self, name: str, role: str) -> str:
-        """Create (or re-activate a revoked) user; returns the token, which is not stored."""
+    def add_user(self, name: str, role: str, days: float | None = DEFAULT_TOKEN_DAYS) -> str:
+        """Create (or re-activate a revoked) user; returns the token, which is not stored. The token
+        expires after `days` (None or 0: never)."""
+        if days is not None and days < 0:
+            raise BackendError("bad_field", f"token lifetime must be >= 0 days, got {days}")
         if role not in ROLES:
             raise BackendError("bad_field", f"role must be one of {', '.join(ROLES)}, got {role!r}")
         if not name or len(name) > 200 or any(c.isspace() for c in name):
@@ -114,7 +126,8 @@ class BackendStore:
                 raise BackendError("conflict", f"user {name!r} already exists (revoke it first to issue a new token)")
             self.db["users"].upsert(
                 {"name": name, "role": role, "token_id": token_id, "salt": salt.hex(),
-                 "token_hash": _hash_secret(salt, secret), "created_at": time.time(), "revoked_at": None}, pk="name")
+                 "token_hash": _hash_secret(salt, secret), "created_at": time.time(), "revoked_at": None,
+                 "expires_at": time.time() + days * 86400 if days else None}, pk="name")
         return f"{TOKEN_PREFIX}_{token_id}_{secret}"
 
     def authenticate(self, token: str) -> User:
@@ -128,6 +141,10 @@ class BackendStore:
         r = rows[0]
         if r["revoked_at"] is not None:
             raise BackendError("auth_failed", f"the token of user {r['name']!r} was revoked")
+        if _expired(r):
+            raise BackendError("auth_failed", f"the token of user {r['name']!r} expired on "
+                                              f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(r['expires_at']))}; "
+                                              "an admin issues a new one (backend user revoke, then add)")
         return User(r["name"], r["role"], r["created_at"], None, r["token_id"])
 
     def is_active(self, name: str) -> bool:
@@ -138,9 +155,9 @@ class BackendStore:
         """Per authenticated user: is the token it came in with still the name's live token, with
         the same role? Revoking a name and adding it again (even by the command line, on another
         process) issues a new token, and the old sessions lose everything they had."""
-        rows = {r["name"]: r for r in self._query("SELECT name, role, token_id, revoked_at FROM users")}
+        rows = {r["name"]: r for r in self._query("SELECT name, role, token_id, revoked_at, expires_at FROM users")}
         return [(r := rows.get(u.name)) is not None and r["revoked_at"] is None and r["token_id"] == u.token_id
-                and r["role"] == u.role for u in users]
+                and r["role"] == u.role and not _expired(r) for u in users]
 
     def revoke_user(self, name: str) -> None:
         with self.store.transaction():

@@ -49,6 +49,8 @@ def register(sub, common) -> None:
     _data_arg(a)
     a.add_argument("name")
     a.add_argument("--role", required=True, choices=("annotator", "supervisor", "admin"))
+    a.add_argument("--days", type=float, default=None,
+                   help="the token expires after this many days (default 90; 0: never)")
     a.set_defaults(func=cmd_user_add)
     ls = uc.add_parser("list", help="list users, roles and revocations")
     _data_arg(ls)
@@ -66,11 +68,11 @@ def _store(args):
 
 
 def cmd_user_add(args) -> int:
-    from trainer.backend_store import BackendError
+    from trainer.backend_store import DEFAULT_TOKEN_DAYS, BackendError
 
     store = _store(args)
     try:
-        token = store.add_user(args.name, args.role)
+        token = store.add_user(args.name, args.role, DEFAULT_TOKEN_DAYS if args.days is None else args.days)
     except BackendError as e:
         print(f"user add failed: {e}", file=sys.stderr)
         return 2

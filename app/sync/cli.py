@@ -93,8 +93,11 @@ def cmd_sync(args) -> int:
     if args.status:
         print_status(outbox)
         return 0
+    from agent.secret_store import SecretStore
+
+    secrets = SecretStore(store.root)
     url = args.server or store.get_setting(SERVER_URL_KEY)
-    token = args.token or store.get_setting(TOKEN_KEY)
+    token = args.token or secrets.get(TOKEN_KEY, store)
     if args.server and not args.token and args.server != store.get_setting(SERVER_URL_KEY):
         token = None  # the saved token belongs to another server
     if url and not token:
@@ -102,7 +105,8 @@ def cmd_sync(args) -> int:
         return 2
     if args.save and args.server:
         store.set_setting(SERVER_URL_KEY, args.server)
-        store.set_setting(TOKEN_KEY, token)
+        secrets.set(TOKEN_KEY, token)  # the keyring, or a 0600 file: never tandem.db
+        print(f"sync: token saved in {secrets.where}", file=sys.stderr)
     stop_embedded = None
     if not url:
         from app.sync.embedded import start_embedded_backend

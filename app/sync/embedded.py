@@ -6,6 +6,7 @@ from agent.store import Store
 
 EMBEDDED_TOKEN_KEY = "sync.embedded_token"
 LOCAL_USER = "local"
+EMBEDDED_TOKEN_DAYS = 30
 
 
 def start_embedded_backend(store: Store, host: str = "127.0.0.1", port: int = 0):
@@ -15,9 +16,12 @@ def start_embedded_backend(store: Store, host: str = "127.0.0.1", port: int = 0)
     from trainer.backend_store import BackendError
     from trainer.server import start_in_thread
 
+    from agent.secret_store import SecretStore
+
     backend = start_in_thread(store.root / "backend", host, port)
     bstore = backend.store
-    token = store.get_setting(EMBEDDED_TOKEN_KEY)
+    secrets = SecretStore(store.root)
+    token = secrets.get(EMBEDDED_TOKEN_KEY, store)
     try:
         if not token:
             raise BackendError("auth_failed", "no token yet")
@@ -25,6 +29,6 @@ def start_embedded_backend(store: Store, host: str = "127.0.0.1", port: int = 0)
     except BackendError:
         if bstore.is_active(LOCAL_USER):
             bstore.revoke_user(LOCAL_USER)
-        token = bstore.add_user(LOCAL_USER, "admin")
-        store.set_setting(EMBEDDED_TOKEN_KEY, token)
+        token = bstore.add_user(LOCAL_USER, "admin", days=EMBEDDED_TOKEN_DAYS)  # re-issued here once expired
+        secrets.set(EMBEDDED_TOKEN_KEY, token)
     return backend.url, token, backend.stop

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 from pathlib import Path
 
 from agent.schema import Episode, SchemaError
@@ -44,6 +45,14 @@ def _load_json(data: bytes, where: str):
         raise ImportError_(f"{where}: JSON nested too deeply") from None
 
 
+def _episode(doc, where: str) -> Episode:
+    """An Episode from a decoded document, or ImportError_ naming what is wrong with it."""
+    try:
+        return Episode.from_dict(doc)
+    except (SchemaError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ImportError_(f"{where}: not a valid episode ({type(e).__name__}: {e})") from None
+
+
 def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, budget: list[int]) -> bytes:
     """A member's bytes, refused past the limits whatever its header claims."""
     name = info.filename
@@ -64,7 +73,7 @@ def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, budget: 
                 if n > limit:  # the header lied about the size
                     raise ImportError_(f"{path}: member {name} inflates past the limit of {limit} bytes")
                 out.append(chunk)
-    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, ValueError) as e:
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, ValueError, zlib.error) as e:
         raise ImportError_(f"{path}: member {name} is corrupt or unreadable ({e})") from None
     budget[0] -= n
     return b"".join(out)
@@ -88,7 +97,7 @@ def write_bundle(store: Store, out_path, episode_ids) -> dict:
 def _read_bundle(path: Path) -> tuple[list[Episode], dict[str, bytes]]:
     try:
         z = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as e:
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError) as e:
         raise ImportError_(f"{path}: not a readable Tandem bundle ({e})") from None
     episodes, blobs, budget = [], {}, [MAX_TOTAL_BYTES]
     with z:
@@ -98,10 +107,8 @@ def _read_bundle(path: Path) -> tuple[list[Episode], dict[str, bytes]]:
         for info in infos:  # the episodes first: they say which blobs are wanted
             name = info.filename
             if name.startswith("episodes/") and name.endswith(".json"):
-                try:
-                    episodes.append(Episode.from_dict(_load_json(_read_member(z, info, path, budget), f"{path}: {name}")))
-                except SchemaError as e:
-                    raise ImportError_(f"{path}: {name}: {e}") from None
+                doc = _load_json(_read_member(z, info, path, budget), f"{path}: {name}")
+                episodes.append(_episode(doc, f"{path}: {name}"))
         wanted = set().union(*(ep.blob_hashes() for ep in episodes)) if episodes else set()
         for info in infos:
             name = info.filename
@@ -124,14 +131,24 @@ def _read_episode_json(path: Path, store: Store) -> tuple[list[Episode], dict[st
     base = path.parent.resolve()
     episodes, blobs = [], {}
     for doc in docs:
-        for s in doc.get("steps", []) if isinstance(doc, dict) else []:
-            obs = s.get("observation") or {}
+        steps = doc.get("steps") if isinstance(doc, dict) else None
+        for s in steps if isinstance(steps, list) else []:
+            obs = s.get("observation") if isinstance(s, dict) else None
+            if not isinstance(obs, dict):
+                continue  # the schema check below names what is wrong
             for key in ("screenshot", "post_screenshot"):
                 ref = obs.get(key)
-                if not ref or (len(ref) == 64 and store.has_blob(ref)):
+                if not ref:
                     continue
                 where = f"{path}: step {s.get('index')}: {key} {ref!r}"
-                img = (base / str(ref)).resolve()
+                if not isinstance(ref, str):
+                    raise ImportError_(f"{where} must be a blob hash or a file path")
+                if len(ref) == 64 and all(c in "0123456789abcdef" for c in ref) and store.has_blob(ref):
+                    continue
+                try:
+                    img = (base / ref).resolve()
+                except (ValueError, OSError) as e:  # a NUL byte, a path too long...
+                    raise ImportError_(f"{where} is not a usable path ({e})") from None
                 if not img.is_relative_to(base):
                     raise ImportError_(f"{where} lies outside the JSON file's folder {base}; nothing was imported")
                 if not img.is_file():
@@ -144,10 +161,7 @@ def _read_episode_json(path: Path, store: Store) -> tuple[list[Episode], dict[st
                 h = sha256(data)
                 blobs[h] = data
                 obs[key] = h
-        try:
-            episodes.append(Episode.from_dict(doc))
-        except SchemaError as e:
-            raise ImportError_(f"{path}: {e}") from None
+        episodes.append(_episode(doc, str(path)))
     return episodes, blobs
 
 

@@ -76,3 +76,14 @@ def store(tmp_path):
     s = Store(tmp_path / "data")
     yield s
     s.close()
+
+
+@pytest.fixture(scope="module")
+def backend_for_fuzz(tmp_path_factory):
+    """A live backend on loopback and an admin token, shared by a fuzz test's examples."""
+    from trainer.server import start_in_thread
+
+    b = start_in_thread(tmp_path_factory.mktemp("fuzz-backend"))
+    token = b.store.add_user("fuzz-admin-7f3a", "admin")  # a name random frames will not revoke by chance
+    yield b, token
+    b.stop()

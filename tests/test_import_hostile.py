@@ -154,3 +154,53 @@ def test_encrypted_member_is_refused_by_name(tmp_path, store):
     bundle.write_bytes(bytes(raw))
     with pytest.raises(ImportError_, match="e1.json is encrypted"):
         import_file(store, bundle)
+
+
+# ---------------------------------------------------------------- fuzzing
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+                            max_leaves=20)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.one_of(_json_values, st.fixed_dictionaries({"steps": _json_values}), st.fixed_dictionaries({"id": st.text(max_size=8), "steps": st.lists(
+    st.fixed_dictionaries({"index": st.integers(), "observation": st.dictionaries(
+        st.sampled_from(["screenshot", "post_screenshot", "width"]), st.text(max_size=30), max_size=3)}), max_size=3)})))
+def test_fuzzed_episode_json_is_imported_or_refused_by_name(tmp_path_factory, doc):
+    tmp = tmp_path_factory.mktemp("fz")
+    with Store(tmp / "data") as store:
+        path = tmp / "e.json"
+        path.write_text(json.dumps(doc))
+        try:
+            import_file(store, path)
+        except ImportError_ as e:
+            assert str(path) in str(e)
+            assert store.counts()["episodes"] == 0
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(members=st.lists(st.tuples(st.sampled_from(["episodes/a.json", "episodes/b.json", "blobs/" + "a" * 64,
+                                                   "blobs/x", "other.txt"]),
+                                  st.binary(max_size=200) | _json_values.map(lambda v: json.dumps(v).encode())),
+                        max_size=5),
+       flip=st.integers(min_value=0, max_value=400))
+def test_fuzzed_bundles_are_imported_or_refused_by_name(tmp_path_factory, members, flip):
+    tmp = tmp_path_factory.mktemp("fz")
+    bundle = tmp / "b.zip"
+    with zipfile.ZipFile(bundle, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name, data in members:
+            z.writestr(name, data)
+    raw = bytearray(bundle.read_bytes())
+    if raw and flip < len(raw):
+        raw[flip] ^= 0x5A  # a damaged byte somewhere: headers, data or the directory
+    bundle.write_bytes(bytes(raw))
+    with Store(tmp / "data") as store:
+        try:
+            import_file(store, bundle)
+        except ImportError_ as e:
+            assert str(bundle) in str(e) or "no such file" in str(e)
+            assert store.counts()["episodes"] == 0

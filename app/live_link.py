@@ -107,6 +107,10 @@ class RunPublisher:
     def _event(self, ev) -> None:
         if isinstance(ev, P.DecisionReceived) and ev.run_id == self.run_id:
             self.supervisor.deliver(ev.proposal_id, ev.decision, ev.step, ev.reason, ev.by)
+        elif isinstance(ev, P.ErrorReceived) and self.run_id in ev.reason:
+            # the server refused this run's proposal (another connection published the run id
+            # first, a limit): no decision will ever come, so the agent stops and says why
+            self.supervisor.cancel(f"the server refused run {self.run_id}: {ev.reason}")
         elif isinstance(ev, SyncError):
             self.supervisor.cancel(f"the connection to the supervisors ended: {ev}")
 

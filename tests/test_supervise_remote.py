@@ -4,6 +4,7 @@ pages; one claims the run and decides, the other sees every step read-only and c
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from PySide6.QtCore import Qt
@@ -115,3 +116,35 @@ def test_watching_needs_a_valid_token(qtbot, backend, tmp_path):
     p.watch_from_form()
     assert "Cannot watch" in p.claim_label.text() and p.watcher is None
     s.close()
+
+
+def test_a_squatted_run_id_stops_the_agent_with_the_reason(backend):
+    """Another connection published the run id first: the agent's gate hears the server's refusal
+    and stops with it, instead of waiting for a decision that can never come."""
+    import asyncio
+
+    from agent.gate import GateRequest
+    from agent.policies.base import Proposal
+    from app.sync.session import Session
+
+    b, tokens = backend
+
+    async def squat():
+        s = await Session.open(b.url, tokens["alice"])
+        await s.propose("taken-run", "p0", {"x": 1}, None)
+        await s.request("list_episodes")  # a round trip: the run is registered
+        return s
+
+    loop = asyncio.new_event_loop()
+    squatter = loop.run_until_complete(squat())
+    pub = RunPublisher(b.url, tokens["robot"], run_id="taken-run", timeout=20).start()
+    try:
+        proposal = Proposal("go", [Action("click", {"start_box": (0.5, 0.5)})], "raw", image_size=(320, 240))
+        t0 = time.monotonic()
+        decision = pub.supervisor.decide(GateRequest("do it", 0, proposal, None, "every step is reviewed"))
+        assert time.monotonic() - t0 < 10
+        assert decision.kind == "stop" and "published by another connection" in decision.reason
+    finally:
+        pub.end()
+        loop.run_until_complete(squatter.close())
+        loop.close()

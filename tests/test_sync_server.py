@@ -526,3 +526,39 @@ def test_live_state_stays_bounded(backend):
     assert pending == [f"p{i}" for i in range(MAX_PENDING_PER_RUN * 4, MAX_PENDING_PER_RUN * 5)]
     assert runs == ["watched"]
     assert code == 1009  # message too big
+
+
+def test_a_revoked_supervisor_stops_receiving_live_screenshots(tmp_path, backend):
+    """Revoked from another process while it only listens: within the sweep period its
+    connection ends, and the proposals published after that never reach it."""
+    from trainer.backend_store import BackendStore
+    from trainer.server import REVOCATION_CHECK_S
+
+    async def run():
+        sup = await Session.open(backend.url, backend.tokens["sup"])
+        await sup.request("subscribe", run_id="live")
+        agent = await Session.open(backend.url, backend.tokens["ann"])
+        await agent.propose("live", "p0", {"i": 0}, b"screen-0")
+        first = await sup.next_event(timeout=10)
+        while not isinstance(first, P.ProposalReceived):  # the claim state comes first
+            first = await sup.next_event(timeout=10)
+        cli = BackendStore(tmp_path / "backend")
+        cli.revoke_user("sup")
+        cli.close()
+        await asyncio.sleep(REVOCATION_CHECK_S * 2.5)
+        await agent.propose("live", "p1", {"i": 1}, b"screen-1")
+        await agent.request("list_episodes")
+        later = []
+        try:
+            while True:
+                later.append(await sup.next_event(timeout=2))
+        except (SyncError, asyncio.TimeoutError) as e:
+            end = e
+        await agent.close()
+        await sup.close()
+        return first, later, end
+
+    first, later, end = asyncio.run(run())
+    assert isinstance(first, P.ProposalReceived) and first.proposal_id == "p0"
+    assert not any(isinstance(e, P.ProposalReceived) and e.proposal_id == "p1" for e in later)
+    assert isinstance(end, SyncError) and "revoked" in str(end)

@@ -189,6 +189,14 @@ class Decoded:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
+def _encodes(obj) -> bool:
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def decode_message(text: str, limits: Limits = Limits()) -> Decoded:
     if len(text) > limits.max_text:
         return Decoded(error=("too_large", f"control message of {len(text)} characters exceeds {limits.max_text}"))
@@ -196,12 +204,8 @@ def decode_message(text: str, limits: Limits = Limits()) -> Decoded:
         obj = json.loads(text)
     except (ValueError, RecursionError) as e:
         return Decoded(error=("bad_json", f"not JSON: {str(e)[:120]}"))
-    if _SURROGATE_ESCAPE.search(text):  # "\ud800" alone decodes to text no UTF-8 frame can carry on
-        try:
-            json.dumps(obj, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            return Decoded(error=("bad_text", "the message holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
-                                              "which is not text"))
+    if _SURROGATE_ESCAPE.search(text) and not _encodes(obj):  # "\ud800" alone: no UTF-8 frame can carry it on
+        return Decoded(error=("bad_text", "the message holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text"))
     if not isinstance(obj, dict):
         return Decoded(error=("bad_message", f"a message must be a JSON object, got {type(obj).__name__}"))
     v = obj.get("v")
@@ -553,8 +557,7 @@ class ServerConnection(Connection):
             return self._fail("bad_episode", f"episode does not validate: {e}", ref=ref, detail={"episode_id": str(ep.get("id"))[:200]})
         if not _is_id(parsed.id):
             return self._fail("bad_episode", f"episode id must be a short non-empty string, got {_short(parsed.id)}", ref=ref)
-        if not isinstance(parsed.revision, int) or isinstance(parsed.revision, bool) or parsed.revision < 0:
-            # an ack carries the revision, and acks take non-negative ones: refuse it here, not store it unacked
+        if not _CHECKS["int"][0](parsed.revision):  # acks carry it: refused here, never stored unacked
             return self._fail("bad_episode", f"episode revision must be a non-negative integer, got {_short(parsed.revision)}",
                               ref=ref, detail={"episode_id": parsed.id})
         digest = content_hash(ep)

@@ -2,7 +2,7 @@
 
 The HTTP side is the on-device server's: GET /ping -> "pong", POST /jsonrpc/0 with JSON-RPC 2.0
 bodies (takeScreenshot, click, swipe, dumpWindowHierarchy, pressKey, setClipboard, ...). Only the
-adb transport is replaced (ENVIRONMENT.md gotcha 13): FakeAdbDevice.create_connection opens a
+adb transport is replaced (uiautomator2 3.x talks to the device only through adb's tcp:9008 tunnel): FakeAdbDevice.create_connection opens a
 TCP socket to this server on 127.0.0.1 instead of adb's tcp:9008 tunnel, and its shell answers
 the few commands uiautomator2 runs (md5sum of u2.jar, monkey, input keyevent).
 

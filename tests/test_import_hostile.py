@@ -97,12 +97,18 @@ def test_zip_bomb_is_refused_before_it_inflates(tmp_path, store):
     assert store.counts()["episodes"] == 0
 
 
-def test_unreferenced_blobs_are_not_written(tmp_path, store):
+def _bundle_of_one(tmp_path, n_steps=1):
+    """A real bundle of one episode made by write_bundle, and the episode."""
     src = Store(tmp_path / "src")
-    ep = make_episode(src, n_steps=2)
+    ep = make_episode(src, n_steps=n_steps)
     bundle = tmp_path / "b.zip"
     write_bundle(src, bundle, [ep.id])
     src.close()
+    return bundle, ep
+
+
+def test_unreferenced_blobs_are_not_written(tmp_path, store):
+    bundle, ep = _bundle_of_one(tmp_path, n_steps=2)
     with zipfile.ZipFile(bundle, "a") as z:
         for k in range(50):
             data = f"junk {k}".encode()
@@ -113,11 +119,7 @@ def test_unreferenced_blobs_are_not_written(tmp_path, store):
 
 
 def test_a_bundle_with_one_bad_episode_imports_nothing(tmp_path, store):
-    src = Store(tmp_path / "src")
-    good = make_episode(src, n_steps=1)
-    bundle = tmp_path / "b.zip"
-    write_bundle(src, bundle, [good.id])
-    src.close()
+    bundle, _ = _bundle_of_one(tmp_path)
     with zipfile.ZipFile(bundle, "a") as z:
         z.writestr("episodes/zz-bad.json", json.dumps({"id": "bad", "steps": "not a list"}))
     with pytest.raises(ImportError_, match="zz-bad.json"):

@@ -51,5 +51,5 @@ def miniwob_status() -> dict:
     try:
         import miniwob  # noqa: F401
     except ImportError:
-        return {"skipped": "the miniwob package is not installed (pip install miniwob; see ENVIRONMENT.md)"}
+        return {"skipped": "the miniwob package is not installed (pip install miniwob; see the README)"}
     return {"skipped": "MiniWoB++ is installed but Tandem has no MiniWoB executor yet; sandbox seeds only"}

@@ -6,7 +6,7 @@
 
 Needs the `miniwob` package and Debian's chromium + chromium-driver. Selenium must not reach
 the internet (it fetches driver metadata otherwise), so MINIWOB_CHROMEDRIVER and SE_OFFLINE are
-set here when the Debian driver is present (see /work/shared/ENVIRONMENT.md). `available()`
+set here when the Debian driver is present. `available()`
 says what is missing instead of failing at import.
 """
 from __future__ import annotations

@@ -17,6 +17,9 @@ def run_app(args) -> int:
     app.setApplicationName("Tandem")
     app.setOrganizationName("Tandem")
     app.setStyle("Fusion")
+    # the app ends when its main window is closed, not when the last visible window goes: during a
+    # Drive run the main window is hidden, and closing the risky-step dialog quit the whole app
+    app.setQuitOnLastWindowClosed(False)
     data = getattr(args, "data", None)
     try:
         store = Store(data) if data else Store()
@@ -31,6 +34,7 @@ def run_app(args) -> int:
     except Exception as e:  # the app stays usable offline; say why sync is off
         print(f"tandem: sync is off: {e}", file=sys.stderr)
         window.notify(f"Sync is off: {e}", 15000)
+    window.closed.connect(app.quit)
     window.show()
     try:
         return app.exec()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import traceback
 
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -55,6 +55,8 @@ def load_factory(spec: str):
 
 
 class MainWindow(QMainWindow):
+    closed = Signal()  # the user closed the window and it let go: the app ends (app.main.run_app)
+
     def __init__(self, store, server: str | None = None, settings: QSettings | None = None, pages=None):
         super().__init__()
         self.store, self.server, self.settings = store, server, settings
@@ -268,3 +270,4 @@ class MainWindow(QMainWindow):
         wait_for_workers()  # an export cut off mid-write would leave a half file
         self.stop_sync()
         super().closeEvent(event)
+        self.closed.emit()

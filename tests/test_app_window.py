@@ -398,3 +398,40 @@ def test_main_py_with_an_unusable_data_dir_fails_clearly(tmp_path):
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "data directory cannot be opened" in out.stderr and str(not_a_dir) in out.stderr
+
+
+def test_closing_a_dialog_while_the_main_window_is_hidden_does_not_quit_the_app(tmp_path):
+    """Drive hides the main window during a run; the risky-step dialog was then the last window,
+    and answering it quit the app (3 of 3 times). The real run_app, in its own process: the app
+    survives the dialog and ends when the main window is closed."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from types import SimpleNamespace
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication, QDialog
+import app.main as m
+
+def script():
+    app = QApplication.instance()
+    win = next(w for w in app.topLevelWidgets() if type(w).__name__ == "MainWindow")
+    win.hide()  # as Drive does for a run
+    dlg = QDialog()
+    dlg.show()
+    QTimer.singleShot(200, dlg.accept)  # the user answers the dialog
+    QTimer.singleShot(1500, lambda: (print("alive", flush=True), win.close()))
+
+app = QApplication(sys.argv[:1])  # run_app takes this instance; the timers need it first
+QTimer.singleShot(500, script)
+sys.exit(m.run_app(SimpleNamespace(data={str(tmp_path / 'data')!r}, server=None)))
+"""
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert "alive" in r.stdout, r.stderr[-2000:]
+    assert r.returncode == 0

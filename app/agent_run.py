@@ -106,6 +106,7 @@ class AgentRun(QObject):
         self.loop = None
         self.result = None
         self._stop_reason: str | None = None
+        self._ended = threading.Event()  # set before `finished`/`failed` go out
         self._thread = threading.Thread(target=self._main, name="tandem-agent", daemon=True)
 
     def start(self) -> None:
@@ -113,7 +114,9 @@ class AgentRun(QObject):
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        """Until the run has reported its end. The thread lives on a moment after (on_close closes
+        the executor), and a page that asked the thread kept Start disabled and Stop enabled."""
+        return self._thread.is_alive() and not self._ended.is_set()
 
     def stop(self, reason: str = "stopped by the user") -> None:
         """Thread-safe; a stop before the loop exists takes effect as soon as it does."""
@@ -135,11 +138,14 @@ class AgentRun(QObject):
             self.loop = loop
             self.prepared.emit(loop)
             if self._stop_reason is not None:  # run() clears the stop flag: do not start at all
+                self._ended.set()
                 self.failed.emit(f"stopped before the run began ({self._stop_reason})")
                 return
             self.result = loop.run(instruction)
+            self._ended.set()
             self.finished.emit(self.result)
         except Exception as e:  # noqa: BLE001 - reported to the page; the loop already saved the episode
+            self._ended.set()
             self.failed.emit(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
         finally:
             if self.on_close is not None:

@@ -185,3 +185,22 @@ def test_bad_choices_are_named_not_raised(qtbot, page):
     assert not f.seed_label.isHidden() and not f.seed.isHidden()
     page.start_from_form()
     assert "base URL" in page.run_label.text() and page.run is None
+
+
+def test_a_second_run_can_start_after_the_first_ends(qtbot, page, store):
+    """After a run ends (by itself or with Stop run) Start run is enabled again and Stop is not;
+    a second run starts, is stopped with real clicks, and the page is ready for a third."""
+    for k in range(2):
+        ex = SandboxProcessExecutor(FAMILY, SEED + k)
+        instruction = ex.prepare()
+        policy = ReplayPolicy([text("Click.", Action("click", {"start_box": (0.5, 0.5)}))] * 3, platform="sandbox")
+        page.last_result = None
+        page.start_run(policy, ex, instruction, gate="all", config=LoopConfig(max_steps=6, kind="supervised"))
+        assert not page.start_btn.isEnabled() and page.stop_btn.isEnabled()
+        wait_for_proposal(qtbot, page)
+        if k == 0:
+            qtbot.keyClick(page.panel, Qt.Key_Return)  # approve: the run goes on, then stop it
+        qtbot.mouseClick(page.stop_btn, Qt.LeftButton)
+        wait_end(qtbot, page)
+        qtbot.waitUntil(lambda: page.start_btn.isEnabled(), timeout=5000)
+        assert not page.stop_btn.isEnabled()

@@ -256,6 +256,10 @@ class MainWindow(QMainWindow):
             if viewer is not None and not viewer.confirm_leave():
                 event.ignore()
                 return
+            confirm = getattr(page, "confirm_close", None)  # e.g. a recording still running
+            if confirm is not None and not confirm():
+                event.ignore()
+                return
         if self.settings is not None:
             self.settings.setValue("main_window/geometry", self.saveGeometry())
             for name, page in self.pages.items():

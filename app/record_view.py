@@ -8,6 +8,8 @@ the recorder's control hotkeys reach the page through a queued signal.
 """
 from __future__ import annotations
 
+import sys
+
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QIcon, QKeySequence, QPixmap, QColor, QShortcut
 from PySide6.QtWidgets import (
@@ -20,6 +22,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QMenu,
+    QMessageBox,
     QProgressBar,
     QPushButton,
     QSystemTrayIcon,
@@ -199,6 +202,26 @@ class RecordPage(QWidget):
         self.timer.stop()
         self._update_state()
         run_in_background(self.session.stop, on_result=self._stopped, on_error=self._stop_failed)
+
+    def confirm_close(self) -> bool:
+        """Before the app closes: a running recording is stopped and saved, or the close is
+        cancelled. Without this the app exited mid-recording and left the episode 'recording'."""
+        if self.session is None or self.state not in ("recording", "paused"):
+            return True
+        answer = QMessageBox.question(
+            self, "Recording in progress", "A recording is running. Stop it and save it before closing?",
+            QMessageBox.Save | QMessageBox.Cancel, QMessageBox.Save)
+        if answer != QMessageBox.Save:
+            return False
+        self.timer.stop()
+        try:
+            episode = self.session.stop()  # on this thread: the app is closing, the wait is the point
+        except Exception as e:  # noqa: BLE001 - the raw events are stored; closing goes on
+            print(f"tandem: stopping the recording failed: {e}", file=sys.stderr)
+            self.session, self.state = None, "idle"
+            return True
+        self.session, self.state, self.last_episode_id = None, "idle", episode.id
+        return True
 
     def _stopped(self, episode) -> None:
         self.session = None

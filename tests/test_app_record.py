@@ -69,3 +69,44 @@ def test_record_page_start_note_pause_stop_then_review(win, qtbot, store):
     assert win.stack.currentWidget() is library
     assert library.current_episode_id() == ep.id
     assert library.viewer.current_step().action.name == "click"
+
+
+@pytest.mark.parametrize("answer", ["cancel", "save"])
+def test_closing_the_window_during_a_recording_asks_first(qtbot, store, xdisplay, answer):
+    """Closing mid-recording asks: Cancel keeps the window and the recording; Save stops and
+    saves it (its status is no longer 'recording') and the window closes."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    w = MainWindow(store, pages=PAGES)
+    w.show()
+    qtbot.waitExposed(w)
+    page = w.page("Record")
+    w.show_page_at(1)
+    page.instruction.setText("Close me halfway")
+    qtbot.mouseClick(page.start_btn, Qt.LeftButton)
+    qtbot.waitUntil(lambda: page.state == "recording", timeout=10000)
+    episode_id = page.session.episode.id
+    asked = []
+
+    def press():
+        box = next((b for b in QApplication.topLevelWidgets() if isinstance(b, QMessageBox) and b.isVisible()), None)
+        if box is None:
+            QTimer.singleShot(50, press)
+            return
+        asked.append(box.text())
+        button = box.button(QMessageBox.Save if answer == "save" else QMessageBox.Cancel)
+        qtbot.mouseClick(button, Qt.LeftButton)
+
+    QTimer.singleShot(50, press)
+    w.close()
+    assert asked and "recording is running" in asked[0]
+    status = store.load_episode(episode_id).meta["recording"]["status"]
+    if answer == "cancel":
+        assert w.isVisible() and page.state == "recording" and status == "recording"
+        qtbot.mouseClick(page.stop_btn, Qt.LeftButton)
+        qtbot.waitUntil(lambda: page.state == "idle", timeout=15000)
+        w.close()
+    else:
+        assert not w.isVisible() and page.state == "idle" and status != "recording"
+    w.deleteLater()

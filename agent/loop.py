@@ -343,6 +343,10 @@ class AgentLoop:
         leftovers = {k: v for k, v in pending.items() if v}
         if leftovers:
             ep.meta["unexecuted"] = leftovers
+        verdict = getattr(self.executor, "outcome", None)  # an executor that can check the task (the sandbox)
+        outcome = verdict() if callable(verdict) else None
+        if outcome is not None and outcome.success is not None:
+            ep.outcome = outcome
         ep.meta["end_reason"] = reason
         ep.updated_at = time.time()
         self._save()

@@ -168,6 +168,13 @@ class SandboxProcessExecutor:
     def observe(self) -> Frame:
         return self._frame(*self._call("observe"))
 
+    def outcome(self):
+        """The sandbox verifier's verdict on the task so far (the agent loop stores it in the
+        episode and says it when the run ends)."""
+        from agent.schema import Outcome
+
+        return Outcome(success=bool(self.success), reward=1.0 if self.success else 0.0, source="verifier")
+
     def expert_action(self):
         """The sandbox's scripted expert's (thought, Action) for the current state."""
         return self._call("expert")

@@ -45,6 +45,14 @@ class LiveEvents(QObject):
     received = Signal(object)
 
 
+def outcome_text(outcome) -> str:
+    """What a checker said about the task, for a person: '' when nothing judged it."""
+    if outcome is None or outcome.success is None:
+        return ""
+    who = {"verifier": "The sandbox's verifier"}.get(outcome.source or "", "The check")
+    return f"{who} says the task {'succeeded' if outcome.success else 'was not done'}."
+
+
 def sync_credentials(store, window) -> tuple[str | None, str | None]:
     """The server and token the app syncs with (the embedded backend's when none is configured)."""
     url = getattr(window, "sync_url", None) or store.get_setting("sync.server_url")
@@ -262,10 +270,11 @@ class SupervisePage(QWidget):
         self.last_result = result
         self.last_episode_id = result.episode.id
         self._control(False)
-        self.panel.clear(f"The run ended: {result.reason}.")
+        verdict = outcome_text(result.episode.outcome)
+        self.panel.clear(f"The run ended: {result.reason}." + (f" {verdict}" if verdict else ""))
         self.decisions.add_episode(result.episode.id)
         queued = queue_for_sync(self.store, self.window, result.episode.id)
-        self._notify(f"Run ended ({result.reason}) after {result.steps} steps; {queued}")
+        self._notify(f"Run ended ({result.reason}) after {result.steps} steps; " + (f"{verdict} " if verdict else "") + queued)
         self.publisher = None
         self._sync_buttons()
         self.run_finished.emit(result)

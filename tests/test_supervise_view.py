@@ -204,3 +204,15 @@ def test_a_second_run_can_start_after_the_first_ends(qtbot, page, store):
         wait_end(qtbot, page)
         qtbot.waitUntil(lambda: page.start_btn.isEnabled(), timeout=5000)
         assert not page.stop_btn.isEnabled()
+
+
+def test_the_end_of_a_sandbox_run_says_whether_the_task_succeeded(qtbot, page, sandbox, store):
+    """The sandbox verifies the task; the page says so and the episode keeps the verdict (the
+    Library showed 'unknown' before)."""
+    ex, instruction, target = sandbox
+    start(page, sandbox, [text("Click the button.", Action("click", {"start_box": target}))])
+    wait_for_proposal(qtbot, page)
+    qtbot.keyClick(page.panel, Qt.Key_Return)
+    ep = wait_end(qtbot, page)
+    assert ep.outcome.success is True and ep.outcome.source == "verifier"
+    assert "verifier says the task succeeded" in page.panel.title.text()

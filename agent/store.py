@@ -355,6 +355,14 @@ class Store:
             self.db["settings"].upsert({"key": key, "value": json.dumps(value)}, pk="key")
 
     # ------------------------------------------------------------ health
+    def change_token(self) -> tuple[int, int]:
+        """Changes when the store's content does, by this process (rows this connection changed)
+        or another (SQLite's data_version moves when another connection commits): views poll it
+        cheaply and reload only then."""
+        with self._lock:
+            version = self.db.execute("PRAGMA data_version").fetchone()[0]
+            return self.db.conn.total_changes, version
+
     def counts(self) -> dict:
         with self._lock:
             c = {"episodes": self.db["episodes"].count, "steps": self.db["steps"].count}

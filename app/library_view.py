@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QItemSelectionModel, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtCore import QItemSelectionModel, QSortFilterProxyModel, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -139,6 +139,29 @@ class LibraryPage(QWidget):
         lay.setContentsMargins(8, 8, 8, 8)
         lay.addWidget(self.splitter)
         self.refresh()
+        # live: whoever writes the store (a run, training, the command line in another process), the
+        # table follows within a second; while hidden it only notes that it is stale
+        self._seen = store.change_token()
+        self._stale = False
+        self._watch = QTimer(self)
+        self._watch.timeout.connect(self._poll_store)
+        self._watch.start(1000)
+
+    def _poll_store(self) -> None:
+        try:
+            token = self.store.change_token()
+        except Exception:  # noqa: BLE001 - a closing store: nothing to follow any more
+            self._watch.stop()
+            return
+        if token != self._seen:
+            self._seen, self._stale = token, True
+        if self._stale and self.isVisible():
+            self._stale = False
+            self.refresh()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self._poll_store()
 
     # ------------------------------------------------------------ table
     def refresh(self) -> None:

@@ -435,3 +435,26 @@ sys.exit(m.run_app(SimpleNamespace(data={str(tmp_path / 'data')!r}, server=None)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert "alive" in r.stdout, r.stderr[-2000:]
     assert r.returncode == 0
+
+
+def test_the_library_follows_the_store_whoever_writes_it(win, qtbot, store):
+    """Episodes written by this process (a run, training) or by another (the command line) show
+    up without a refresh button; the selected episode stays selected."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    page = win.page("Library")
+    assert page.model.rowCount() == 3
+    page.select_episode(win.episodes[1].id)
+    make_episode(store, n_steps=2, instruction="Written in this process")
+    qtbot.waitUntil(lambda: page.model.rowCount() == 4, timeout=5000)
+    assert page.current_episode_id() == win.episodes[1].id
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+            f"from agent.store import Store\nfrom factories import make_episode\n"
+            f"s = Store({str(store.root)!r}); make_episode(s, n_steps=1, instruction='Written by another process'); s.close()")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    qtbot.waitUntil(lambda: page.model.rowCount() == 5, timeout=5000)
+    store.delete_episode(win.episodes[0].id)
+    qtbot.waitUntil(lambda: page.model.rowCount() == 4, timeout=5000)

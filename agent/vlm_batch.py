@@ -37,10 +37,10 @@ class ImageCache:
     encoded, the vision tower's merged features (plus Qwen3-VL's DeepStack features). Bounded:
     the least recently used entries go first past `max_images`."""
 
-    def __init__(self, max_images: int = 4096):
+    def __init__(self, max_images: int = 4096, chunk: int = 32):
         if max_images < 1:
             raise ValueError(f"max_images must be at least 1, got {max_images}")
-        self.max_images = max_images
+        self.max_images, self.chunk = max_images, chunk
         self.pixels: OrderedDict[str, tuple] = OrderedDict()  # key -> (pixel rows, grid_thw [3])
         self.features: dict[str, object] = {}
         self.deepstack: dict[str, list] = {}
@@ -71,23 +71,32 @@ class ImageCache:
             self._evict(keep=set(keys))
         return keys
 
-    def encode(self, model, keys, chunk: int = 32) -> None:
-        """Vision features of every key without them (attention stays inside each image, so
-        encoding several images per call changes nothing but the speed)."""
+    def encode(self, backbone, keys=None) -> dict:
+        """Vision features of every key (all images when None) without them yet; `backbone` is a
+        Qwen-VL model's inner model (`model.model`). Attention stays inside each image, so
+        encoding `chunk` images per call changes nothing but the speed. Returns the features."""
         import torch
 
-        todo = list(dict.fromkeys(k for k in keys if k not in self.features))
-        backbone = model.model
-        for at in range(0, len(todo), chunk):
-            part = todo[at: at + chunk]
-            pv = torch.cat([self.pixels[k][0] for k in part]).to(model.device, dtype=model.dtype)
-            grid = torch.stack([self.pixels[k][1] for k in part]).to(model.device)
+        todo = list(dict.fromkeys(k for k in (self.pixels if keys is None else keys) if k not in self.features))
+        for at in range(0, len(todo), self.chunk):
+            part = todo[at: at + self.chunk]
+            pv = torch.cat([self.pixels[k][0] for k in part]).to(backbone.device, dtype=backbone.dtype)
+            grid = torch.stack([self.pixels[k][1] for k in part]).to(backbone.device)
             with torch.no_grad():
                 out = backbone.get_image_features(pv, grid, return_dict=True)
             for i, (k, f) in enumerate(zip(part, out.pooler_output)):
                 self.features[k] = f.detach()
                 layers = getattr(out, "deepstack_features", None) or []
                 self.deepstack[k] = [layer[i].detach() for layer in layers]
+        return self.features
+
+    def model_inputs(self, keys) -> dict:
+        """The encoded images `keys`, in order, as agent.vlm_inputs.to_model takes them instead
+        of pixel_values: "image_embeds" (and Qwen3-VL's "image_deepstack")."""
+        out = {"image_embeds": tuple(self.features[k] for k in keys)}
+        if any(self.deepstack.get(k) for k in keys):
+            out["image_deepstack"] = [self.deepstack[k] for k in keys]
+        return out
 
     def clear_features(self) -> None:
         self.features.clear()
@@ -211,11 +220,9 @@ def generate_batch(model, processor, chats, *, max_new_tokens: int = 256, temper
     batch = _layout(rows, n_prefix, stops[-1])
     flat = [k for ks in keys for k in ks]
     if flat:
-        cache.encode(model, flat)
+        cache.encode(model.model, flat)
         batch.pop("pixel_values")
-        batch["image_embeds"] = tuple(cache.features[k] for k in flat)
-        if any(cache.deepstack.get(k) for k in flat):
-            batch["image_deepstack"] = [cache.deepstack[k] for k in flat]
+        batch.update(cache.model_inputs(flat))
     sample = temperature > 0
     if prefix_kv is not None:  # generate extends this copy; the cached one stays for the next call
         past = copy.deepcopy(prefix_kv)

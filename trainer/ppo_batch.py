@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from agent.vlm_batch import ImageCache
+
 # ---------------------------------------------------------------- trajectories -> turns
 
 
@@ -47,20 +49,17 @@ class TurnBatch:
         self.tokens = int(self.target.sum())
 
 
-class ImageBank:
-    """The distinct screenshots of a batch, each encoded once by a frozen vision tower.
+class ImageBank(ImageCache):
+    """The distinct screenshots of a batch, each encoded once by a frozen vision tower (the
+    rollouts' agent.vlm_batch.ImageCache, keyed here by the processed pixel rows).
 
     `add(inputs)` takes a turn's pixel_values apart per image (rows by image_grid_thw), keeps one
     copy of each distinct image (by content hash) and returns the turn's image keys in order;
-    `encode(backbone)` runs the vision tower over all of them, a few images per call (attention
-    stays within each image, so batching changes nothing but the speed); `attach(turns)` puts
-    each turn's features where its pixels were, as "image_embeds" (agent.vlm.to_model)."""
+    `encode(backbone)` (ImageCache's) runs the vision tower over all of them; `attach(turns)`
+    puts each turn's features where its pixels were, as "image_embeds" (agent.vlm.to_model)."""
 
     def __init__(self, chunk: int = 16):
-        self.chunk = chunk
-        self.pixels: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.features: dict[str, torch.Tensor] = {}
-        self.deepstack: dict[str, list[torch.Tensor]] = {}
+        super().__init__(max_images=1 << 30, chunk=chunk)  # one batch's screenshots: never evicted
 
     def add(self, inputs: dict) -> list[str]:
         pv, grid = inputs.get("pixel_values"), inputs.get("image_grid_thw")
@@ -78,28 +77,10 @@ class ImageBank:
             raise ValueError(f"pixel_values has {pv.shape[0]} rows but image_grid_thw accounts for {row}")
         return keys
 
-    @torch.no_grad()
-    def encode(self, backbone) -> dict[str, torch.Tensor]:
-        """Features of every image not encoded yet; `backbone` is a Qwen-VL model (policy.model)."""
-        todo = [k for k in self.pixels if k not in self.features]
-        for at in range(0, len(todo), self.chunk):
-            keys = todo[at: at + self.chunk]
-            pv = torch.cat([self.pixels[k][0] for k in keys]).to(backbone.device)
-            grid = torch.stack([self.pixels[k][1] for k in keys]).to(backbone.device)
-            out = backbone.get_image_features(pv, grid, return_dict=True)
-            self.features.update({k: f.detach() for k, f in zip(keys, out.pooler_output)})
-            # Qwen3-VL's DeepStack: per layer, a tuple of per-image features; kept per image here
-            layers = getattr(out, "deepstack_features", None) or []
-            for i, k in enumerate(keys):
-                self.deepstack[k] = [layer[i].detach() for layer in layers]
-        return self.features
-
     def attach(self, turns) -> None:
         for tb in turns:
             if tb.images:
-                tb.inputs["image_embeds"] = tuple(self.features[k] for k in tb.images)
-                if any(self.deepstack.get(k) for k in tb.images):
-                    tb.inputs["image_deepstack"] = [self.deepstack[k] for k in tb.images]
+                tb.inputs.update(self.model_inputs(tb.images))
 
 
 def build_turns(trajs, processor, bank: ImageBank | None = None) -> list[TurnBatch]:

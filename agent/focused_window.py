@@ -1,6 +1,7 @@
 """The focused window's title and application class on X11, for the recorder's denylist and the
-agent's gate (typing into a terminal is asked about). python-xlib is imported on first use; where
-there is no X display the answer is (None, None), never an error."""
+agent's gate (typing into a terminal is asked about), and which process owns a window (the
+recorder leaves out input aimed at Tandem's own windows). python-xlib is imported on first use;
+where there is no X display the answer is (None, None) or None, never an error."""
 from __future__ import annotations
 
 import os
@@ -24,7 +25,58 @@ class FocusedWindow:
             self._net_active = self._d.intern_atom("_NET_ACTIVE_WINDOW")
             self._net_name = self._d.intern_atom("_NET_WM_NAME")
             self._utf8 = self._d.intern_atom("UTF8_STRING")
+            self._net_pid = self._d.intern_atom("_NET_WM_PID")
         return self._d
+
+    def _pid_in(self, w, depth=0) -> int | None:
+        """_NET_WM_PID at w or below it (a window manager's frame holds the client as a child)."""
+        try:
+            p = w.get_full_property(self._net_pid, 0)
+            if p is not None and len(p.value):
+                return int(p.value[0])
+            if depth >= 3:
+                return None
+            children = w.query_tree().children
+        except Exception:  # noqa: BLE001 - the window may vanish between the calls
+            return None
+        for c in reversed(children):  # the top-most first
+            pid = self._pid_in(c, depth + 1)
+            if pid is not None:
+                return pid
+        return None
+
+    def _focused(self):
+        """The focused top-level window (an Xlib window), or None."""
+        d = self._display()
+        root = d.screen().root
+        p = root.get_full_property(self._net_active, 0)  # a window manager's answer
+        if p is not None and p.value and p.value[0]:
+            return d.create_resource_object("window", p.value[0])
+        focus = d.get_input_focus().focus
+        if isinstance(focus, int) or focus == root:  # PointerRoot / None: the window under the pointer
+            return root.query_pointer().child or None
+        return focus
+
+    def focused_pid(self) -> int | None:
+        """The process that owns the focused window, where it says (_NET_WM_PID); else None."""
+        if not self.available:
+            return None
+        try:
+            w = self._focused()
+            return self._pid_in(w) if w else None
+        except Exception:  # noqa: BLE001 - no X: unknown
+            return None
+
+    def pid_at(self, x: int, y: int) -> int | None:
+        """The process owning the top-most window at screen point (x, y), or None."""
+        if not self.available:
+            return None
+        try:
+            root = self._display().screen().root
+            child = root.translate_coords(root, int(x), int(y)).child  # stacking-aware
+            return self._pid_in(child) if child else None
+        except Exception:  # noqa: BLE001
+            return None
 
     def _name(self, w) -> tuple[str | None, str | None]:
         title = None
@@ -60,18 +112,8 @@ class FocusedWindow:
         if not self.available:
             return None, None
         try:
-            d = self._display()
-            root = d.screen().root
-            p = root.get_full_property(self._net_active, 0)  # a window manager's answer
-            if p is not None and p.value and p.value[0]:
-                return self._named_in(d.create_resource_object("window", p.value[0]))
-            focus = d.get_input_focus().focus
-            if isinstance(focus, int) or focus == root:  # PointerRoot / None: the window under the pointer
-                child = root.query_pointer().child
-                if not child:
-                    return None, None
-                return self._named_in(child)
-            return self._named_in(focus)
+            w = self._focused()
+            return self._named_in(w) if w else (None, None)
         except Exception:  # noqa: BLE001 - no X, or a window gone: unknown, never a crash
             return None, None
 

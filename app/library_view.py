@@ -38,6 +38,7 @@ COLUMNS = ("Instruction", "Kind", "Steps", "Date", "Outcome", "Route")
 ID_ROLE = Qt.UserRole + 1
 SORT_ROLE = Qt.UserRole
 OUTCOME_COLORS = {True: "#2b9348", False: "#c92a2a"}
+EXPORT_DIR_KEY = "app.export_dir"  # store setting: the folder export and import dialogs open in
 
 
 def export_episodes(store, path, episode_ids, progress=None) -> dict:
@@ -301,14 +302,28 @@ class LibraryPage(QWidget):
 
     def _ask_export(self, fmt: str) -> None:
         ids = self.selected_episode_ids() or self.visible_episode_ids()
+        folder = self.export_folder()
         if fmt == "zip":
-            path, _ = QFileDialog.getSaveFileName(self, "Export bundle", "tandem-episodes.zip", "Tandem bundle (*.zip)")
+            path, _ = QFileDialog.getSaveFileName(self, "Export bundle", str(folder / "tandem-episodes.zip"),
+                                                  "Tandem bundle (*.zip)")
         else:
-            path, _ = QFileDialog.getSaveFileName(self, "Export training samples", "samples.jsonl", "JSON Lines (*.jsonl)")
+            path, _ = QFileDialog.getSaveFileName(self, "Export training samples", str(folder / "samples.jsonl"),
+                                                  "JSON Lines (*.jsonl)")
         if path:
             if fmt == "zip" and not path.lower().endswith(".zip"):
                 path += ".zip"
+            self.store.set_setting(EXPORT_DIR_KEY, str(Path(path).parent))
             self.export_to(path, ids)
+
+    def export_folder(self) -> Path:
+        """Where export and import dialogs open: the last folder used, else <data>/exports (made
+        on first use), never the folder the app happened to be started from."""
+        last = self.store.get_setting(EXPORT_DIR_KEY)
+        if last and Path(last).is_dir():
+            return Path(last)
+        folder = Path(self.store.root) / "exports"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
     def visible_episode_ids(self) -> list[str]:
         return [self.proxy.index(r, 0).data(ID_ROLE) for r in range(self.proxy.rowCount())]
@@ -328,7 +343,7 @@ class LibraryPage(QWidget):
 
     def _ask_import(self) -> None:
         path, _ = QFileDialog.getOpenFileName(
-            self, "Import episodes", "", "Tandem bundles (*.zip);;Episode JSON (*.json *.jsonl);;All files (*)"
+            self, "Import episodes", str(self.export_folder()), "Tandem bundles (*.zip);;Episode JSON (*.json *.jsonl);;All files (*)"
         )
         if path:
             self.import_from(path)

@@ -8,12 +8,16 @@ the recorder's control hotkeys reach the page through a queued signal.
 """
 from __future__ import annotations
 
+import os
 import sys
+import threading
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QIcon, QKeySequence, QPixmap, QColor, QShortcut
+from PySide6.QtGui import QAction, QColor, QGuiApplication, QIcon, QKeySequence, QPixmap, QShortcut
 from PySide6.QtWidgets import (
+    QApplication,
     QCheckBox,
+    QComboBox,
     QDialog,
     QDialogButtonBox,
     QDoubleSpinBox,
@@ -31,7 +35,41 @@ from PySide6.QtWidgets import (
 )
 
 from agent.schema import monotonic
+from app.recorder.privacy import OwnWindows
 from app.workers import run_in_background
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+class AppWindowsSnapshot:
+    """Where the app's windows are and whether it is active, copied from Qt on the GUI thread
+    (refresh) and read by the recorder's thread (at, focused): the recorder's own-window filter
+    where X11 cannot say which process owns a window."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._rects: list[tuple[int, int, int, int]] = []
+        self._active = False
+
+    def refresh(self) -> None:
+        rects = []
+        for w in QApplication.topLevelWidgets():
+            if w.isVisible() and not w.isMinimized():
+                g, r = w.frameGeometry(), w.devicePixelRatioF()  # input comes in device pixels
+                rects.append((int(g.x() * r), int(g.y() * r), int(g.width() * r), int(g.height() * r)))
+        active = QGuiApplication.applicationState() == Qt.ApplicationActive
+        with self._lock:
+            self._rects, self._active = rects, active
+
+    def at(self, x: int, y: int) -> bool:
+        with self._lock:
+            return any(rx <= x < rx + rw and ry <= y < ry + rh for rx, ry, rw, rh in self._rects)
+
+    def focused(self) -> bool:
+        with self._lock:
+            return self._active
 
 
 class _Bridge(QObject):
@@ -56,6 +94,7 @@ class NoteBox(QDialog):
         self.setWindowFlag(Qt.WindowStaysOnTopHint)
         self.edit = QLineEdit()
         self.edit.setPlaceholderText("What are you doing, and why?")
+        self.setMinimumWidth(460)
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -86,10 +125,16 @@ class RecordPage(QWidget):
         self.fps.setValue(8)
         self.fps.setSuffix(" fps")
         self.audio = QCheckBox("Record the microphone (think aloud)")
+        self.mic = QComboBox()
+        self.mic.setToolTip("The microphone your think-aloud is recorded from")
+        self.audio.toggled.connect(self._audio_toggled)
+        mic_row = QHBoxLayout()
+        mic_row.addWidget(self.audio)
+        mic_row.addWidget(self.mic, 1)
         form = QFormLayout()
         form.addRow("Task", self.instruction)
         form.addRow("Capture rate", self.fps)
-        form.addRow("", self.audio)
+        form.addRow("", mic_row)
 
         self.start_btn = QPushButton("Start recording")
         self.pause_btn = QPushButton("Pause")
@@ -118,8 +163,9 @@ class RecordPage(QWidget):
         self.error_label = QLabel()
         self.error_label.setObjectName("error")
         self.error_label.setWordWrap(True)
+        self.level_label = QLabel("Mic")
         live = QHBoxLayout()
-        for w in (self.state_label, self.fps_label, self.events_label, QLabel("Mic"), self.level):
+        for w in (self.state_label, self.fps_label, self.events_label, self.level_label, self.level):
             live.addWidget(w)
         live.addStretch(1)
         hint = QLabel("Hotkeys while recording: Ctrl+Alt+Shift+P pause/resume · Ctrl+Alt+Shift+S secret typing · "
@@ -152,7 +198,40 @@ class RecordPage(QWidget):
         self.timer = QTimer(self)
         self.timer.setInterval(250)
         self.timer.timeout.connect(self._update_live)
+        self.own = AppWindowsSnapshot()
+        self._fill_microphones()
         self._update_state()
+
+    def _fill_microphones(self) -> None:
+        from app.recorder.audio import input_devices
+
+        self.mic.clear()
+        devices = input_devices()
+        if not devices:
+            self.audio.setChecked(False)
+            self.audio.setEnabled(False)
+            self.audio.setText("No microphone found: type notes instead (Add note…)")
+            self.mic.setVisible(False)
+            return
+        self.mic.addItem("Default microphone", None)
+        for index, name in devices:
+            self.mic.addItem(name, index)
+        self.mic.setVisible(True)
+        self.mic.setEnabled(self.audio.isChecked())
+
+    def _audio_toggled(self, on: bool) -> None:
+        self.mic.setEnabled(on)
+        self.level.setVisible(on)
+        self.level_label.setVisible(on)
+
+    def _own_windows(self) -> OwnWindows:
+        """Input aimed at Tandem itself is not recorded: by process id on X11, else by the
+        app's window rectangles (refreshed while recording)."""
+        platform = QGuiApplication.platformName()
+        if platform in ("offscreen", "minimal", "vnc"):  # the app's windows are not on the captured screen
+            return OwnWindows()
+        self.own.refresh()
+        return OwnWindows(pid=os.getpid() if platform == "xcb" else None, at=self.own.at, focused=self.own.focused)
 
     # ------------------------------------------------------------ controls
     def start(self) -> None:
@@ -165,8 +244,10 @@ class RecordPage(QWidget):
         from app.recorder.session import RecorderConfig, RecordingSession
 
         try:
-            self.session = RecordingSession(self.store, text, RecorderConfig(fps=self.fps.value(), audio=self.audio.isChecked()),
-                                            on_control=self._bridge.control.emit)
+            audio = self.audio.isChecked()
+            config = RecorderConfig(fps=self.fps.value(), audio=audio, audio_device=self.mic.currentData() if audio else None)
+            self.session = RecordingSession(self.store, text, config, on_control=self._bridge.control.emit,
+                                            own_windows=self._own_windows())
         except Exception as e:  # noqa: BLE001 - RecorderError: shown, not raised
             self._error(str(e))
             return
@@ -288,9 +369,10 @@ class RecordPage(QWidget):
     def _update_live(self) -> None:
         if self.session is None:
             return
+        self.own.refresh()
         st = self.session.stats()
         self.fps_label.setText(f"{st['fps']:.1f} fps")
-        self.events_label.setText(f"{st['events']} events")
+        self.events_label.setText(plural(st["events"], "event"))
         level = st["audio_level"]
         self.level.setEnabled(level is not None)
         self.level.setValue(int(100 * (level or 0.0)))
@@ -305,7 +387,10 @@ class RecordPage(QWidget):
         self.start_btn.setEnabled(s == "idle")
         self.instruction.setEnabled(s == "idle")
         self.fps.setEnabled(s == "idle")
-        self.audio.setEnabled(s == "idle")
+        self.audio.setEnabled(s == "idle" and self.mic.count() > 0)
+        self.mic.setEnabled(s == "idle" and self.audio.isChecked())
+        self.level.setVisible(self.audio.isChecked())
+        self.level_label.setVisible(self.audio.isChecked())
         self.pause_btn.setEnabled(s in ("recording", "paused"))
         self.pause_btn.setText("Resume" if s == "paused" else "Pause")
         self.stop_btn.setEnabled(s in ("recording", "paused"))

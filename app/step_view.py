@@ -123,6 +123,7 @@ class StepViewer(QWidget):
         self.title.setWordWrap(True)
         self.meta = QLabel()
         self.meta.setObjectName("muted")
+        self.meta.setWordWrap(True)  # long meta lines wrap instead of widening the window (1024 px screens)
         self.outcome = QComboBox()
         self.outcome.addItems([n for n, _ in OUTCOMES])
         self.outcome.setToolTip("Did the episode achieve its instruction?")
@@ -144,7 +145,11 @@ class StepViewer(QWidget):
         self.steps.setAlternatingRowColors(True)
         self.steps.setIconSize(QSize(16, 16))
         self.steps.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.steps.setMinimumWidth(230)
+        self.steps.setMinimumWidth(190)
+        self.steps.setSelectionMode(QTreeWidget.ExtendedSelection)  # several steps deleted at once
+        self.steps.itemSelectionChanged.connect(
+            lambda: self.delete_btn.setText(f"Delete {n} steps…" if (n := len(self.steps.selectedItems())) > 1
+                                            else "Delete step…"))
         head = self.steps.header()
         head.setStretchLastSection(False)
         head.setSectionResizeMode(0, QHeaderView.ResizeToContents)
@@ -159,6 +164,7 @@ class StepViewer(QWidget):
         self.canvas.regionSelected.connect(self._region_selected)
         self.hint = QLabel()
         self.hint.setObjectName("muted")
+        self.hint.setWordWrap(True)
         centre = QWidget()
         cl = QVBoxLayout(centre)
         cl.setContentsMargins(0, 0, 0, 0)
@@ -186,6 +192,7 @@ class StepViewer(QWidget):
         self.revert_btn.setToolTip("Discard the edits of this step")
         self.revert_btn.clicked.connect(self.revert)
         self.delete_btn = QPushButton("Delete step…")
+        self.delete_btn.setToolTip("Delete the selected steps (Shift or Ctrl+click in the list selects several)")
         self.delete_btn.setObjectName("danger")
         self.delete_btn.clicked.connect(lambda: self.delete_step())
         self.blur_btn = QPushButton("Blur region")
@@ -199,9 +206,12 @@ class StepViewer(QWidget):
         QVBoxLayout(action_box).addWidget(self.action_editor)
         prov_box = QGroupBox("Provenance")
         QVBoxLayout(prov_box).addWidget(self.provenance)
+        # two rows: one row of four buttons made the panel too wide for a 1024 px screen
+        tools = QHBoxLayout()
+        tools.addWidget(self.delete_btn)
+        tools.addWidget(self.blur_btn)
+        tools.addStretch(1)
         buttons = QHBoxLayout()
-        buttons.addWidget(self.delete_btn)
-        buttons.addWidget(self.blur_btn)
         buttons.addStretch(1)
         buttons.addWidget(self.revert_btn)
         buttons.addWidget(self.save_btn)
@@ -213,13 +223,14 @@ class StepViewer(QWidget):
         pl.addWidget(prov_box)
         pl.addWidget(self.error)
         pl.addStretch(0)
+        pl.addLayout(tools)
         pl.addLayout(buttons)
         scroll = QScrollArea()
         scroll.setWidget(panel)
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.NoFrame)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(280)
+        scroll.setMinimumWidth(max(260, panel.minimumSizeHint().width()))
 
         self.splitter = QSplitter(Qt.Horizontal)
         self.splitter.addWidget(self.steps)
@@ -456,21 +467,32 @@ class StepViewer(QWidget):
             return True
         return False
 
-    def delete_step(self, confirm: bool = True) -> bool:
-        """Delete the current step; in a recording its raw input goes too, so re-reducing the
-        recording cannot bring it back (app.recorder.review)."""
-        from app.recorder.review import delete_step
+    def selected_step_indices(self) -> list[int]:
+        """The steps selected in the list (Shift/Ctrl+click selects several), else the current one."""
+        rows = sorted({self.steps.indexOfTopLevelItem(it) for it in self.steps.selectedItems()})
+        if not rows and self.current_step() is not None:
+            rows = [self._row]
+        return [self.episode.steps[r].index for r in rows if 0 <= r < len(self.episode.steps)] if self.episode else []
 
-        step = self.current_step()
-        if step is None:
+    def delete_step(self, confirm: bool = True) -> bool:
+        """Delete the selected steps (one question for all of them); in a recording their raw
+        input goes too, so re-reducing the recording cannot bring them back (app.recorder.review)."""
+        from app.recorder.review import delete_steps
+
+        indices = self.selected_step_indices()
+        if not indices:
             return False
+        by_index = {s.index: s for s in self.episode.steps}
+        what = (f"step {indices[0]} ({by_index[indices[0]].action.name})" if len(indices) == 1
+                else f"{len(indices)} steps ({', '.join(map(str, indices))})")
         if confirm and QMessageBox.question(
-            self, "Delete step", f"Delete step {step.index} ({step.action.name}) from this episode? This cannot be undone.",
+            self, "Delete steps" if len(indices) > 1 else "Delete step",
+            f"Delete {what} from this episode? This cannot be undone.",
             QMessageBox.Yes | QMessageBox.No, QMessageBox.No,
         ) != QMessageBox.Yes:
             return False
-        return self._change_store(lambda: delete_step(self.store, self.episode.id, step.index),
-                                  f"Deleted step {step.index}", "Not deleted")
+        done = f"Deleted {what}"
+        return self._change_store(lambda: delete_steps(self.store, self.episode.id, indices), done, "Not deleted")
 
     def _blur_toggled(self, on: bool) -> None:
         if on and self.is_dirty():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -79,6 +80,7 @@ class IterationRun:
             self.env = {**os.environ, "TANDEM_BACKEND_URL": announce_to[0], "TANDEM_BACKEND_TOKEN": announce_to[1]}
         self.proc: subprocess.Popen | None = None
         self.stopped = False
+        self.stage_text = "starting the trainer"  # what the iteration is doing now, in words
 
     def run(self, progress=None) -> dict:
         import tempfile
@@ -97,6 +99,7 @@ class IterationRun:
                 if "result" in msg:
                     result = msg["result"]
                 elif progress and "done" in msg:
+                    self.stage_text = _stage_line(msg)
                     progress((msg["iteration"] - 1) * 100 + msg["done"], 100 * msg["of"])
             rc = self.proc.wait()
             errf.seek(0)
@@ -112,6 +115,14 @@ class IterationRun:
         if self.proc is not None and self.proc.poll() is None:
             self.stopped = True
             self.proc.terminate()
+
+
+def _stage_line(msg: dict) -> str:
+    """'Stage 4 of 7: fine-tuning on the SFT pool (40/100 steps)' from a progress line."""
+    text = msg.get("text") or msg.get("stage") or "working"
+    head = f"Stage {msg['stage_index']} of {msg['stages']}: " if msg.get("stage_index") and msg.get("stages") else ""
+    detail = msg.get("detail") or ""
+    return head + text + (f" ({detail})" if detail and detail != "done" else "")
 
 
 class TrainPage(QWidget):
@@ -138,6 +149,8 @@ class TrainPage(QWidget):
         self.progress.setRange(0, 100)
         self.progress.setValue(0)
         self.message = QLabel("")
+        self.message.setWordWrap(True)
+        self._started_at = 0.0
         top = QHBoxLayout()
         top.addWidget(title)
         top.addWidget(self.summary, 1)
@@ -173,8 +186,10 @@ class TrainPage(QWidget):
     def show_status(self, status: dict) -> None:
         self.status = status
         pools, cur = status["pools"], status["current"]
+        model = cur or f"none yet; the first iteration starts from {status.get('first_model') or 'a new model'}"
         self.summary.setText(f"SFT {pools['sft']} · CT {pools['ct']} · rejected {pools['rejected']} · "
-                             f"unscored {pools['unscored']} episodes — current model: {cur or 'none yet'}")
+                             f"unscored {pools['unscored']} episodes — current model: {model}")
+        self.summary.setToolTip(f"Trains on the episodes in {status.get('store') or self.store.root}")
         self._fill_table(status["versions"], cur)
         self._draw_pools(status)
         self._draw_curves(read_curves(self.store.root))
@@ -203,6 +218,9 @@ class TrainPage(QWidget):
         ax1, ax2 = self.pool_fig.subplots(1, 2)
         draw_growth(ax1, status["growth"])
         ev = [v for v in status["versions"] if v["metrics"].get("mean_success") is not None]
+        if not ev:
+            ax2.text(0.5, 0.5, "no model evaluated yet", transform=ax2.transAxes, ha="center", va="center",
+                     fontsize=8, color="#868e96")
         ax2.plot([v["iteration"] for v in ev], [v["metrics"]["mean_success"] for v in ev], "o-", color="black")
         for v in ev:
             if v["status"] == "rejected":
@@ -218,11 +236,21 @@ class TrainPage(QWidget):
     def _draw_curves(self, curves: dict) -> None:
         self.curve_fig.clear()
         axes = self.curve_fig.subplots(1, len(CURVES))
+        from matplotlib.ticker import MaxNLocator
+
         for ax, key in zip(axes, CURVES):
             pts = curves.get(key) or []
             ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1)
             ax.set_title(f"{key[0]} {key[1]}", fontsize=8)
             ax.tick_params(labelsize=6)
+            if pts:  # few ticks: four charts side by side stay readable at 1024 px
+                ax.xaxis.set_major_locator(MaxNLocator(nbins=3, integer=True))
+                ax.yaxis.set_major_locator(MaxNLocator(nbins=4))
+            else:  # not an empty plot with made-up axes
+                ax.set_xticks([])
+                ax.set_yticks([])
+                ax.text(0.5, 0.5, "no data yet", transform=ax.transAxes, ha="center", va="center", fontsize=8,
+                        color="#868e96")
         self.curve_canvas.draw_idle()
 
     # ------------------------------------------------------------ running
@@ -234,7 +262,8 @@ class TrainPage(QWidget):
         self.run_btn.setEnabled(False)
         self.stop_btn.setEnabled(True)
         self.progress.setValue(0)
-        self.message.setText("Running an iteration…")
+        self._started_at = time.monotonic()
+        self.message.setText("Starting the trainer…")
         run_in_background(self.running.run, on_progress=self._on_progress, on_result=self._on_done,
                           on_error=self._on_error, on_finished=self._on_finished)
 
@@ -244,14 +273,17 @@ class TrainPage(QWidget):
 
     def _on_progress(self, done: int, total: int) -> None:
         self.progress.setValue(int(100 * done / max(1, total)))
+        if self.running is not None:
+            m, sec = divmod(int(time.monotonic() - self._started_at), 60)
+            self.message.setText(f"{self.running.stage_text} · {m}:{sec:02d} elapsed")
 
     def _on_done(self, result: dict) -> None:
         self.progress.setValue(100)
         verdict = "promoted" if result["promoted"] else "not promoted"
-        success = result.get("candidate_success")
-        self.message.setText(f"Iteration {result['iteration']}: {result['candidate']} {verdict} "
-                             f"(held-out success {_pct(success)}); current model {result['current']}. "
-                             f"{result.get('decision', '')}")
+        m, sec = divmod(int(result.get("seconds") or 0), 60)
+        self.message.setText(f"Iteration {result['iteration']} finished in {m}:{sec:02d}: {result['candidate']} "
+                             f"{verdict}. {_sentence(result.get('decision') or '')} "
+                             f"The current model is {result['current']}.")
         if self.window is not None and hasattr(self.window, "notify"):
             self.window.notify(f"Flywheel iteration {result['iteration']} finished: {verdict}")
 
@@ -263,6 +295,11 @@ class TrainPage(QWidget):
         self.run_btn.setEnabled(True)
         self.stop_btn.setEnabled(False)
         self.refresh()
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return (text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")) if text else ""
 
 
 def _pct(v) -> str:

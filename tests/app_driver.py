@@ -4,6 +4,11 @@ Used by tests/test_drive_xvfb.py as a subprocess (the test's own QApplication is
 
     QT_QPA_PLATFORM=xcb DISPLAY=:N python tests/app_driver.py drive OUT.json DATA_DIR RESPONSES.jsonl [SHOT.png]
     QT_QPA_PLATFORM=xcb DISPLAY=:N python tests/app_driver.py supervise OUT.json DATA_DIR RESPONSES.jsonl [SHOT.png]
+    QT_QPA_PLATFORM=xcb DISPLAY=:N python tests/app_driver.py record OUT.json DATA_DIR GEOMETRY [SHOT.png]
+
+In record mode the driver only starts the recording (GEOMETRY is x,y,w,h of the window) and
+then publishes where the Record page's buttons and the note box are on screen; the test clicks
+them with xdotool like a person would, and the driver writes the saved episode's id at stop.
 """
 from __future__ import annotations
 
@@ -36,8 +41,12 @@ def main(mode: str, out: str, data: str, responses: str, shot: str | None = None
     app.setStyle("Fusion")
     store = Store(data)
     window = MainWindow(store)
-    window.resize(1500, 950)
-    window.move(150, 70)
+    if mode == "record":
+        x, y, w, h = map(int, responses.split(","))
+        window.setGeometry(x, y, w, h)
+    else:
+        window.resize(1500, 950)
+        window.move(150, 70)
     window.show()
     state = {"mode": mode, "window_visible_during_steps": [], "strip_visible_during_steps": [], "shot": None}
 
@@ -52,7 +61,9 @@ def main(mode: str, out: str, data: str, responses: str, shot: str | None = None
         write()
         QTimer.singleShot(200, app.quit)
 
-    if mode == "drive":
+    if mode == "record":
+        record(app, window, state, write)
+    elif mode == "drive":
         page = window.page("Drive")
         window.show_page_at([n for n, _ in window.pages_spec].index("Drive"))
         f = page.form
@@ -113,13 +124,50 @@ def main(mode: str, out: str, data: str, responses: str, shot: str | None = None
         page.panel.displayed.connect(shown)
         page.run_finished.connect(finish)
         QTimer.singleShot(300, lambda: QTest.mouseClick(page.start_btn, Qt.LeftButton))
-    QTimer.singleShot(60000, app.quit)  # never hang a test run
+    QTimer.singleShot(90000, app.quit)  # never hang a test run
     code = app.exec()
     for p in window.pages.values():
         if hasattr(p, "shutdown"):
             p.shutdown()
     store.close()
     return code
+
+
+def record(app, window, state, write) -> None:
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    page = window.page("Record")
+    window.show_page_at([n for n, _ in window.pages_spec].index("Record"))
+    page.instruction.setText("Press Alpha, then Beta")
+
+    def centre(w):
+        c = w.mapToGlobal(w.rect().center())
+        return [c.x(), c.y()]
+
+    def publish():
+        state["state"] = page.state
+        if page.state in ("recording", "paused"):
+            state["buttons"] = {name: centre(b) for name, b in
+                                (("pause", page.pause_btn), ("stop", page.stop_btn), ("note", page.note_btn))}
+            box = page.note_box
+            if box is not None and box.isVisible():
+                ok = box.findChild(QDialogButtonBox).button(QDialogButtonBox.Ok)
+                state["note_box"] = {"edit": centre(box.edit), "ok": centre(ok)}
+            else:
+                state.pop("note_box", None)
+        write()
+
+    def stopped(episode_id):
+        state["episode"] = episode_id
+        write()
+        QTimer.singleShot(300, app.quit)
+
+    page.recordingStopped.connect(stopped)
+    timer = QTimer(window)
+    timer.timeout.connect(publish)
+    timer.start(100)
+    QTimer.singleShot(300, page.start)
 
 
 if __name__ == "__main__":

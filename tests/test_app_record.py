@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,10 @@ def win(qtbot, store, xdisplay):
     w.show()
     qtbot.waitExposed(w)
     yield w
+    page = w.pages.get("Record")
+    if page is not None and page.session is not None and page.state in ("recording", "paused"):
+        page.session.stop()  # a failed test left it recording: closing would ask, modally
+        page.session, page.state = None, "idle"
     w.close()
     w.deleteLater()
 
@@ -110,3 +115,80 @@ def test_closing_the_window_during_a_recording_asks_first(qtbot, store, xdisplay
     else:
         assert not w.isVisible() and page.state == "idle" and status != "recording"
     w.deleteLater()
+
+
+def _wait_for(path, pred, timeout=20.0):
+    import json
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            st = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            st = None
+        if st is not None and pred(st):
+            return st
+        time.sleep(0.05)
+    raise AssertionError(f"timed out; last state: {st}")
+
+
+def test_clicks_and_typing_on_tandems_own_window_are_not_recorded(xdisplay, tmp_path):
+    """The real app on Xvfb (xcb) records while xdotool clicks a foreign window's buttons and
+    Tandem's own Pause, Resume, Add note…, the note box (typed into) and Stop. Only the two
+    foreign clicks become steps; the note is the second step's thought, never a `type` action."""
+    import json
+    import os
+    import sys
+
+    from agent.store import Store
+    from tests.test_agent_desktop import read_state, start_target
+
+    target_state = tmp_path / "target.json"
+    target = start_target(xdisplay, target_state)
+    out, data = tmp_path / "driver.json", tmp_path / "data"
+    env = {**os.environ, "QT_QPA_PLATFORM": "xcb", "DISPLAY": xdisplay, "XDG_SESSION_TYPE": "x11"}
+    driver = subprocess.Popen([sys.executable, str(Path(__file__).with_name("app_driver.py")), "record", str(out),
+                               str(data), "700,40,620,380"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        st = _wait_for(out, lambda s: s.get("state") == "recording" and "buttons" in s)
+        widgets = read_state(target_state)["widgets"]
+
+        def click(x, y):
+            xdo("mousemove", x, y, "sleep", 0.15, "click", 1)
+            time.sleep(0.4)
+
+        def centre(name):
+            x, y, w, h = widgets[name]
+            return x + w // 2, y + h // 2
+
+        b = st["buttons"]
+        click(*centre("alpha"))
+        click(*b["pause"])
+        _wait_for(out, lambda s: s.get("state") == "paused")
+        click(*b["pause"])  # Resume
+        _wait_for(out, lambda s: s.get("state") == "recording")
+        click(*b["note"])
+        box = _wait_for(out, lambda s: "note_box" in s)["note_box"]
+        click(*box["edit"])
+        xdo("type", "--delay", 30, "beta is next")
+        time.sleep(0.3)
+        click(*box["ok"])
+        _wait_for(out, lambda s: "note_box" not in s)
+        click(*centre("beta"))
+        time.sleep(0.4)
+        click(*b["stop"])
+        st = _wait_for(out, lambda s: "episode" in s, timeout=30)
+        log = driver.communicate(timeout=30)[0].decode(errors="replace")
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+        target.terminate()
+        target.wait(5)
+    assert read_state(target_state, settle=0)["clicks"] == {"alpha": 1, "beta": 1}
+    with Store(data) as store:
+        ep = store.load_episode(st["episode"])
+    centres = [list(centre("alpha")), list(centre("beta"))]
+    assert [(s.action.name, s.info["screen_points"]) for s in ep.steps] == [("click", [c]) for c in centres], log[-2000:]
+    assert ep.steps[1].thought == "beta is next"
+    assert ep.meta["recording"]["dropped_own"] >= 8  # 5 clicks' presses and releases, the typing

@@ -458,3 +458,60 @@ def test_the_library_follows_the_store_whoever_writes_it(win, qtbot, store):
     qtbot.waitUntil(lambda: page.model.rowCount() == 5, timeout=5000)
     store.delete_episode(win.episodes[0].id)
     qtbot.waitUntil(lambda: page.model.rowCount() == 4, timeout=5000)
+
+
+def test_several_steps_are_deleted_with_one_question(win, qtbot, store, monkeypatch):
+    ep = win.episodes[1]
+    page, viewer = open_step(win, ep, 1)
+    item = viewer.steps.topLevelItem(3)
+    viewer.steps.scrollToItem(item)
+    qtbot.mouseClick(viewer.steps.viewport(), Qt.LeftButton, Qt.ControlModifier,
+                     viewer.steps.visualItemRect(item).center())
+    assert viewer.selected_step_indices() == [1, 3] and viewer.delete_btn.text() == "Delete 2 steps…"
+    asked = []
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: asked.append(a[2]) or QMessageBox.Yes)
+    qtbot.mouseClick(viewer.delete_btn, Qt.LeftButton)
+    assert asked == ["Delete 2 steps (1, 3) from this episode? This cannot be undone."]
+    saved = store.load_episode(ep.id)
+    assert [s.action.name for s in saved.steps] == ["click", "scroll", "finished"]
+    assert [s.index for s in saved.steps] == [0, 1, 2] and saved.revision == ep.revision + 1
+
+
+def test_export_dialog_opens_in_the_data_folder_then_the_last_one_used(win, qtbot, store, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    page = win.page("Library")
+    offered = []
+    chosen = tmp_path / "elsewhere" / "mine.zip"
+    chosen.parent.mkdir()
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (offered.append(a[2]) or str(chosen), ""))
+    monkeypatch.setattr(page, "export_to", lambda path, ids: None)
+    page._ask_export("zip")
+    page._ask_export("jsonl")
+    assert offered[0] == str(store.root / "exports" / "tandem-episodes.zip")
+    assert offered[1] == str(chosen.parent / "samples.jsonl")  # remembered in the store's settings
+
+
+def test_an_opened_episode_fits_a_1024x700_screen(qtbot, store):
+    """Before, opening an episode widened the window to 1183 px and pushed Save out of view."""
+    ep = make_episode(store, n_steps=3, instruction="A long instruction " * 8)
+    w = MainWindow(store)
+    qtbot.addWidget(w)
+    w.resize(1024, 700)
+    w.show()
+    qtbot.waitExposed(w)
+    page = w.page("Library")
+    page.refresh()
+    page.select_episode(ep.id)
+    qtbot.waitUntil(lambda: page.viewer.episode is not None)
+    qtbot.wait(50)
+    assert w.width() == 1024 and w.minimumSizeHint().width() <= 1024
+    viewer = page.viewer
+    for b in (viewer.delete_btn, viewer.blur_btn, viewer.revert_btn, viewer.save_btn):
+        right = b.mapTo(w, b.rect().topRight()).x()
+        assert b.isVisible() and right < w.width(), (b.text(), right)
+    for i, (name, _) in enumerate(w.pages_spec):  # every page fits too
+        w.show_page_at(i)
+        qtbot.wait(20)
+        hint = w.minimumSizeHint()
+        assert hint.width() <= 1024 and hint.height() <= 680, (name, hint.toTuple())

@@ -4,6 +4,7 @@ wrecks the weights, are evaluated for real and are not promoted; a failed iterat
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_a_damaged_candidate_is_not_promoted(store, trained_dir, tmp_path):
     assert compare_key(broken) < compare_key(good)
     v1 = reg.register(tmp_path / "broken", parent=v0.version, iteration=1, metrics=broken)
     promoted, why = reg.decide(v1.version)
-    assert not promoted and why.startswith(f"not better than {v0.version}")
+    assert not promoted and why.startswith(f"not promoted, {v0.version} stays")
     assert reg.current().version == v0.version
     assert reg.get(v1.version).status == "rejected" and reg.get(v1.version).note == why
     with pytest.raises(FlywheelError, match="rejected"):
@@ -103,7 +104,7 @@ def test_an_iteration_that_wrecks_the_model_keeps_the_current_one(store, trained
     reg.update(v0.version, metrics=evaluate(trained_dir))
     reg.decide(v0.version)
     stages = []
-    rep = run_iteration(store, cfg, progress=lambda d, n, label: stages.append((d, label)))
+    rep = run_iteration(store, cfg, progress=lambda d, n, label, detail="": stages.append((d, label)))
     assert rep["parent"] == v0.version and rep["iteration"] == 1
     assert rep["promoted"] is False and rep["current"] == v0.version
     assert reg.get(rep["candidate"]).status == "rejected"
@@ -118,7 +119,7 @@ def test_an_iteration_that_wrecks_the_model_keeps_the_current_one(store, trained
     # evaluated for real, and worse than the current model on the same seeds
     assert rep["metrics"]["eval_signature"] == reg.get(v0.version).metrics["eval_signature"]
     assert compare_key(rep["metrics"]) < compare_key(reg.get(v0.version).metrics)
-    assert rep["decision"].startswith(f"not better than {v0.version}")
+    assert rep["decision"].startswith(f"not promoted, {v0.version} stays")
 
 
 def test_bad_flywheel_settings_are_refused_by_name(store, capsys):
@@ -135,3 +136,39 @@ def test_bad_flywheel_settings_are_refused_by_name(store, capsys):
     store.set_setting("flywheel.config", {})
     assert main(["flywheel", "run", "--sft-steps", "-1", "--data", str(store.root)]) == 2
     assert "sft_steps must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_the_first_iteration_starts_from_the_shipped_default_model(store):
+    """Before, the flywheel started from random weights (0% held-out) while Supervise and Drive used
+    the shipped default model; now v0000 is a copy of the shipped model where it fits the screen
+    size, evaluated for real, and a different size says why it cannot be used."""
+    from trainer.flywheel.iteration import SHIPPED_MODEL, FlywheelConfig, bootstrap_model, first_model
+
+    cfg = FlywheelConfig(families=[FAMILY], eval_seeds=2, max_steps=3)  # 320x240, the shipped model's size
+    assert first_model(cfg) == "the shipped default model"
+    reg = Registry(store)
+    v0 = bootstrap_model(store, cfg, reg)
+    assert v0.version == "v0000" and v0.status == "current" and v0.note == "the shipped default model"
+    assert (Path(v0.path) / "model.safetensors").read_bytes() == (SHIPPED_MODEL / "model.safetensors").read_bytes()
+    assert Path(v0.path) != SHIPPED_MODEL and v0.metrics["families"][FAMILY]["episodes"] == 2
+    assert v0.metrics["format_rate"] > 0.9  # a trained model, not random weights
+    small = FlywheelConfig(families=[FAMILY], width=224, height=168)
+    assert first_model(small) == ("a new model with random weights "
+                                  "(the shipped default model is for 320x240 screens, not 224x168)")
+    assert "random weights" in first_model(FlywheelConfig(families=[FAMILY], base="scratch"))
+    with pytest.raises(FlywheelError, match="base must be 'default' or 'scratch'"):
+        FlywheelConfig(base="shipped")
+
+
+def test_the_decision_is_said_in_words():
+    from trainer.flywheel.registry import ModelVersion, explain_decision
+
+    def mv(version, success, progress=0.0, n=30):
+        return ModelVersion(version, "p", metrics={"mean_success": success, "mean_progress": progress,
+                                                   "families": {FAMILY: {"episodes": n}}})
+
+    assert explain_decision(mv("v2", 0.1), mv("v1", 0.2), False) == \
+        "not promoted, v1 stays: held-out success 10.0% vs 20.0% on 30 episodes"
+    assert explain_decision(mv("v2", 0.2, 0.5), mv("v1", 0.2, 0.4), True) == \
+        "promoted over v1: held-out success 20.0% vs 20.0% on 30 episodes, a tie broken by more partial progress"
+    assert "needs a gain of at least 5.0%" in explain_decision(mv("v2", 0.22), mv("v1", 0.2), False, 0.05)

@@ -71,12 +71,27 @@ def test_run_iteration_button_runs_a_real_iteration_with_progress(qtbot, store):
     qtbot.addWidget(page)
     qtbot.waitUntil(lambda: page.status is not None, timeout=60_000)
     assert page.table.rowCount() == 0 and "none yet" in page.summary.text()
-    seen = []
+    assert "random weights" in page.summary.text()  # 224x168: the shipped 320x240 model does not fit
+    seen, said = [], set()
     page.progress.valueChanged.connect(seen.append)
+    real = page._on_progress
+
+    def on_progress(done, total):  # what the page says after each progress line
+        real(done, total)
+        said.add(page.message.text().split(" · ")[0])
+
+    page._on_progress = on_progress
     qtbot.mouseClick(page.run_btn, __import__("PySide6.QtCore", fromlist=["Qt"]).Qt.LeftButton)
     assert not page.run_btn.isEnabled() and page.stop_btn.isEnabled()
     qtbot.waitUntil(lambda: page.running is None, timeout=300_000)
-    assert page.message.text().startswith("Iteration 1: v0001"), page.message.text()
+    assert page.message.text().startswith("Iteration 1 finished in"), page.message.text()
+    assert "v0001" in page.message.text() and "key (" not in page.message.text()
+    # every stage was named while it ran, with its own count
+    assert any(t.startswith("Stage 1 of 7: preparing the model") for t in said), said
+    assert any(t.startswith("Stage 2 of 7: playing on-policy episodes") for t in said), said
+    assert any(t.startswith("Stage 3 of 7: scoring and routing new episodes (") for t in said), said
+    assert "Stage 5 of 7: fine-tuning on the SFT pool (2/2 steps)" in said, sorted(said)
+    assert any(t.startswith("Stage 7 of 7: evaluating on held-out tasks") for t in said), said
     assert seen and seen[-1] == 100 and len(set(seen)) > 3  # it moved through the stages
     qtbot.waitUntil(lambda: page.table.rowCount() == 2, timeout=60_000)  # v0000 (base) and v0001
     assert page.run_btn.isEnabled()

@@ -183,3 +183,15 @@ def test_microphone_recorded_on_the_recording_clock(xdisplay, virtual_mic, store
     assert t_play < onset < t_play + 1.0
     assert max(levels) > 0.1  # the level meter moved
     assert [s.action.name for s in ep.steps] == ["click"] and ep.steps[0].thought == "that was the button"
+
+
+def test_a_microphone_that_cannot_open_leaves_no_episode_behind(xdisplay, store):
+    """Before, a failed microphone start left a 0-step episode in status 'recording' in the Library."""
+    from app.recorder.errors import RecorderError
+    from app.recorder.session import RecorderConfig, RecordingSession
+
+    session = RecordingSession(store, "talk while working", RecorderConfig(fps=5, audio=True, audio_device=12345))
+    with pytest.raises(RecorderError, match="cannot (open microphone 12345|record audio)"):
+        session.start()
+    assert store.list_episodes() == []
+    assert session.screen is not None and not session.screen.is_alive()  # capture stopped too

@@ -19,6 +19,17 @@ from agent.schema import monotonic
 from app.recorder.errors import RecorderError
 
 
+def input_devices() -> list[tuple[int, str]]:
+    """(PortAudio index, name) of every device that can record; [] when there is none or no
+    PortAudio at all (the app then offers no microphone)."""
+    try:
+        import sounddevice as sd
+
+        return [(i, d["name"]) for i, d in enumerate(sd.query_devices()) if d.get("max_input_channels", 0) > 0]
+    except Exception:  # noqa: BLE001 - ImportError/OSError without PortAudio, PortAudioError
+        return []
+
+
 class AudioCapture:
     def __init__(self, samplerate: int = 16000, channels: int = 1, device=None, blocksize: int = 1600):
         self.samplerate, self.channels, self.device, self.blocksize = int(samplerate), int(channels), device, int(blocksize)
@@ -51,7 +62,10 @@ class AudioCapture:
             self._stream.start()
         except Exception as e:  # noqa: BLE001 - PortAudioError, ValueError for a bad device
             self._stream = None
-            raise RecorderError(f"cannot open the microphone (device {self.device!r}): {e}") from None
+            which = "the default microphone" if self.device is None else f"microphone {self.device!r}"
+            if not input_devices():
+                raise RecorderError(f"cannot open {which}: this computer has no microphone that PortAudio can see") from None
+            raise RecorderError(f"cannot open {which}: {e}") from None
         return self
 
     def stop(self) -> None:

@@ -73,3 +73,37 @@ class Denylist:
         return None
 
 
+
+
+class OwnWindows:
+    """Which input was aimed at the recording app itself (its Pause button, its note box): that
+    input is not part of the demonstration and is left out. On X11 a window says which process
+    owns it (_NET_WM_PID), so the top-most window at a click's point and the focused window are
+    compared with `pid`. Elsewhere the app passes `at(x, y)` and `focused()` callables built from
+    its own window rectangles and active state (not stacking-aware: a foreign window above the
+    app's counts as the app's). Called from the session's processing thread only."""
+
+    def __init__(self, pid: int | None = None, at=None, focused=None):
+        self.pid, self._at, self._focused = pid, at, focused
+        self._x11 = None
+
+    def _window(self):
+        if self._x11 is None:
+            self._x11 = FocusedWindow()
+        return self._x11 if self._x11.available else None
+
+    def at(self, x: int, y: int) -> bool:
+        w = self._window() if self.pid is not None else None
+        if w is not None:
+            return w.pid_at(x, y) == self.pid
+        return bool(self._at and self._at(x, y))
+
+    def focused(self) -> bool:
+        w = self._window() if self.pid is not None else None
+        if w is not None:
+            return w.focused_pid() == self.pid
+        return bool(self._focused and self._focused())
+
+    def close(self) -> None:
+        if self._x11 is not None:
+            self._x11.close()

@@ -29,21 +29,29 @@ def _unlink_unused(store, hashes) -> int:
 def delete_step(store, episode_id: str, index: int) -> None:
     """Remove a step, the raw input in its span (so re-reduction cannot bring it back) and the
     images only it used; later steps are renumbered."""
+    delete_steps(store, episode_id, [index])
+
+
+def delete_steps(store, episode_id: str, indices) -> None:
+    """delete_step for several steps at once: one revision, one transaction."""
     ep = store.load_episode(episode_id)
-    step = next((s for s in ep.steps if s.index == index), None)
-    if step is None:
-        raise RecorderError(f"episode {episode_id} has no step {index} (it has {len(ep.steps)})")
+    wanted = set(int(i) for i in indices)
+    gone = [s for s in ep.steps if s.index in wanted]
+    missing = sorted(wanted - {s.index for s in gone})
+    if missing:
+        raise RecorderError(f"episode {episode_id} has no step {missing[0]} (it has {len(ep.steps)})")
     before = ep.blob_hashes()
-    ep.steps = [s for s in ep.steps if s.index != index]
+    ep.steps = [s for s in ep.steps if s.index not in wanted]
     for i, s in enumerate(ep.steps):
         s.index = i
+    marks = ",".join("?" * len(INPUT_KINDS))
     with store.transaction():
         store.save_episode(ep, bump_revision=True)
-        marks = ",".join("?" * len(INPUT_KINDS))
-        store.db.execute(
-            f"DELETE FROM raw_events WHERE episode_id = ? AND t >= ? AND t <= ? AND kind IN ({marks})",
-            [episode_id, step.t_start, step.t_end, *INPUT_KINDS],
-        )
+        for step in gone:
+            store.db.execute(
+                f"DELETE FROM raw_events WHERE episode_id = ? AND t >= ? AND t <= ? AND kind IN ({marks})",
+                [episode_id, step.t_start, step.t_end, *INPUT_KINDS],
+            )
     _unlink_unused(store, before - ep.blob_hashes())
 
 

@@ -64,15 +64,23 @@ class RecordingSession:
 
     on_control(name, t) is called from the processing thread when a control hotkey is pressed
     ('pause', 'secret', 'note'): the app opens its note box on 'note'. Pause and secret are
-    applied here before the callback."""
+    applied here before the callback.
 
-    def __init__(self, store, instruction: str, config: RecorderConfig | None = None, on_control=None):
+    own_windows (app.recorder.privacy.OwnWindows) says which input went to the recording app's
+    own windows; that input is left out (counted in meta recording.dropped_own)."""
+
+    def __init__(self, store, instruction: str, config: RecorderConfig | None = None, on_control=None,
+                 own_windows=None):
         self.warnings: list[str] = []  # said to the person once recording starts (start() fills it)
         if not instruction or not instruction.strip():
             raise RecorderError("a recording needs an instruction (what the task is)")
         self.store, self.instruction = store, instruction.strip()
         self.config = config or RecorderConfig()
         self.on_control = on_control
+        self.own_windows = own_windows
+        self.own_focused = False  # the app's own window has the keyboard (sampled with the focus)
+        self._own_press = False  # the last mouse press went to the app: its release goes too
+        self.dropped_own = 0
         self.hotkeys = {name: Hotkey.parse(text) for name, text in self.config.hotkeys.items()}
         self.denylist = Denylist(self.config.denylist)
         self.episode: Episode | None = None
@@ -158,6 +166,11 @@ class RecordingSession:
             self.input = InputCapture().start()
         except BaseException:
             self._teardown()
+            # nothing was recorded yet: no empty episode is left behind to look like a recording
+            try:
+                self.store.delete_episode(self.episode.id)
+            except Exception:  # noqa: BLE001 - the start's own error is the one to report
+                pass
             raise
         self._emit({"t": monotonic(), "kind": "start"})
         self._thread = threading.Thread(target=self._run, name="tandem-recorder", daemon=True)
@@ -185,7 +198,7 @@ class RecordingSession:
         ep = self.episode
         rec = ep.meta["recording"]
         rec.update(status="complete", stopped=monotonic(), events=self.event_count,
-                   dropped_private=self.dropped_private, achieved_fps=round(self.screen.achieved_fps(), 2))
+                   dropped_private=self.dropped_private, dropped_own=self.dropped_own, achieved_fps=round(self.screen.achieved_fps(), 2))
         rec["duration_s"] = round(rec["stopped"] - rec["started"], 3)
         if self.audio is not None:
             rec["audio_overflows"] = self.audio.overflows
@@ -289,11 +302,15 @@ class RecordingSession:
             self.error = e
         finally:
             self.focus.close()
+            if self.own_windows is not None:
+                self.own_windows.close()
 
     def _check_focus(self, now: float) -> None:
         if self.password is not None and self.password.active != self.in_password:
             self.in_password = not self.in_password  # a marker for review; keys are masked by their own time
             self._emit({"t": now, "kind": "password_on" if self.in_password else "password_off"})
+        if self.own_windows is not None:
+            self.own_focused = self.own_windows.focused()
         title, app = self.focus.get()
         hit = self.denylist.match(title, app)
         if hit and not self.denied:
@@ -330,6 +347,9 @@ class RecordingSession:
             if self._paused_at(t) or self.denied:
                 self.dropped_private += 1
                 return
+            if self.own_focused:  # typed into the app itself (a note, a search box)
+                self.dropped_own += 1
+                return
             ev = {"t": t, "kind": kind, "key": key}
             masked = self.secret or (self.password is not None and self.password.active_at(t))
             if masked and (key == "space" or (len(key) == 1 and key.isprintable())):
@@ -360,6 +380,9 @@ class RecordingSession:
             self._last_move = t
             self._emit({"t": t, "kind": "move", "x": int(item[2]), "y": int(item[3])})
             return
+        if kind != "move" and self._aimed_at_self(kind, item[2], item[3]):
+            self.dropped_own += 1
+            return
         if kind in ("mouse_down", "mouse_up"):
             if kind == "mouse_down":
                 self._request_frame(t, "pre")
@@ -371,6 +394,19 @@ class RecordingSession:
             self._last_scroll = t
             self._emit({"t": t, "kind": "scroll", "x": int(item[2]), "y": int(item[3]), "dx": item[4], "dy": item[5]})
         self._input_seen(t)
+
+    def _aimed_at_self(self, kind: str, x, y) -> bool:
+        """A press or a wheel click on the app's own window; a release follows its press (the
+        note box's OK closes on release, so the window under it may be gone by then)."""
+        if self.own_windows is None:
+            return False
+        if kind == "mouse_up":
+            own, self._own_press = self._own_press, False
+            return own
+        own = self.own_windows.at(int(x), int(y))
+        if kind == "mouse_down":
+            self._own_press = own
+        return own
 
     def _control(self, name: str, t: float) -> None:
         if name == "pause":

@@ -29,6 +29,9 @@ def register(sub, common) -> None:
     ):
         r.add_argument(f"--{name}", type=typ, help=help_)
     r.add_argument("--families", help="comma-separated sandbox families")
+    r.add_argument("--base", choices=("default", "scratch"),
+                   help="the first model: the shipped default model when it fits the screen size (default), "
+                        "or random weights")
     r.add_argument("--save-config", action="store_true", help="save these settings as the store's flywheel config")
     r.add_argument("--orm-model", metavar="DIR", help="outcome reward model: a local checkpoint directory")
     r.add_argument("--orm-url", help="outcome reward model: an OpenAI-compatible base URL (with --orm-name)")
@@ -96,13 +99,14 @@ def cmd_run(args) -> int:
 
     from trainer.flywheel import FlywheelError
     from trainer.flywheel.announce import backend_target
-    from trainer.flywheel.iteration import CONFIG_KEY, FlywheelConfig, flywheel_dir, run_iteration
+    from trainer.flywheel.evaluation import miniwob_summary
+    from trainer.flywheel.iteration import CONFIG_KEY, STAGE_TEXT, FlywheelConfig, flywheel_dir, run_iteration
     from trainer.flywheel.plots import plot_flywheel
 
     if args.iterations < 1:
         return _fail(f"--iterations must be at least 1, got {args.iterations}")
     keys = ("eval_seeds", "rollouts", "ct_steps", "sft_steps", "ppo_updates", "ppo_batch", "ppo_workers", "batch",
-            "min_gain", "seed", "threads")
+            "min_gain", "seed", "threads", "base")
     over = {k: getattr(args, k) for k in keys}
     if args.families:
         over["families"] = [f.strip() for f in args.families.split(",") if f.strip()]
@@ -122,15 +126,17 @@ def cmd_run(args) -> int:
     try:
         for k in range(args.iterations):
             if args.progress_json:
-                def progress(done, total, label, k=k):
+                def progress(done, total, stage, detail="", k=k):
                     print(json.dumps({"iteration": k + 1, "of": args.iterations, "done": done, "total": total,
-                                      "stage": label}), flush=True)
+                                      "stage": stage, "text": STAGE_TEXT.get(stage, stage), "detail": detail,
+                                      "stage_index": list(STAGE_TEXT).index(stage) + 1 if stage in STAGE_TEXT else None,
+                                      "stages": len(STAGE_TEXT)}), flush=True)
                 rep = run_iteration(store, cfg, progress=progress, orm=orm, announce_target=target)
             else:
                 bar = tqdm(total=100, desc=f"iteration {k + 1}/{args.iterations}", unit="%", file=sys.stderr)
 
-                def progress(done, total, label, bar=bar):
-                    bar.set_postfix_str(label)
+                def progress(done, total, stage, detail="", bar=bar):
+                    bar.set_postfix_str(f"{STAGE_TEXT.get(stage, stage)} {detail}".strip())
                     bar.update(done - bar.n)
                 try:
                     rep = run_iteration(store, cfg, progress=progress, orm=orm, announce_target=target)
@@ -141,7 +147,7 @@ def cmd_run(args) -> int:
                     "current": rep["current"], "candidate_success": m.get("mean_success"),
                     "parent_success": rep["parent_metrics"].get("mean_success"), "routed": rep["routed"],
                     "pools": rep["pools"], "seconds": rep["seconds"], "decision": rep["decision"],
-                    "announce": rep.get("announce")}
+                    "announce": rep.get("announce"), "candidate_miniwob": miniwob_summary(m)}
             print(json.dumps({"result": line} if args.progress_json else line, default=str), flush=True)
             if rep.get("error"):
                 print(rep["error"], file=sys.stderr)
@@ -157,19 +163,27 @@ def cmd_run(args) -> int:
 def cmd_status(args) -> int:
     from trainer.flywheel.plots import summary
 
+    from trainer.flywheel import FlywheelError
+    from trainer.flywheel.iteration import FlywheelConfig, first_model
+
     store = _store(args)
     try:
         s = summary(store)
+        try:
+            first = first_model(FlywheelConfig.load(store))
+        except FlywheelError as e:
+            first = f"unknown: {e}"
     finally:
         store.close()
     if args.json:
         print(json.dumps({"pools": s["pools"], "current": s["current"], "growth": s["growth"],
-                          "versions": [v.__dict__ for v in s["versions"]]}, default=str))
+                          "versions": [v.__dict__ for v in s["versions"]], "first_model": first,
+                          "store": str(store.root)}, default=str))
         return 0
     print("pools: " + ", ".join(f"{k} {v}" for k, v in s["pools"].items()))
     for g in s["growth"]:
         print(f"  iteration {g['iteration']}: +{g['sft']} sft, +{g['ct']} ct, +{g['rejected']} rejected")
-    print(f"current model: {s['current'] or 'none'}")
+    print(f"current model: {s['current'] or 'none yet; the first iteration starts from ' + first}")
     fams = sorted({f for v in s["versions"] for f in (v.metrics.get("families") or {})})
     print(f"{'version':<8} {'it':>3} {'status':<9} {'parent':<7} {'mean':>5} " + " ".join(f"{f[:10]:>10}" for f in fams))
     for v in s["versions"]:

@@ -1,6 +1,7 @@
 """One turn of the flywheel, top to bottom:
 
-  0. a current model: the registry's, or (first run) a tiny Qwen2.5-VL built for the store's data;
+  0. a current model: the registry's, or (first run) the shipped default model when it was
+     trained for this screen size, else a tiny Qwen2.5-VL with random weights;
   1. new on-policy data: the current model plays training-seed sandbox tasks, stored as episodes;
   2. score and route every unscored episode (recorded, reversible); export corrections;
   3. train from the current model: CT on the CT pool -> SFT on the SFT pool and the corrected
@@ -9,12 +10,14 @@
      only when it beats the current model (a failed or worse one is kept as "rejected");
   5. announce a promoted model through the backend, when one is configured.
 
-Progress goes to `progress(done, total, label)` (0..100 over the whole iteration); metrics of
-every stage go to <data>/flywheel/metrics.jsonl with the iteration number on each row.
+Progress goes to `progress(done, total, stage, detail)` (0..100 over the whole iteration; the
+stage's name from STAGES and its own count, like "3/12 episodes"); metrics of every stage go to
+<data>/flywheel/metrics.jsonl with the iteration number on each row.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -27,7 +30,13 @@ from trainer.flywheel.routing import Router, RoutingConfig, correction_samples, 
 CONFIG_KEY = "flywheel.config"
 ROLLOUT_SEED_BASE = 500_000  # on-policy data uses training seeds far from `sandbox generate`'s
 # share of the iteration's progress bar per stage
-STAGES = {"collect": 8, "route": 4, "ct": 8, "sft": 30, "ppo": 30, "eval": 20}
+STAGES = {"start": 6, "collect": 8, "route": 4, "ct": 8, "sft": 26, "ppo": 28, "eval": 20}
+STAGE_TEXT = {  # what each stage is doing, for people (the CLI's bar, the Train page)
+    "start": "preparing the model to start from", "collect": "playing on-policy episodes",
+    "route": "scoring and routing new episodes", "ct": "continual training on the CT pool",
+    "sft": "fine-tuning on the SFT pool", "ppo": "PPO on sandbox tasks", "eval": "evaluating on held-out tasks",
+}
+SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "assets" / "default_model"
 
 
 def default_families() -> list[str]:
@@ -56,6 +65,7 @@ class FlywheelConfig:
     max_new_tokens: int = 48
     max_steps: int | None = None  # cap on an episode's steps (None: each family's own limit)
     min_gain: float = 0.0  # >0: promote only when held-out success rises by this much
+    base: str = "default"  # first model: "default" (the shipped one, when it fits the screen size) | "scratch"
     threads: int = 1  # torch threads (tiny models lose to thread wake-ups on 2 busy cores)
     seed: int = 0
     routing: dict = field(default_factory=dict)  # RoutingConfig fields
@@ -69,6 +79,8 @@ class FlywheelConfig:
                 raise FlywheelError(f"flywheel config: {name} must be >= 0, got {getattr(self, name)!r}")
         if not self.families:
             raise FlywheelError("flywheel config: families is empty")
+        if self.base not in ("default", "scratch"):
+            raise FlywheelError(f"flywheel config: base must be 'default' or 'scratch', got {self.base!r}")
         from trainer.sandbox.families import FAMILIES
 
         unknown = [f for f in self.families if f not in FAMILIES]
@@ -98,15 +110,16 @@ class _Progress:
     def __init__(self, fn):
         self.fn, self.base = fn, 0
 
-    def stage(self, name: str, done: float, total: float) -> None:
+    def stage(self, name: str, done: float, total: float, unit: str = "") -> None:
         if self.fn:
             frac = min(1.0, done / total) if total else 1.0
-            self.fn(int(self.base + STAGES[name] * frac), 100, name)
+            detail = f"{int(done)}/{int(total)} {unit}" if total and unit else ""
+            self.fn(int(self.base + STAGES[name] * frac), 100, name, detail)
 
     def finish(self, name: str) -> None:
         self.base += STAGES[name]
         if self.fn:
-            self.fn(int(self.base), 100, name)
+            self.fn(int(self.base), 100, name, "done")
 
 
 class _StageLog:
@@ -139,33 +152,62 @@ def flywheel_dir(store) -> Path:
 # ---------------------------------------------------------------- steps
 
 
+def shipped_model_fits(cfg: FlywheelConfig) -> tuple[bool, str]:
+    """(usable, why): the shipped default model starts the flywheel when it exists and was
+    trained for the flywheel's screen size (its grounding is in those pixels)."""
+    meta_path = SHIPPED_MODEL / "tandem_training.json"
+    if not (SHIPPED_MODEL / "config.json").exists() or not meta_path.exists():
+        return False, f"the shipped default model is missing ({SHIPPED_MODEL})"
+    try:
+        rc = json.loads(meta_path.read_text(encoding="utf-8"))["report"]["config"]
+        size = (int(rc["width"]), int(rc["height"]))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return False, f"the shipped default model's training record is unreadable ({e})"
+    if size != (cfg.width, cfg.height):
+        return False, f"the shipped default model is for {size[0]}x{size[1]} screens, not {cfg.width}x{cfg.height}"
+    return True, "the shipped default model"
+
+
+def first_model(cfg: FlywheelConfig) -> str:
+    """What the first iteration starts from, in words (the Train page says it before any run)."""
+    if cfg.base == "default":
+        fits, why = shipped_model_fits(cfg)
+        return why if fits else f"a new model with random weights ({why})"
+    return "a new model with random weights (base: scratch)"
+
+
 def bootstrap_model(store, cfg: FlywheelConfig, registry: Registry, *, progress=None):
-    """The first current model (v0000): a tiny Qwen2.5-VL whose tokenizer learned the store's
-    texts, evaluated on the held-out seeds. Only when the registry has no model at all."""
+    """The first current model (v0000), evaluated on the held-out seeds; only when the registry
+    has no model at all. The shipped default model when it fits (cfg.base "default"), else a tiny
+    Qwen2.5-VL with random weights whose tokenizer learned the store's texts."""
     from agent import coords
     from agent.grammar import format_normalized
     from trainer.flywheel.evaluation import evaluate_model
     from trainer.recipe import RecipeConfig, build_default_model
 
-    texts = []
-    for e in store.list_episodes():
-        ep = store.load_episode(e.id)
-        texts.append(ep.instruction)
-        for s in ep.steps:
-            try:
-                texts.append(format_normalized(s.thought, [s.action], coords.SMART_RESIZE, s.observation.width,
-                                               s.observation.height))
-            except Exception:  # a step that cannot be written only misses the tokenizer corpus
-                pass
     version = registry.next_version()
     out = flywheel_dir(store) / "models" / version
-    rc = RecipeConfig(width=cfg.width, height=cfg.height, seed=cfg.seed)
-    build_default_model(out, rc, texts)
+    fits, why = shipped_model_fits(cfg) if cfg.base == "default" else (False, "base: scratch")
+    if fits:
+        shutil.copytree(SHIPPED_MODEL, out, dirs_exist_ok=True)  # a copy: training never touches the shipped one
+        lineage, note = {"parents": [], "copied_from": str(SHIPPED_MODEL)}, "the shipped default model"
+    else:
+        texts = []
+        for e in store.list_episodes():
+            ep = store.load_episode(e.id)
+            texts.append(ep.instruction)
+            for s in ep.steps:
+                try:
+                    texts.append(format_normalized(s.thought, [s.action], coords.SMART_RESIZE, s.observation.width,
+                                                   s.observation.height))
+                except Exception:  # a step that cannot be written only misses the tokenizer corpus
+                    pass
+        build_default_model(out, RecipeConfig(width=cfg.width, height=cfg.height, seed=cfg.seed), texts)
+        lineage = {"parents": [], "built_from": "trainer.recipe.build_default_model", "tokenizer_texts": len(texts)}
+        note = f"base model (random weights): {why}"
     metrics = evaluate_model(out, cfg.families, cfg.eval_seeds, env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens,
                              progress=progress)
-    mv = registry.register(out, iteration=0, metrics=metrics, version=version,
-                           lineage={"parents": [], "built_from": "trainer.recipe.build_default_model",
-                                    "tokenizer_texts": len(texts)}, note="base model (random weights)")
+    mv = registry.register(out, iteration=0, metrics=metrics, version=version, lineage=lineage, note=note)
     registry.decide(mv.version)
     return registry.get(mv.version)
 
@@ -193,7 +235,7 @@ def collect_rollouts(store, model_dir, version: str, cfg: FlywheelConfig, iterat
     def tick(_traj):
         done[0] += 1
         if progress:
-            progress(done[0], cfg.rollouts)
+            progress(done[0], cfg.rollouts, "episodes")
 
     try:
         with torch.random.fork_rng():  # reproducible samples, the caller's RNG untouched
@@ -214,8 +256,17 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
     stages = []
     sft_ids = [e.id for e in store.list_episodes(route="sft")]
     ct_ids = [e.id for e in store.list_episodes(route="ct")]
-    slog.on_row = lambda step, phase: prog.stage(phase, step + 1, {"ct": cfg.ct_steps, "sft": cfg.sft_steps}.get(phase, 1)) \
-        if phase in ("ct", "sft") else None
+    ppo_rounds = 1 + cfg.ppo_updates  # value pretraining (value_pretrain_iters=1 below), then the updates
+
+    def on_row(step, phase):
+        if phase in ("ct", "sft"):
+            prog.stage(phase, step + 1, {"ct": cfg.ct_steps, "sft": cfg.sft_steps}[phase], "steps")
+        elif phase == "value_pretrain":
+            prog.stage("ppo", 1, ppo_rounds, "rounds (critic warm-up, then updates)")
+        elif phase == "ppo":
+            prog.stage("ppo", step + 2, ppo_rounds, "rounds (critic warm-up, then updates)")
+
+    slog.on_row = on_row
 
     # -- CT: the lower-quality pool, lower learning rate
     ct = pool_samples(store, "ct") if (cfg.ct_steps and ct_ids) else []
@@ -244,8 +295,7 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
         work = Path(out_dir).parent / (Path(out_dir).name + "-ppo")
         t0 = time.perf_counter()
         res = train_ppo(model, processor, pc, model_dir=parent_dir, work_dir=work, env_kw=cfg.env_kw,
-                        families=cfg.families, log=slog, progress=False,
-                        on_update=lambda u, row: prog.stage("ppo", u + 1, cfg.ppo_updates))
+                        families=cfg.families, log=slog, progress=False)
         last = res["history"][-1] if res["history"] else {}
         stages.append({"phase": "ppo", "updates": res["updates"], "seconds": round(time.perf_counter() - t0, 1),
                        **{k: last.get(k) for k in ("reward", "success_rate", "entropy", "approx_kl")}})
@@ -278,18 +328,20 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
 
     # -- 0. the model to start from
     current = registry.current()
+    prog.stage("start", 0, 1)
     if current is None:
-        current = bootstrap_model(store, cfg, registry)
+        current = bootstrap_model(store, cfg, registry, progress=lambda d, n: prog.stage("start", d, n, "episodes"))
         report["bootstrapped"] = current.version
     report["parent"] = current.version
+    prog.finish("start")
 
     # -- 1. new on-policy data from the current model
     report["rollouts"] = collect_rollouts(store, current.path, current.version, cfg, iteration,
-                                          progress=lambda d, n: prog.stage("collect", d, n))
+                                          progress=lambda d, n, unit="": prog.stage("collect", d, n, unit))
     prog.finish("collect")
 
     # -- 2. score and route what is new; corrections out as JSONL
-    report["routed"] = router.route(iteration, progress=lambda d, n: prog.stage("route", d, n))
+    report["routed"] = router.route(iteration, progress=lambda d, n: prog.stage("route", d, n, "episodes"))
     report["pools"] = router.pools()
     report["corrections"] = export_corrections(store, fw / f"iteration-{iteration}")
     prog.finish("route")
@@ -304,11 +356,16 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
     metrics, note = {}, ""
     try:
         lineage["stages"] = train_candidate(store, cfg, current.path, out_dir, slog, prog)
-        if current.metrics.get("eval_signature") is None or current.metrics.get("eval_signature") != _signature(cfg):
-            registry.update(current.version, metrics=evaluate_model(current.path, cfg.families, cfg.eval_seeds,
-                                                                    env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens))
+        stale = current.metrics.get("eval_signature") is None or current.metrics.get("eval_signature") != _signature(cfg)
+        runs = 2 if stale else 1  # the current model re-evaluated first when its numbers are not comparable
+        if stale:
+            registry.update(current.version, metrics=evaluate_model(
+                current.path, cfg.families, cfg.eval_seeds, env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens,
+                progress=lambda d, n: prog.stage("eval", d, runs * n, "episodes")))
+        first = (runs - 1) * len(cfg.families) * cfg.eval_seeds
         metrics = evaluate_model(out_dir, cfg.families, cfg.eval_seeds, env_kw=cfg.env_kw,
-                                 max_new_tokens=cfg.max_new_tokens, progress=lambda d, n: prog.stage("eval", d, n),
+                                 max_new_tokens=cfg.max_new_tokens,
+                                 progress=lambda d, n: prog.stage("eval", first + d, first + n, "episodes"),
                                  miniwob=True)
     except Exception as e:  # a failed iteration is recorded and leaves the current model in place
         note = f"failed: {type(e).__name__}: {e}"

@@ -56,6 +56,29 @@ def is_better(candidate: dict, current: dict, min_gain: float = 0.0) -> bool:
     return compare_key(candidate) > compare_key(current)
 
 
+def explain_decision(cand: "ModelVersion", cur: "ModelVersion", better: bool, min_gain: float = 0.0) -> str:
+    """Why a candidate was or was not promoted, in words a person reads on the Train page."""
+    c, p = cand.metrics, cur.metrics
+    n = c.get("episodes") or sum(int(f.get("episodes", 0)) for f in (c.get("families") or {}).values())
+    rates = f"held-out success {_pct(c.get('mean_success'))} vs {_pct(p.get('mean_success'))}" + (f" on {n} episodes" if n else "")
+    if min_gain > 0:
+        need = f"needs a gain of at least {_pct(min_gain)}"
+        return f"{'promoted' if better else 'kept ' + cur.version}: {rates} ({need})"
+    if better:
+        if round(c.get("mean_success", 0.0), 6) > round(p.get("mean_success", 0.0), 6):
+            return f"promoted over {cur.version}: {rates}"
+        tie = ("more partial progress" if round(c.get("mean_progress", 0.0), 6) > round(p.get("mean_progress", 0.0), 6)
+               else "more replies that parse")
+        return f"promoted over {cur.version}: {rates}, a tie broken by {tie}"
+    if round(c.get("mean_success", 0.0), 6) < round(p.get("mean_success", 0.0), 6):
+        return f"not promoted, {cur.version} stays: {rates}"
+    return f"not promoted, {cur.version} stays: {rates}, and no more partial progress or parsed replies"
+
+
+def _pct(v) -> str:
+    return "–" if v is None else f"{100 * v:.1f}%"
+
+
 class Registry:
     def __init__(self, store):
         self.store = store
@@ -155,14 +178,12 @@ class Registry:
         if cur is None:
             self.promote(candidate)
             return True, "first model: nothing to compare with"
-        if is_better(cand.metrics, cur.metrics, min_gain):
-            why = (f"better than {cur.version}: success {cand.mean_success:.3f} vs {cur.mean_success:.3f}, "
-                   f"key {compare_key(cand.metrics)} > {compare_key(cur.metrics)}")
+        better = is_better(cand.metrics, cur.metrics, min_gain)
+        why = explain_decision(cand, cur, better, min_gain)
+        if better:
             if not cand.note:
                 self.update(candidate, note=why)
             self.promote(candidate)
             return True, why
-        why = (f"not better than {cur.version}: success {cand.mean_success:.3f} vs {cur.mean_success:.3f}, "
-               f"key {compare_key(cand.metrics)} <= {compare_key(cur.metrics)}")
         self.reject(candidate, why)
         return False, why

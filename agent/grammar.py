@@ -9,7 +9,7 @@ The prompt is built from the action registry.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agent import coords
 from agent.actions import REGISTRY, actions_for, canonical_keys, validate
@@ -337,6 +337,20 @@ def format_action(action: Action) -> str:
         else:
             parts.append(f"{p.name}='{escape_text(str(v))}'")
     return f"{action.name}({', '.join(parts)})"
+
+
+def format_for_display(action: Action, geometry=None) -> str:
+    """An action as people read it: points in screen pixels where the screen is known (what the
+    executor clicks, marked 'px'), else as fractions of the screen to 3 decimals; never a
+    normalized float with 16 digits."""
+    if not action.points():
+        return format_action(action)
+    if geometry is not None:
+        try:
+            return format_action(action.map_points(lambda p: coords.normalized_to_screen(p, geometry))) + " px"
+        except coords.CoordinateError:
+            pass
+    return format_action(action.map_points(lambda p: (round(p[0], 3), round(p[1], 3))))
 
 
 def format_response(thought: str, actions: list[Action]) -> str:

@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Callable
 
+from agent.wording import hotkey_label
+
 DEFAULT_HOTKEY = "<ctrl>+<alt>+<shift>+k"
 
 
@@ -56,7 +58,7 @@ class KillSwitch:
         except Exception as e:  # noqa: BLE001 - pynput raises ImportError or Xlib errors without a display
             raise KillSwitchError(f"cannot listen for the kill-switch hotkey {self.hotkey}: {e}") from None
         try:
-            self._listener = keyboard.GlobalHotKeys({self.hotkey: lambda: self.trigger(f"kill switch ({self.hotkey})")})
+            self._listener = keyboard.GlobalHotKeys({self.hotkey: lambda: self.trigger(f"kill switch ({hotkey_label(self.hotkey)})")})
         except ValueError as e:
             raise KillSwitchError(f"not a valid hotkey {self.hotkey!r}: {e}") from None
         self._listener.start()

@@ -26,6 +26,7 @@ from agent.grammar import format_normalized
 from agent.memory import Memory, MemoryStep
 from agent.policies.base import PolicyError, Proposal
 from agent.schema import Action, Episode, Observation, Provenance, Step, monotonic
+from agent.wording import stop_reason
 
 TOOL_ACTIONS = ("run_command", "read_file", "write_file")
 
@@ -204,7 +205,7 @@ class AgentLoop:
             t = time.perf_counter()
             proposal = self.policy.propose(instruction, self.memory, frame, feedback)
             self.stats["propose"].append(time.perf_counter() - t)
-            self._emit("proposal", proposal=proposal)
+            self._emit("proposal", proposal=proposal, observation=frame)
             if self.stop_event.is_set():
                 raise _End(self._stop_reason, truncated=True)
             if not proposal.ok:
@@ -226,7 +227,7 @@ class AgentLoop:
             if self.stop_event.is_set():
                 raise _End(self._stop_reason, truncated=True)
             if decision.kind == "stop":
-                raise _End(f"stopped by the supervisor{': ' + decision.reason if decision.reason else ''}", truncated=True)
+                raise _End(stop_reason(decision.reason), truncated=True)
             if decision.kind == "reject":
                 rejections += 1
                 pending["rejections"].append({"thought": proposal.thought, "actions": [a.to_dict() for a in proposal.actions],

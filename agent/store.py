@@ -226,6 +226,12 @@ class Store:
         with self._lock:
             return bool(list(self.db.query("SELECT 1 FROM episodes WHERE id = ?", [episode_id])))
 
+    def instruction_of(self, episode_id: str) -> str | None:
+        """The episode's instruction (what lists show it by), without loading its steps."""
+        with self._lock:
+            rows = list(self.db.query("SELECT instruction FROM episodes WHERE id = ?", [episode_id]))
+        return rows[0]["instruction"] if rows else None
+
     def load_episode(self, episode_id: str) -> Episode:
         with self._lock:
             rows = list(self.db.query("SELECT * FROM episodes WHERE id = ?", [episode_id]))

@@ -7,6 +7,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
+from agent.wording import hotkey_label
+
 STRIP_STYLE = """
 QFrame#strip { background: #202124; border: 1px solid #5f6368; border-radius: 8px; }
 QFrame#strip QLabel { color: #e8eaed; }
@@ -15,11 +17,6 @@ QLabel#hotkey { color: #9aa0a6; font-size: 8pt; }
 QFrame#strip QPushButton { color: #e8eaed; background: #3c4043; border: 1px solid #5f6368; border-radius: 4px; padding: 3px 10px; }
 QFrame#strip QPushButton#stop { background: #c92a2a; border-color: #e03131; }
 """
-
-
-def hotkey_label(hotkey: str) -> str:
-    """'<ctrl>+<alt>+<shift>+k' -> 'Ctrl+Alt+Shift+K'."""
-    return "+".join(p.strip("<>").capitalize() if len(p.strip("<>")) > 1 else p.upper() for p in hotkey.split("+"))
 
 
 class ControlStrip(QFrame):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QCheckBox, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from agent.decision_stats import decision_stats
+from agent.wording import plural
 
 
 class DecisionsView(QWidget):
@@ -47,7 +48,7 @@ class DecisionsView(QWidget):
         self.stats = s = decision_stats(self.episodes())
         rate = s.approval_rate
         self.summary.setText("No decisions yet." if not s.decisions else
-                             f"{s.decisions} decisions over {s.episodes} run(s); "
+                             f"{plural(s.decisions, 'decision')} over {plural(s.episodes, 'run')}; "
                              f"{'–' if rate is None else f'{100 * rate:.0f}%'} approved as proposed.")
         rows = s.rows()
         self.table.setRowCount(len(rows))

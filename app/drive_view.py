@@ -8,9 +8,10 @@ control to the user and back. Pause takes effect before the next action is execu
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QDialog,
     QHBoxLayout,
@@ -22,15 +23,17 @@ from PySide6.QtWidgets import (
 )
 
 from agent.gate import Decision, Gate, Takeover
-from agent.grammar import format_action
+from agent.grammar import format_for_display
 from agent.killswitch import DEFAULT_HOTKEY, KillSwitch, KillSwitchError
 from agent.loop import AgentLoop, LoopConfig
+from agent.wording import hotkey_label, plural
 from app.agent_run import AgentRun, RunSetupError, queue_for_sync
 from app.control_strip import ControlStrip
 from app.proposal_panel import frame_pixmap
 from app.qt_supervisor import Pending, QtSupervisor
 from app.run_form import RunForm
 from app.screenshot_canvas import ScreenshotCanvas
+from app.window_rects import WindowRects
 
 
 class PausableGate(Gate):
@@ -65,7 +68,7 @@ class ConfirmDialog(QDialog):
         self.canvas.set_observation(pm, w, h)
         actions = req.proposal.actions if req.proposal is not None else []
         self.canvas.set_action(actions[0] if actions else None)
-        what = "; ".join(format_action(a) for a in actions)
+        what = "; ".join(format_for_display(a, req.observation.geometry) for a in actions)
         self.head = head = QLabel(("The agent needs your help. Do what is needed, then resume or end the run."
                        if asking_help else f"Allow this step? ({req.why})"))
         head.setObjectName("title")
@@ -85,9 +88,12 @@ class ConfirmDialog(QDialog):
         self.buttons = {}
         for label, value in choices:
             b = QPushButton(label)
+            b.setAutoDefault(False)
             b.clicked.connect(lambda _=False, v=value: self._choose(v))
             buttons.addWidget(b)
             self.buttons[label] = b
+        # Enter answers the safe way: a risky step needs a deliberate click on Allow
+        self.buttons["Resume the agent" if asking_help else "Don't allow"].setDefault(True)
         lay = QVBoxLayout(self)
         lay.addWidget(head)
         lay.addWidget(self.canvas, 1)
@@ -126,9 +132,17 @@ class DrivePage(QWidget):
         self.start_btn.setDefault(True)
         self.start_btn.clicked.connect(self.start_from_form)
         self.status = QLabel(f"On this desktop the window hides while the agent acts. Stop it any time with "
-                             f"{self.strip.hotkey.text()[13:]} or the strip's Stop button.")
+                             f"{hotkey_label(hotkey)} or the strip's Stop button.")
         self.status.setWordWrap(True)
         self.steps = QListWidget()
+        self.steps.hide()  # until the first step: an empty white box said nothing
+        self.steps_empty = QLabel("The agent's steps will be listed here as it acts.")
+        self.steps_empty.setObjectName("muted")
+        self.steps_empty.setAlignment(Qt.AlignTop | Qt.AlignLeft)
+        self.strip_rects = WindowRects(lambda: [self.strip])  # painted out of the agent's screenshots
+        self._strip_timer = QTimer(self)
+        self._strip_timer.setInterval(250)
+        self._strip_timer.timeout.connect(self.strip_rects.refresh)
         title = QLabel("Drive: the agent uses this computer or your phone")
         title.setObjectName("title")
         lay = QVBoxLayout(self)
@@ -140,6 +154,7 @@ class DrivePage(QWidget):
         lay.addLayout(row)
         lay.addWidget(self.status)
         lay.addWidget(self.steps, 1)
+        lay.addWidget(self.steps_empty, 1)
 
     # ------------------------------------------------------------ starting
     def start_from_form(self) -> None:
@@ -163,15 +178,19 @@ class DrivePage(QWidget):
         if self.run is not None and self.run.running:
             raise RuntimeError("the agent is already driving")
         self.steps.clear()
+        self.steps.hide()
+        self.steps_empty.show()
         self.supervisor = QtSupervisor("user")
         self.supervisor.asked.connect(self._asked)
         self.supervisor.withdrawn.connect(self._withdrawn)
         self.gate = PausableGate(gate, self.supervisor if gate != "auto" else None)
         supervisor, page_gate, hotkey = self.supervisor, self.gate, self.hotkey
+        run_config = config or LoopConfig(max_steps=50)
+        if run_config.kind is None:  # a person answers every step only with the "all" gate; else the agent drives
+            run_config = dataclasses.replace(run_config, kind="supervised" if gate == "all" else "autonomous")
 
         def build(run):
-            loop = AgentLoop(policy, executor, store=self.store, gate=page_gate,
-                             config=config or LoopConfig(max_steps=50))
+            loop = AgentLoop(policy, executor, store=self.store, gate=page_gate, config=run_config)
             supervisor.stop_event = page_gate.stop_event = loop.stop_event
             self.kill_switch = KillSwitch(loop, hotkey=hotkey)
             try:
@@ -200,6 +219,10 @@ class DrivePage(QWidget):
         self.strip.place()
         self.strip.show()
         self.strip.raise_()
+        if hasattr(executor, "hidden_regions"):  # the desktop: the agent must not see (or click) the strip
+            self.strip_rects.refresh()
+            executor.hidden_regions = self.strip_rects.rects
+            self._strip_timer.start()
         if self.window is not None and executor.platform == "desktop":
             self.window.hide()  # out of the way and out of the screenshots (a phone's are its own)
         self.start_btn.setEnabled(False)
@@ -225,7 +248,8 @@ class DrivePage(QWidget):
     def _event(self, kind: str, payload) -> None:
         if kind == "proposal":
             p = payload["proposal"]
-            self.strip.set_step(p.thought, "; ".join(format_action(a) for a in p.actions) or (p.parse_error or ""))
+            geo = payload["observation"].geometry if payload.get("observation") is not None else None
+            self.strip.set_step(p.thought, "; ".join(format_for_display(a, geo) for a in p.actions) or (p.parse_error or ""))
         elif kind == "kill_switch_off":
             self.strip.set_kill_switch_problem(payload)
 
@@ -251,7 +275,9 @@ class DrivePage(QWidget):
 
     def _step(self, step) -> None:
         err = f"  ✗ {step.info['error']}" if step.info.get("error") else ""
-        self.steps.addItem(f"{step.index + 1}. {format_action(step.action)}{err}")
+        self.steps_empty.hide()
+        self.steps.show()
+        self.steps.addItem(f"{step.index + 1}. {format_for_display(step.action, getattr(step.observation, 'geometry', None))}{err}")
 
     def _end(self, text: str) -> None:
         self.strip.hide()
@@ -263,8 +289,10 @@ class DrivePage(QWidget):
 
     def _finished(self, result) -> None:
         self.last_result = result
-        queued = queue_for_sync(self.store, self.window, result.episode.id) if result.episode.kind == "supervised" else ""
-        self._end(f"The agent stopped: {result.reason} ({result.steps} steps)." + (f" Decisions {queued}." if queued else ""))
+        # a run with a person's decisions in it (risky steps answered) is training data: it syncs
+        decided = result.episode.kind == "supervised" or any(d.get("by") for d in result.episode.meta.get("decisions", []))
+        queued = queue_for_sync(self.store, self.window, result.episode.id) if decided else ""
+        self._end(f"The agent stopped: {result.reason} ({plural(result.steps, 'step')})." + (f" Decisions {queued}." if queued else ""))
         self.run_finished.emit(result)
 
     def _failed(self, text: str) -> None:

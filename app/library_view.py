@@ -31,6 +31,7 @@ from agent.bundle import import_file, write_bundle
 from agent.export import export_jsonl
 from agent.schema import Outcome
 from agent.store import StoreError
+from agent.wording import plural
 from app.step_view import OUTCOMES, StepViewer, outcome_name
 from app.workers import run_in_background
 
@@ -275,7 +276,7 @@ class LibraryPage(QWidget):
             self.viewer.episode.outcome = outcome
             self.viewer.outcome.setCurrentIndex([v for _, v in OUTCOMES].index(success))
         self.refresh()
-        self._notify(f"Marked {len(ids)} episode(s) {outcome_name(success)}")
+        self._notify(f"Marked {plural(len(ids), 'episode')} {outcome_name(success)}")
 
     def delete_selected(self, confirm: bool = True) -> int:
         ids = self.selected_episode_ids()
@@ -297,7 +298,7 @@ class LibraryPage(QWidget):
                 break
         self.table.selectionModel().clear()
         self.refresh()
-        self._notify(f"Deleted {len(ids)} episode(s)")
+        self._notify(f"Deleted {plural(len(ids), 'episode')}")
         return len(ids)
 
     def _ask_export(self, fmt: str) -> None:
@@ -332,7 +333,7 @@ class LibraryPage(QWidget):
         """Export in the background: a .zip path writes a bundle, any other JSONL samples
         (with their images in images/ beside it). Emits taskFinished("export", ...)."""
         ids = list(episode_ids) if episode_ids else self.visible_episode_ids()
-        self._start(f"Exporting {len(ids)} episode(s)…", len(ids))
+        self._start(f"Exporting {plural(len(ids), 'episode')}…", len(ids))
         run_in_background(
             export_episodes, self.store, path, ids,
             on_progress=self._progress,
@@ -353,7 +354,7 @@ class LibraryPage(QWidget):
         self._start(f"Importing {Path(path).name}…", 0)
         run_in_background(
             import_file, self.store, path,
-            on_result=lambda r: self._done("import", r, f"Imported {r['episodes']} episode(s) ({r['replaced']} replaced)"),
+            on_result=lambda r: self._done("import", r, f"Imported {plural(r['episodes'], 'episode')} ({r['replaced']} replaced)"),
             on_error=lambda e: self._failed("import", e, "Import failed"),
         )
 

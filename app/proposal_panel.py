@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListWidget,
     QPlainTextEdit,
+    QProgressBar,
     QPushButton,
     QSplitter,
     QVBoxLayout,
@@ -29,8 +30,9 @@ from PySide6.QtWidgets import (
 from agent import coords
 from agent.actions import validate
 from agent.gate import Decision, HumanStep, Takeover
-from agent.grammar import format_action
+from agent.grammar import format_action, format_for_display
 from agent.schema import Action
+from agent.wording import plural
 from app.action_editor import ActionEditor
 from app.screenshot_canvas import ScreenshotCanvas
 
@@ -73,6 +75,10 @@ class ProposalPanel(QWidget):
 
         self.title = QLabel("Waiting for the agent…")
         self.title.setObjectName("title")
+        self.busy = QProgressBar()  # moving while the agent thinks: a model can take many seconds
+        self.busy.setRange(0, 0)
+        self.busy.setTextVisible(False)
+        self.busy.setFixedSize(120, 10)
         self.subtitle = QLabel("")
         self.subtitle.setObjectName("muted")
         self.subtitle.setWordWrap(True)
@@ -92,7 +98,8 @@ class ProposalPanel(QWidget):
         self.steps_list = QListWidget()
         self.steps_list.setFixedHeight(90)
         self.reason = QLineEdit()
-        self.reason.setPlaceholderText("Why is this step wrong? (Enter rejects)")
+        self.reason.setPlaceholderText("Why is it wrong? Enter rejects")
+        self.reason.setToolTip("Why this step is wrong: the agent is asked again and told why (Enter rejects, Esc cancels)")
         self.status = QLabel("")
         self.status.setWordWrap(True)
 
@@ -142,17 +149,23 @@ class ProposalPanel(QWidget):
         split.setStretchFactor(1, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.title)
+        head = QHBoxLayout()
+        head.addWidget(self.title)
+        head.addWidget(self.busy)
+        head.addStretch(1)
+        lay.addLayout(head)
         lay.addWidget(self.subtitle)
         lay.addWidget(split, 1)
         self.read_only = False
         self.clear()
 
     # ------------------------------------------------------------ state
-    def clear(self, message: str = "Waiting for the agent…") -> None:
+    def clear(self, message: str = "Waiting for the agent…", busy: bool | None = None) -> None:
+        """No request on screen; `busy` (default: the message says it waits) shows the agent is at work."""
         self.pending = None
         self.compose = False
         self.title.setText(message)
+        self.busy.setVisible(message.rstrip().endswith("Waiting for the agent…") if busy is None else busy)
         self.subtitle.setText("")
         self.canvas.set_action(None)
         self.canvas.set_proposal(None)
@@ -173,6 +186,7 @@ class ProposalPanel(QWidget):
         self._load_proposal()
         kind = "The agent asks for you — take over" if self.compose else f"Step {req.step_index + 1}: review the proposal"
         self.title.setText(kind)
+        self.busy.hide()
         self.subtitle.setText(f"{req.instruction}  ·  why asked: {req.why}" + (
             "  ·  read only: claim the run to decide" if read_only else ""))
         self.status.setText("")
@@ -277,7 +291,11 @@ class ProposalPanel(QWidget):
 
     def _send(self, value) -> None:
         pending = self.pending
-        self.clear("Sent. Waiting for the agent…")
+        kind = getattr(value, "kind", "takeover")
+        said = {"approve": "Approved.", "edit": "Approved with your edits.", "stop": "Stopping the run.",
+                "reject": f"Rejection recorded (“{getattr(value, 'reason', '')}”): the agent is asked again."}.get(
+                    kind, "Your steps were sent.")
+        self.clear(said if kind == "stop" else f"{said} Waiting for the agent…")
         self.answered.emit(pending, value)
 
     def approve(self) -> None:
@@ -348,10 +366,11 @@ class ProposalPanel(QWidget):
             self.status.setText(f"Not a valid action: {problem}")
             return False
         self.human_steps.append(HumanStep(self.thought.toPlainText().strip(), a))
-        self.steps_list.addItem(format_action(a))
+        frame = self.pending.request.observation
+        self.steps_list.addItem(format_for_display(a, frame.geometry if frame is not None else None))
         self.thought.clear()
         self._dirty = False
-        self.status.setText(f"{len(self.human_steps)} step(s) ready")
+        self.status.setText(f"{plural(len(self.human_steps), 'step')} ready")
         return True
 
     def finish_takeover(self, resume: bool) -> None:

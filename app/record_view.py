@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QColor, QGuiApplication, QIcon, QKeySequence, QPixmap, QShortcut
 from PySide6.QtWidgets import (
-    QApplication,
     QCheckBox,
     QComboBox,
     QDialog,
@@ -35,41 +33,10 @@ from PySide6.QtWidgets import (
 )
 
 from agent.schema import monotonic
+from agent.wording import plural
 from app.recorder.privacy import OwnWindows
+from app.window_rects import WindowRects
 from app.workers import run_in_background
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    return f"{n} {word if n == 1 else (many or word + 's')}"
-
-
-class AppWindowsSnapshot:
-    """Where the app's windows are and whether it is active, copied from Qt on the GUI thread
-    (refresh) and read by the recorder's thread (at, focused): the recorder's own-window filter
-    where X11 cannot say which process owns a window."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._rects: list[tuple[int, int, int, int]] = []
-        self._active = False
-
-    def refresh(self) -> None:
-        rects = []
-        for w in QApplication.topLevelWidgets():
-            if w.isVisible() and not w.isMinimized():
-                g, r = w.frameGeometry(), w.devicePixelRatioF()  # input comes in device pixels
-                rects.append((int(g.x() * r), int(g.y() * r), int(g.width() * r), int(g.height() * r)))
-        active = QGuiApplication.applicationState() == Qt.ApplicationActive
-        with self._lock:
-            self._rects, self._active = rects, active
-
-    def at(self, x: int, y: int) -> bool:
-        with self._lock:
-            return any(rx <= x < rx + rw and ry <= y < ry + rh for rx, ry, rw, rh in self._rects)
-
-    def focused(self) -> bool:
-        with self._lock:
-            return self._active
 
 
 class _Bridge(QObject):
@@ -198,7 +165,7 @@ class RecordPage(QWidget):
         self.timer = QTimer(self)
         self.timer.setInterval(250)
         self.timer.timeout.connect(self._update_live)
-        self.own = AppWindowsSnapshot()
+        self.own = WindowRects()
         self._fill_microphones()
         self._update_state()
 
@@ -231,7 +198,7 @@ class RecordPage(QWidget):
         if platform in ("offscreen", "minimal", "vnc"):  # the app's windows are not on the captured screen
             return OwnWindows()
         self.own.refresh()
-        return OwnWindows(pid=os.getpid() if platform == "xcb" else None, at=self.own.at, focused=self.own.focused)
+        return OwnWindows(pid=os.getpid() if platform == "xcb" else None, at=self.own.at, focused=self.own.active)
 
     # ------------------------------------------------------------ controls
     def start(self) -> None:

@@ -42,7 +42,9 @@ class RunForm(QWidget):
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)
         self.instruction = QLineEdit()
-        self.instruction.setPlaceholderText("What should the agent do? (a sandbox task brings its own)")
+        self.instruction.setPlaceholderText(
+            "What should the agent do? (a sandbox task brings its own)" if "sandbox" in (executors or ())
+            else "What should the agent do? e.g. “Open Downloads and sort the files by date”")
         form.addRow("Instruction", self.instruction)
 
         self.policy = QComboBox()
@@ -108,8 +110,15 @@ class RunForm(QWidget):
         for g in gates:
             self.gate.addItem(GATE_LABELS[g], g)
         form.addRow("Gate", self.gate)
+        self.warning = QLabel()  # said before a run, not discovered during it
+        self.warning.setObjectName("error")
+        self.warning.setWordWrap(True)
+        form.addRow("", self.warning)
+        self.policy.currentIndexChanged.connect(self._update_warning)
+        self.executor.currentIndexChanged.connect(self._update_warning)
         self._restore()
         self._executor_changed()
+        self._update_warning()
 
     # ------------------------------------------------------------ values
     def _executor_changed(self) -> None:
@@ -118,6 +127,16 @@ class RunForm(QWidget):
         self.seed.setVisible(sandbox)
         self.seed_label.setVisible(sandbox)
         self.serial.setVisible(self.executor.currentData() == "android")
+
+    def _update_warning(self) -> None:
+        where = self.executor.currentData()
+        if self.policy.currentData() == "default" and where in ("desktop", "android"):
+            self.warning.setText("The default small model learned only Tandem's sandbox tasks (320x240 screens); "
+                                 f"on {'this desktop' if where == 'desktop' else 'a phone'} it will mostly miss. "
+                                 "Use an endpoint or a local UI-TARS-class model for real work.")
+            self.warning.show()
+        else:
+            self.warning.hide()
 
     def _browse_replay(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Replay responses", "", "JSON lines (*.jsonl);;All files (*)")

@@ -28,9 +28,10 @@ from PySide6.QtWidgets import (
 
 from agent import protocol as P
 from agent.gate import Gate
-from agent.grammar import format_action
+from agent.grammar import format_for_display
 from agent.loop import AgentLoop, LoopConfig
 from agent.supervision import SupervisionError, request_from_wire
+from agent.wording import plural
 from app.agent_run import AgentRun, RunSetupError, queue_for_sync
 from app.decisions_view import DecisionsView
 from app.proposal_panel import ProposalPanel
@@ -263,7 +264,7 @@ class SupervisePage(QWidget):
     def _step(self, step) -> None:
         who = step.provenance.source
         err = f"  ✗ {step.info['error']}" if step.info.get("error") else ""
-        self.steps.addItem(f"{step.index + 1}. [{who}] {format_action(step.action)}{err}")
+        self.steps.addItem(f"{step.index + 1}. [{who}] {format_for_display(step.action, getattr(step.observation, 'geometry', None))}{err}")
         self.steps.scrollToBottom()
 
     def _finished(self, result) -> None:
@@ -274,7 +275,7 @@ class SupervisePage(QWidget):
         self.panel.clear(f"The run ended: {result.reason}." + (f" {verdict}" if verdict else ""))
         self.decisions.add_episode(result.episode.id)
         queued = queue_for_sync(self.store, self.window, result.episode.id)
-        self._notify(f"Run ended ({result.reason}) after {result.steps} steps; " + (f"{verdict} " if verdict else "") + queued)
+        self._notify(f"Run ended ({result.reason}) after {plural(result.steps, 'step')}; " + (f"{verdict} " if verdict else "") + queued)
         self.publisher = None
         self._sync_buttons()
         self.run_finished.emit(result)

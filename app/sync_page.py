@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from agent.wording import plural
 from app.sync.outbox import Outbox
 from app.sync.status_widget import SyncStatusWidget
 
@@ -57,15 +58,19 @@ class SyncPage(QWidget):
         buttons.addWidget(self.retry)
         buttons.addStretch(1)
 
-        self.status = SyncStatusWidget(self.outbox, getattr(window, "sync", None))
+        self.status = SyncStatusWidget(self.outbox, getattr(window, "sync", None), describe=store.instruction_of)
         layout = QVBoxLayout(self)
         layout.addWidget(box)
         layout.addLayout(buttons)
         layout.addWidget(self.status, 1)
 
     def _describe(self) -> str:
+        """Where episodes go (whether that works right now is the status line below)."""
         url = getattr(self.window, "sync_url", None)
-        return f"Connected to {url}" if url else "Sync is off"
+        if not url:
+            return "Sync is off"
+        embedded = getattr(self.window, "_stop_embedded", None) is not None
+        return f"Sends to {url}" + (" (the backend built into this app)" if embedded else "")
 
     def submit_unsynced(self) -> None:
         ids = self.outbox.submit_all()
@@ -75,13 +80,11 @@ class SyncPage(QWidget):
             e = self.outbox.get(eid)
             if e is not None:
                 self.status.update_entry(e)
-        self.window.notify(f"Queued {len(ids)} episode(s) for sync")
+        self.window.notify(f"Queued {plural(len(ids), 'episode')} for sync")
 
     def apply_settings(self) -> None:
         self.store.set_setting(SERVER_KEY, self.url.text().strip() or None)
         self.secrets.set(TOKEN_KEY, self.token.text().strip() or None)  # the keyring or a 0600 file
         self.window.restart_sync()
-        if self.window.sync is not None:
-            self.window.sync.entry_changed.connect(self.status.update_entry)
-            self.window.sync.connection_changed.connect(self.status.set_connection)
+        self.status.set_bridge(self.window.sync)
         self.current.setText(self._describe())

@@ -75,6 +75,7 @@ def main(mode: str, out: str, data: str, responses: str, shot: str | None = None
         def on_step(step):
             state["window_visible_during_steps"].append(window.isVisible())
             state["strip_visible_during_steps"].append(page.strip.isVisible())
+            state["strip_rects"] = page.strip_rects.rects()
             if shot and step.index == 1 and state["shot"] is None:
                 grab_screen(shot)
                 state["shot"] = shot

@@ -9,16 +9,21 @@ def test_embedded_backend_syncs_submitted_episodes(qtbot, store):
     from app.main_window import MainWindow
     from trainer.backend_store import BackendStore
 
-    eps = [make_episode(store, 2), make_episode(store, 3)]
+    eps = [make_episode(store, 2, instruction="Rename the report"), make_episode(store, 3, instruction="Open the mail")]
     win = MainWindow(store)
     qtbot.addWidget(win)
     win.start_sync()
     try:
         assert win.sync_url.startswith("ws://127.0.0.1:")
-        page = win.page("Sync")
+        qtbot.waitUntil(lambda: win.sync.connection is not None and win.sync.connection[0], timeout=20000)
+        page = win.page("Sync")  # made after the connection came up: it says so (before: "not connected")
+        assert page.status.summary.text().startswith("Connected as "), page.status.summary.text()
+        assert page.current.text().startswith("Sends to ws://127.0.0.1:") and "built into this app" in page.current.text()
         page.submit_unsynced()
         qtbot.waitUntil(lambda: all(page.status.state_of(e.id) == "synced" for e in eps), timeout=20000)
-        assert "synced" in page.status.summary.text() or page.status.summary.text()
+        assert "2 synced" in page.status.summary.text()
+        names = {page.status.table.item(r, 0).text() for r in range(page.status.table.rowCount())}
+        assert names == {e.instruction for e in eps}  # episodes by what they are, not 8 hex digits
     finally:
         win.stop_sync()
     backend = BackendStore(store.root / "backend")
@@ -43,7 +48,7 @@ def test_sync_page_saves_server_settings(qtbot, store):
     page.apply_settings()  # empty URL: the embedded backend again
     try:
         assert win.sync is not None and win.sync_url.startswith("ws://127.0.0.1:")
-        assert "Connected to ws://127.0.0.1" in page.current.text()
+        assert "Sends to ws://127.0.0.1" in page.current.text()
     finally:
         win.stop_sync()
 

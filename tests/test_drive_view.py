@@ -49,12 +49,14 @@ def test_risky_step_asks_on_top_and_a_refusal_is_kept(qtbot, page, sandbox, stor
     assert dlg.windowFlags() & Qt.WindowStaysOnTopHint and dlg.isVisible()
     assert "risky action: hotkey 'ctrl w'" in dlg.head.text()
     assert dlg.canvas._action == Action("hotkey", {"key": "ctrl w"})
-    qtbot.mouseClick(dlg.buttons["Don't allow"], Qt.LeftButton)
+    assert dlg.buttons["Don't allow"].isDefault() and not dlg.buttons["Allow"].isDefault()
+    qtbot.keyClick(dlg, Qt.Key_Return)  # Enter is the safe answer, not Allow
     qtbot.waitUntil(lambda: page.last_result is not None, timeout=15000)
     ep = store.load_episode(page.last_result.episode.id)
     assert ex.success and policy.position == 2
     assert ep.steps[0].info["rejections"][0]["reason"] == "the user did not allow this step"
-    assert ep.kind == "supervised" and Outbox(store).get(ep.id).state == "queued"
+    # the agent drove (risky gate); the person's answer makes it training data, so it is queued
+    assert ep.kind == "autonomous" and Outbox(store).get(ep.id).state == "queued"
     assert not page.strip.isVisible()
 
 
@@ -118,3 +120,14 @@ def test_drive_an_android_phone_chosen_in_the_form(qtbot, page, store, tmp_path,
     assert [s.action.name for s in ep.steps] == ["click", "type", "finished"]
     assert ep.steps[0].observation.geometry.logical_width == WIDTH
     assert store.get_setting("drive.executor") == "android" and store.get_setting("drive.serial") == "R58M123ABC"
+
+
+def test_the_form_warns_before_the_sandbox_model_drives_a_real_desktop(qtbot, page):
+    f = page.form
+    assert "sandbox" not in f.instruction.placeholderText()  # Drive has no sandbox
+    f.set_choice(f.policy, "default")
+    f.set_choice(f.executor, "desktop")
+    assert not f.warning.isHidden() and "learned only Tandem's sandbox tasks" in f.warning.text()
+    f.set_choice(f.policy, "endpoint")
+    assert f.warning.isHidden()
+    assert page.steps.isHidden() and not page.steps_empty.isHidden()  # not an empty white box

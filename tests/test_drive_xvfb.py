@@ -61,6 +61,22 @@ def test_drive_completes_a_task_in_a_real_window(xdisplay, target, tmp_path):
     assert not any(res["window_visible_during_steps"]) and all(res["strip_visible_during_steps"])
     assert res["window_visible_after"] is True
     assert Path(DRIVE_SHOT).stat().st_size > 10_000
+    # the strip is on screen (the screenshot above shows it) but painted out of what the agent saw
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from agent.store import Store
+
+    (x, y, w, h), = res["strip_rects"]
+    with Store(tmp_path / "data") as store:
+        step = store.load_episode(res["episode"]).steps[1]
+        seen = np.asarray(Image.open(io.BytesIO(store.get_blob(step.observation.screenshot))).convert("L")).astype(int)
+    inside = seen[y + 2:y + h - 2, x + 2:x + w - 2]
+    assert inside.size > 10_000 and np.abs(inside - 128).max() <= 3  # flat grey (JPEG keeps it within a few levels)
+    shot = np.asarray(Image.open(DRIVE_SHOT).convert("L")).astype(int)[y + 2:y + h - 2, x + 2:x + w - 2]
+    assert shot.std() > 5  # while the real screen showed the strip's text and buttons
 
 
 def test_kill_switch_hotkey_stops_drive_mid_run(xdisplay, target, tmp_path):

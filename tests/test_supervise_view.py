@@ -116,8 +116,13 @@ def test_reject_with_a_reason_asks_the_policy_again(qtbot, page, sandbox, store)
     qtbot.keyClick(page.panel, Qt.Key_R)
     assert page.panel.reason.hasFocus()
     qtbot.keyClicks(page.panel.reason, "there is nothing in that corner")
+    said = []  # what the panel shows the moment the answer leaves: a confirmation and a moving bar
+    page.panel.answered.connect(lambda *_: said.append((page.panel.title.text(), page.panel.busy.isVisible())))
     qtbot.keyClick(page.panel.reason, Qt.Key_Return)
+    assert said == [("Rejection recorded (“there is nothing in that corner”): the agent is asked again. "
+                     "Waiting for the agent…", True)]
     wait_for_proposal(qtbot, page, n=2)
+    assert page.panel.busy.isHidden()  # a proposal on screen: nothing to wait for
     assert policy.position == 2  # asked again
     assert page.panel.thought.toPlainText() == "Click the button."
     qtbot.keyClick(page.panel, Qt.Key_Return)

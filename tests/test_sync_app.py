@@ -47,4 +47,4 @@ def test_bridge_and_widget_show_each_state(qtbot, store):
     assert "missing from the local store" in widget.table.item(row, 3).text()
     assert widget.table.cellWidget(widget._rows[good.id], 2).value() == 1000
     assert "1 synced" in widget.summary.text() and "1 failed" in widget.summary.text()
-    assert "connected as local (admin)" in widget.summary.text()
+    assert widget.summary.text().startswith("Connected as local (admin) — ")

@@ -70,6 +70,9 @@ class DesktopExecutor:
         self.password_fields = password_fields
         self._password = None  # agent.password_focus.PasswordFocus, started with the first observation
         self._focus = None  # agent.focused_window.FocusedWindow, opened with the first observation
+        # () -> [(x, y, w, h)] in the OS input space: windows of the app itself (Drive's control
+        # strip) painted out of the screenshot, so the agent neither sees nor clicks its own controls
+        self.hidden_regions = None
 
     # ---------------------------------------------------------------- lazy back ends
     def _pyautogui(self):
@@ -122,6 +125,9 @@ class DesktopExecutor:
         except ImportError:
             pixels = bgra[:, :, :3]  # a view; encode_pixels copies it
         geometry = self.geometry_for(mon, grab.width, grab.height)
+        if self.hidden_regions is not None:
+            pixels = np.array(pixels)  # writable (a view of the grab is not)
+            paint_out(pixels, self.hidden_regions(), geometry)
         self._last = Frame(geometry=geometry, pixels=pixels, bgr=True, time=t)
         if self._focus is None:
             from agent.focused_window import FocusedWindow
@@ -338,3 +344,20 @@ def action_platforms(name: str) -> list[str]:
 
     spec = REGISTRY.get(name)
     return list(spec.platforms) if spec else []
+
+
+def paint_out(pixels, regions, geometry: ScreenGeometry, value: int = 128) -> int:
+    """Fill screen regions (x, y, w, h in the OS input space) of a grab with flat grey; returns
+    how many regions touched this monitor."""
+    touched = 0
+    height, width = pixels.shape[:2]
+    s = geometry.scale_factor
+    for x, y, w, h in regions or ():
+        x0 = max(0, int((x - geometry.origin_x) * s))
+        y0 = max(0, int((y - geometry.origin_y) * s))
+        x1 = min(width, int(round((x + w - geometry.origin_x) * s)))
+        y1 = min(height, int(round((y + h - geometry.origin_y) * s)))
+        if x0 < x1 and y0 < y1:
+            pixels[y0:y1, x0:x1] = value
+            touched += 1
+    return touched

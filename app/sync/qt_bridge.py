@@ -22,13 +22,18 @@ class SyncBridge(QObject):
         self.client = SyncClient(store, url, token)
         self.outbox = self.client.outbox
         self.outbox.subscribe(self._on_entry)  # called on whichever thread changed the row
-        self.client.on_connection = lambda up, detail: self.connection_changed.emit(up, detail)
+        self.connection: tuple[bool, str] | None = None  # the last (connected, detail): views made later start right
+        self.client.on_connection = self._on_connection
         self.client.on_model_version = lambda v, info: self.model_announced.emit(v, info)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
+
+    def _on_connection(self, up: bool, detail: str) -> None:
+        self.connection = (up, detail)
+        self.connection_changed.emit(up, detail)
 
     def _on_entry(self, entry: OutboxEntry) -> None:
         self.entry_changed.emit(entry)

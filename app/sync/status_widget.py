@@ -11,9 +11,10 @@ COLUMNS = ("Episode", "State", "Progress", "Details")
 
 
 class SyncStatusWidget(QWidget):
-    def __init__(self, outbox: Outbox, bridge=None, parent=None):
+    def __init__(self, outbox: Outbox, bridge=None, parent=None, describe=None):
         super().__init__(parent)
         self.outbox = outbox
+        self.describe = describe  # episode id -> what people recognise it by (its instruction)
         self.summary = QLabel()
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -24,12 +25,22 @@ class SyncStatusWidget(QWidget):
         layout.addWidget(self.table)
         self._rows: dict[str, int] = {}
         self._states: dict[str, str] = {}
-        self.connection = "not connected"
+        self.connection = "sync is off" if bridge is None else "connecting…"
         for e in outbox.entries():
             self.update_entry(e)
+        self.set_bridge(bridge)
+
+    def set_bridge(self, bridge) -> None:
+        """Follow a (new) sync bridge, starting from the state it already reached."""
         if bridge is not None:
             bridge.entry_changed.connect(self.update_entry)
             bridge.connection_changed.connect(self.set_connection)
+            if getattr(bridge, "connection", None) is not None:
+                self.set_connection(*bridge.connection)
+                return
+            self.connection = "connecting…"
+        else:
+            self.connection = "sync is off"
         self._update_summary()
 
     def set_connection(self, up: bool, detail: str) -> None:
@@ -42,7 +53,8 @@ class SyncStatusWidget(QWidget):
             row = self.table.rowCount()
             self.table.insertRow(row)
             self._rows[e.episode_id] = row
-            self.table.setItem(row, 0, QTableWidgetItem(e.episode_id[:8]))
+            name = (self.describe(e.episode_id) if self.describe else None) or e.episode_id[:8]
+            self.table.setItem(row, 0, QTableWidgetItem(name))
             self.table.item(row, 0).setToolTip(e.episode_id)
             bar = QProgressBar()
             bar.setRange(0, 1000)
@@ -67,4 +79,5 @@ class SyncStatusWidget(QWidget):
         counts = {s: 0 for s in ("queued", "sending", "synced", "failed")}
         for s in self._states.values():
             counts[s] = counts.get(s, 0) + 1
-        self.summary.setText(", ".join(f"{n} {s}" for s, n in counts.items()) + f" — {self.connection}")
+        self.summary.setText(f"{self.connection[0].upper()}{self.connection[1:]} — "
+                             + ", ".join(f"{n} {s}" for s, n in counts.items()))

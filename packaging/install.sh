@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Tandem needs on Debian/Ubuntu (or any machine with pip; the apt part is skipped
-# where apt-get is missing). `--test` adds what the test suite needs (Xvfb, xdotool, espeak-ng).
+# where apt-get is missing). `--test` adds what the test suite needs (Xvfb, xdotool, espeak-ng, and
+# MiniWoB++: the miniwob package from requirements-test.txt, headless chromium and chromium-driver).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 want_test=0
@@ -13,7 +14,8 @@ SUDO=""
 debs=(libxcb-icccm4 libxcb-keysyms1 libxcb-xinerama0 libxcb-cursor0 libxkbcommon-x11-0 libegl1 libgl1
       libfontconfig1 libdbus-1-3 libpulse0 libportaudio2 xdotool scrot
       dbus-daemon at-spi2-core)  # the accessibility bus: the recorder asks it whether a password field is focused
-[ $want_test -eq 1 ] && debs+=(xvfb espeak-ng sox pulseaudio pulseaudio-utils libasound2-plugins xterm)  # xterm: the gate's terminal test
+[ $want_test -eq 1 ] && debs+=(xvfb espeak-ng sox pulseaudio pulseaudio-utils libasound2-plugins xterm  # xterm: the gate's terminal test
+                              chromium chromium-driver)  # MiniWoB++ (trainer/sandbox/miniwob_env.py)
 if command -v apt-get >/dev/null; then
   missing=()
   for d in "${debs[@]}"; do dpkg -s "$d" >/dev/null 2>&1 || missing+=("$d"); done

@@ -70,3 +70,21 @@ class PolicyActor:
 
     def generate(self, messages, *, greedy: bool = True) -> ActorOutput:
         return ActorOutput(self.policy.generate(messages))
+
+
+class RandomActor:
+    """The random policy behind the actor interface: each reply is one action drawn from
+    `env.action_space` (the sandbox's mix of clicks, drags, scrolls, typing, keys and waits),
+    written as UI-TARS text in the env's coordinate space, so the one episode runner plays it
+    like any model. A baseline, and a fuzzer for an environment's adapter."""
+
+    def __init__(self, env, *, seed: int = 0):
+        self.env = env
+        env.action_space.seed(seed)
+
+    def generate(self, messages, *, greedy: bool = False) -> ActorOutput:
+        from agent.grammar import format_normalized
+
+        env = self.env
+        action = env.action_space.sample()
+        return ActorOutput(format_normalized("", [action], env.coords_space, env.width, env.height))

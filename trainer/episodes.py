@@ -294,7 +294,6 @@ def evaluate(actor, families: list[str], seeds_per_family: int, *, env_kw: dict 
     models can be compared pair by pair (trainer.stats.paired_difference). progress() per episode."""
     from trainer.sandbox.env_process import make_envs
     from trainer.sandbox.task import HELDOUT_START
-    from trainer.stats import rate
 
     if seeds_per_family < 1:
         raise ValueError(f"seeds_per_family must be at least 1, got {seeds_per_family}")
@@ -307,9 +306,20 @@ def evaluate(actor, families: list[str], seeds_per_family: int, *, env_kw: dict 
     finally:
         for env in envs:
             env.close()
+    return summarize(trajs, families)
+
+
+def summarize(trajs: list[Trajectory], families: list[str]) -> dict:
+    """evaluate()'s numbers from played trajectories: per family (each must have episodes) the
+    success rate with its episode count and Wilson 95% interval, mean progress and steps; overall
+    the same, the mean over families, the share of replies that parsed, and every outcome."""
+    from trainer.stats import rate
+
     out: dict = {"families": {}}
     for fam in families:
         mine = [t for t in trajs if t.family == fam]
+        if not mine:
+            raise ValueError(f"no episodes of {fam!r} to summarize")
         out["families"][fam] = {**rate([t.success for t in mine]),
                                 "progress": sum(t.progress for t in mine) / len(mine),
                                 "mean_steps": sum(len(t.turns) for t in mine) / len(mine)}

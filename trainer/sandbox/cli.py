@@ -33,14 +33,25 @@ def register(sub, common) -> None:
     s.add_argument("--workers", type=int, default=1, help="worker processes (one environment each)")
     s.set_defaults(func=cmd_generate)
 
-    s = ss.add_parser("eval", parents=[common, size], help="success rate of a policy per family and overall")
-    s.add_argument("--policy", required=True, choices=("expert", "random", "default", "local", "endpoint"))
+    s = ss.add_parser("eval", parents=[common, size], help="success rate of a policy per family and overall",
+                      description="Success rates with Wilson 95%% intervals, on the sandbox's tasks or (--suite "
+                                  "miniwob) on MiniWoB++ tasks in headless Chromium.")
+    s.add_argument("--suite", choices=("sandbox", "miniwob"), default="sandbox",
+                   help="the sandbox's own tasks (default) or MiniWoB++ (needs miniwob, chromium, chromium-driver)")
+    s.add_argument("--policy", required=True, choices=("expert", "oracle", "random", "default", "local", "endpoint"),
+                   help="expert: the sandbox's scripted expert; oracle: MiniWoB++'s DOM oracle (checks the adapter)")
     s.add_argument("--model-dir", help="model directory for --policy local/default")
     s.add_argument("--url", help="base URL of an OpenAI-compatible server for --policy endpoint")
     s.add_argument("--model", help="model name for --policy endpoint")
-    s.add_argument("--episodes", type=int, required=True)
+    s.add_argument("--episodes", type=int, required=True,
+                   help="episodes in all, spread evenly over the families (or --tasks)")
     s.add_argument("--split", choices=("train", "heldout"), default="heldout")
     s.add_argument("--families", help="comma-separated families (default: all)")
+    s.add_argument("--tasks", help="--suite miniwob: comma-separated MiniWoB++ tasks (default: "
+                                   "click-test,click-button,click-link,focus-text,enter-text,click-checkboxes)")
+    s.add_argument("--episode-seconds", type=float, metavar="S",
+                   help="--suite miniwob: MiniWoB++'s episode clock in seconds (default: each task's own, mostly 10; "
+                        "a model that thinks for seconds a step needs more)")
     s.add_argument("--workers", type=int, default=1, help="worker processes for expert/random")
     s.add_argument("--envs", type=int, default=16,
                    help="model policies: environments played together, one batched generation per round (default 16)")
@@ -240,6 +251,11 @@ def _play_model(args, actor, jobs, bar) -> list[dict]:
     finally:
         for env in envs:
             env.close()
+    return _results(trajs)
+
+
+def _results(trajs) -> list[dict]:
+    """Trajectories (trainer.episodes) as run_episode-style result dicts, with their traces."""
     return [{"family": t.family, "seed": t.seed, "instruction": t.instruction, "success": t.success,
              "trace": [{"action": u.action, "point": u.point if u.action == "click" else None, "hit": u.hit,
                         "changed": u.changed, "error": u.parse_error} for u in t.turns]} for t in trajs]
@@ -287,23 +303,79 @@ def _print_rates(as_json: bool, what: str, overall: float, rows: dict, extra: tu
 
     total = sum(r[0] for r in rows.values())
     lo, hi = interval(total, overall)
+    width = max([16] + [len(k) for k in rows])
     if as_json:
         intervals = {"overall": {"episodes": total, "ci95": [lo, hi]},
                      "families": {k: {"episodes": r[0], "ci95": list(interval(r[0], r[1]))} for k, r in rows.items()}}
         print(json.dumps({"overall": overall, "families": {k: r[1] for k, r in rows.items()}, "intervals": intervals,
                           **(more_json or {})}))
         return
-    print(f"{'family':<16} {'n':>5} {what:>8} {'95% interval':>16}" + "".join(f" {h:>10}" for h in extra))
+    print(f"{'family':<{width}} {'n':>5} {what:>8} {'95% interval':>16}" + "".join(f" {h:>10}" for h in extra))
     for name, r in rows.items():
         a, b = interval(r[0], r[1])
-        print(f"{name:<16} {r[0]:>5} {r[1]:>8.2%} {f'[{a:.2f}, {b:.2f}]':>16}"
+        print(f"{name:<{width}} {r[0]:>5} {r[1]:>8.2%} {f'[{a:.2f}, {b:.2f}]':>16}"
               + "".join(f" {v:>10}" for v in r[2:2 + len(extra)]))
-    print(f"{'overall':<16} {total:>5} {overall:>8.2%} {f'[{lo:.2f}, {hi:.2f}]':>16}")
+    print(f"{'overall':<{width}} {total:>5} {overall:>8.2%} {f'[{lo:.2f}, {hi:.2f}]':>16}")
+
+
+def _suite_problem(args) -> str | None:
+    """What is wrong with the flags for the chosen --suite, or None."""
+    if args.suite == "miniwob":
+        if args.policy == "expert":
+            return "--suite miniwob has no scripted expert: use --policy oracle (it reads the page's DOM)"
+        if args.families:
+            return "--suite miniwob takes --tasks, not --families"
+        if args.grounding:
+            return "--grounding scores the sandbox's labelled screens; it has no MiniWoB++ form"
+        if args.episode_seconds is not None and not args.episode_seconds > 0:
+            return f"--episode-seconds must be > 0, got {args.episode_seconds}"
+    else:
+        if args.policy == "oracle":
+            return "--policy oracle is MiniWoB++'s DOM oracle: add --suite miniwob (the sandbox's is --policy expert)"
+        if args.tasks or args.episode_seconds is not None:
+            return "--tasks and --episode-seconds are for --suite miniwob"
+    return None
+
+
+def _eval_miniwob(args) -> int:
+    """`sandbox eval --suite miniwob`: MiniWoB++ tasks through the one episode runner."""
+    from trainer.sandbox import miniwob_eval
+    from trainer.sandbox.miniwob_browser import MiniWoBError
+    from trainer.sandbox.miniwob_env import available
+
+    missing = available()
+    if missing:
+        return _fail(f"MiniWoB++ cannot run here: {missing} (see the README's MiniWoB++ section)")
+    try:
+        tasks = miniwob_eval.parse_tasks(args.tasks)
+        miniwob_eval.tickets(tasks, args.episodes)
+    except ValueError as e:
+        return _fail(str(e))
+    policy = args.policy
+    if policy not in miniwob_eval.BUILTIN:
+        try:
+            policy = make_actor(args)
+        except Exception as e:
+            return _fail(str(e))
+    bar = _bar(args.episodes, f"{args.policy} MiniWoB++ episodes")
+    try:
+        trajs = miniwob_eval.play(policy, tasks, args.episodes, envs=args.envs, trace=args.trace,
+                                  env_kw={"episode_seconds": args.episode_seconds}, progress=lambda _t: bar.update(1))
+    except (MiniWoBError, ValueError) as e:
+        return _fail(str(e))
+    finally:
+        bar.close()
+    return _report(args, _results(trajs), {"suite": "miniwob", "episode_seconds": args.episode_seconds})
 
 
 def cmd_eval(args) -> int:
-    from trainer.sandbox.rollout import plan, rates, run_many, trace_summary
+    from trainer.sandbox.rollout import plan, run_many
 
+    problem = _suite_problem(args)
+    if problem:
+        return _fail(problem)
+    if args.suite == "miniwob":
+        return _eval_miniwob(args)
     try:
         families = _families(args)
         if families is None and args.policy == "default":
@@ -334,9 +406,17 @@ def cmd_eval(args) -> int:
             results = _play_model(args, actor, jobs, bar)
     finally:
         bar.close()
+    return _report(args, results)
+
+
+def _report(args, results: list[dict], more_json: dict | None = None) -> int:
+    """Print the success rates of `results` (and with --trace, what each step did)."""
+    from trainer.sandbox.rollout import rates, trace_summary
+
     out = rates(results)
     if not args.trace:
-        _print_rates(args.json, "success", out["overall"], {k: (out["counts"][k], r) for k, r in out["families"].items()})
+        rows = {k: (out["counts"][k], r) for k, r in out["families"].items()}
+        _print_rates(args.json, "success", out["overall"], rows, more_json=more_json)
         return 0
     if not args.json:
         for r in sorted(results, key=lambda r: (r["family"], r["seed"])):
@@ -346,7 +426,7 @@ def cmd_eval(args) -> int:
     _print_rates(args.json, "success", out["overall"],
                  {k: (out["counts"][k], rate, f"{summary[k]['clicks_per_episode']:.1f}", f"{summary[k]['missed']:.0%}",
                       f"{summary[k]['no_effect']:.0%}") for k, rate in out["families"].items()},
-                 ("clicks/ep", "missed", "no effect"), {"trace": summary})
+                 ("clicks/ep", "missed", "no effect"), {"trace": summary, **(more_json or {})})
     return 0
 
 

@@ -222,21 +222,7 @@ class SandboxEnv(gym.Env):
         return format_normalized(thought, [action], self.coords_space, self.width, self.height)
 
     def _to_actions(self, action, extra: dict) -> list[Action]:
-        if isinstance(action, Action):
-            return [action]
-        if isinstance(action, (list, tuple)) and action and all(isinstance(a, Action) for a in action):
-            return list(action)
-        if isinstance(action, str):
-            from agent.grammar import parse_normalized
-
-            parsed = parse_normalized(action, self.coords_space, self.width, self.height, platform="sandbox")
-            if not parsed:
-                extra["parse_error"] = parsed.reason
-                return []
-            extra["thought"] = parsed.thought
-            return list(parsed.actions)
-        extra["action_error"] = f"an action must be an Action or UI-TARS text, got {type(action).__name__}"
-        return []
+        return to_actions(action, extra, self.coords_space, self.width, self.height)
 
     def _observe(self) -> dict:
         return {"screenshot": self.screen.render(), "geometry": ScreenGeometry.simple(self.width, self.height)}
@@ -256,6 +242,27 @@ class SandboxEnv(gym.Env):
         if self.screen is not None:
             self.screen.close()
         self.screen, self.task = None, None
+
+
+def to_actions(action, extra: dict, space: str, width: int, height: int) -> list[Action]:
+    """What a step was given (an Action, a list of them, or UI-TARS text in `space` for a
+    width x height screenshot) as Actions; a reply that does not parse gives none and its reason
+    in extra["parse_error"] (the thought, when it parsed, in extra["thought"])."""
+    if isinstance(action, Action):
+        return [action]
+    if isinstance(action, (list, tuple)) and action and all(isinstance(a, Action) for a in action):
+        return list(action)
+    if isinstance(action, str):
+        from agent.grammar import parse_normalized
+
+        parsed = parse_normalized(action, space, width, height, platform="sandbox")
+        if not parsed:
+            extra["parse_error"] = parsed.reason
+            return []
+        extra["thought"] = parsed.thought
+        return list(parsed.actions)
+    extra["action_error"] = f"an action must be an Action or UI-TARS text, got {type(action).__name__}"
+    return []
 
 
 def register() -> None:

@@ -85,7 +85,10 @@ class PasswordFocus:
         try:
             conn, rule = self._subscribe()
         except Exception as e:  # noqa: BLE001 - any failure means "the platform does not tell"
-            self.reason = f"no accessibility bus: {type(e).__name__}: {e}"
+            if isinstance(e, KeyError) and "DBUS_SESSION_BUS_ADDRESS" in str(e):
+                self.reason = "no accessibility bus (this session has no D-Bus: DBUS_SESSION_BUS_ADDRESS is not set)"
+            else:
+                self.reason = f"no accessibility bus ({type(e).__name__}: {e})"
             ready.set()
             return
         self.available, self.reason = True, "AT-SPI"

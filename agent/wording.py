@@ -26,3 +26,19 @@ def stop_reason(reason: str | None, who: str = "the supervisor") -> str:
     if "stop" in reason.lower():
         return reason
     return f"stopped by {who}: {reason}"
+
+
+def end_reason_text(reason: str | None) -> str:
+    """A run's end reason (agent.loop stores the ending action's name or a sentence) for people:
+    'click' -> 'the task ended after the agent's click'."""
+    from agent.actions import REGISTRY
+
+    if not reason:
+        return "no reason given"
+    if reason == "finished":
+        return "the agent said the task is done"
+    if reason == "call_user":
+        return "the agent asked for help and the run ended"
+    if reason in REGISTRY:
+        return f"the task ended after the agent's {reason}"
+    return reason

@@ -26,7 +26,7 @@ from agent.gate import Decision, Gate, Takeover
 from agent.grammar import format_for_display
 from agent.killswitch import DEFAULT_HOTKEY, KillSwitch, KillSwitchError
 from agent.loop import AgentLoop, LoopConfig
-from agent.wording import hotkey_label, plural
+from agent.wording import end_reason_text, hotkey_label, plural
 from app.agent_run import AgentRun, RunSetupError, queue_for_sync
 from app.control_strip import ControlStrip
 from app.proposal_panel import frame_pixmap
@@ -249,7 +249,12 @@ class DrivePage(QWidget):
         if kind == "proposal":
             p = payload["proposal"]
             geo = payload["observation"].geometry if payload.get("observation") is not None else None
-            self.strip.set_step(p.thought, "; ".join(format_for_display(a, geo) for a in p.actions) or (p.parse_error or ""))
+            self._proposed = "; ".join(format_for_display(a, geo) for a in p.actions) or (p.parse_error or "")
+            self.strip.set_step(p.thought, self._proposed)
+        elif kind == "decision" and payload["decision"].kind == "reject":  # the log says what was refused
+            self.steps_empty.hide()
+            self.steps.show()
+            self.steps.addItem(f"✗ not allowed: {getattr(self, '_proposed', '')} ({payload['decision'].reason})")
         elif kind == "kill_switch_off":
             self.strip.set_kill_switch_problem(payload)
 
@@ -292,7 +297,7 @@ class DrivePage(QWidget):
         # a run with a person's decisions in it (risky steps answered) is training data: it syncs
         decided = result.episode.kind == "supervised" or any(d.get("by") for d in result.episode.meta.get("decisions", []))
         queued = queue_for_sync(self.store, self.window, result.episode.id) if decided else ""
-        self._end(f"The agent stopped: {result.reason} ({plural(result.steps, 'step')})." + (f" Decisions {queued}." if queued else ""))
+        self._end(f"The agent stopped after {plural(result.steps, 'step')}: {end_reason_text(result.reason)}." + (f" Decisions {queued}." if queued else ""))
         self.run_finished.emit(result)
 
     def _failed(self, text: str) -> None:

@@ -204,6 +204,12 @@ class LibraryPage(QWidget):
             "or write sandbox demonstrations with `python main.py sandbox generate --episodes 60`.")
         if current and not self.select_episode(current, load=False):
             self.viewer.load_episode(None)
+        elif current and self.viewer.episode is not None and self.viewer.episode.id == current:
+            # changed elsewhere (the flywheel routed it, a sync replaced it): show the stored one,
+            # unless the person is editing a step (their unsaved edit wins; saving will say if it clashes)
+            stored = next((e.revision for e in episodes if e.id == current), None)
+            if stored is not None and stored != self.viewer.episode.revision and not self.viewer.is_dirty():
+                self.viewer.load_episode(current, max(0, self.viewer._row))
         self.table.viewport().update()
         self._update_buttons()
 
@@ -251,7 +257,7 @@ class LibraryPage(QWidget):
 
     def _update_count(self) -> None:
         shown, total = self.proxy.rowCount(), self.model.rowCount()
-        self.count.setText(f"{total} episodes" if shown == total else f"{shown} of {total} episodes")
+        self.count.setText(plural(total, "episode") if shown == total else f"{shown} of {plural(total, 'episode')}")
 
     def _update_buttons(self) -> None:
         has = bool(self.selected_episode_ids())

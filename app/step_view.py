@@ -32,6 +32,7 @@ from agent import coords
 from agent.actions import validate
 from agent.schema import Action, Episode, Outcome, Provenance, Step
 from agent.store import NotFound, StoreError
+from agent.wording import plural
 from app.action_editor import ActionEditor
 from app.screenshot_canvas import ScreenshotCanvas, visible_text
 
@@ -268,7 +269,7 @@ class StepViewer(QWidget):
         self.stack.setCurrentIndex(1)
         self.title.setText(ep.instruction or "(no instruction)")
         who = f" · by {ep.producer}" if ep.producer else ""
-        self.meta.setText(f"{ep.kind} · {ep.platform} · {len(ep.steps)} steps · route {ep.route}{who} · {ep.id}")
+        self.meta.setText(f"{ep.kind} · {ep.platform} · {plural(len(ep.steps), 'step')} · route {ep.route}{who} · {ep.id}")
         self.outcome.setCurrentIndex([v for _, v in OUTCOMES].index(ep.outcome.success))
         self.steps.blockSignals(True)  # the row is set below, not through the signal
         self.steps.clear()

@@ -31,7 +31,7 @@ from agent.gate import Gate
 from agent.grammar import format_for_display
 from agent.loop import AgentLoop, LoopConfig
 from agent.supervision import SupervisionError, request_from_wire
-from agent.wording import plural
+from agent.wording import end_reason_text, plural
 from app.agent_run import AgentRun, RunSetupError, queue_for_sync
 from app.decisions_view import DecisionsView
 from app.proposal_panel import ProposalPanel
@@ -272,10 +272,12 @@ class SupervisePage(QWidget):
         self.last_episode_id = result.episode.id
         self._control(False)
         verdict = outcome_text(result.episode.outcome)
-        self.panel.clear(f"The run ended: {result.reason}." + (f" {verdict}" if verdict else ""))
+        why = end_reason_text(result.reason)
+        self.panel.clear(f"The run ended: {why}." + (f" {verdict}" if verdict else ""))
         self.decisions.add_episode(result.episode.id)
         queued = queue_for_sync(self.store, self.window, result.episode.id)
-        self._notify(f"Run ended ({result.reason}) after {plural(result.steps, 'step')}; " + (f"{verdict} " if verdict else "") + queued)
+        self._notify(f"Run ended after {plural(result.steps, 'step')}: {why}. " + (f"{verdict} " if verdict else "")
+                     + queued[0].upper() + queued[1:] + ".")
         self.publisher = None
         self._sync_buttons()
         self.run_finished.emit(result)
@@ -374,7 +376,7 @@ class SupervisePage(QWidget):
                 self.panel.clear(f"{ev.by} decided: {ev.decision}. Waiting for the agent…")
             self.steps.addItem(f"{ev.by}: {ev.decision}" + (f" ({ev.reason})" if ev.reason else ""))
         elif isinstance(ev, P.RunEnded):
-            self.panel.clear(f"The run ended: {ev.reason or 'no reason given'}.")
+            self.panel.clear(f"The run ended: {end_reason_text(ev.reason)}.")
             self.claim_label.setText(f"Run {ev.run_id} ended.")
         elif isinstance(ev, SyncError):
             self.claim_label.setText(f"Disconnected: {ev}")

@@ -240,7 +240,9 @@ class TrainPage(QWidget):
 
         for ax, key in zip(axes, CURVES):
             pts = curves.get(key) or []
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1, marker="." if len(pts) < 20 else None)
+            if len(pts) == 1:  # one update: a dot with room around it, not a ±0.04 axis
+                ax.set_xlim(pts[0][0] - 1, pts[0][0] + 1)
             ax.set_title(f"{key[0]} {key[1]}", fontsize=8)
             ax.tick_params(labelsize=6)
             if pts:  # few ticks: four charts side by side stay readable at 1024 px
@@ -281,9 +283,9 @@ class TrainPage(QWidget):
         self.progress.setValue(100)
         verdict = "promoted" if result["promoted"] else "not promoted"
         m, sec = divmod(int(result.get("seconds") or 0), 60)
-        self.message.setText(f"Iteration {result['iteration']} finished in {m}:{sec:02d}: {result['candidate']} "
-                             f"{verdict}. {_sentence(result.get('decision') or '')} "
-                             f"The current model is {result['current']}.")
+        decision = result.get("decision") or verdict
+        self.message.setText(f"Iteration {result['iteration']} finished in {m}:{sec:02d}: {result['candidate']} {decision}"
+                             + ("" if decision.endswith(".") else "."))
         if self.window is not None and hasattr(self.window, "notify"):
             self.window.notify(f"Flywheel iteration {result['iteration']} finished: {verdict}")
 
@@ -295,11 +297,6 @@ class TrainPage(QWidget):
         self.run_btn.setEnabled(True)
         self.stop_btn.setEnabled(False)
         self.refresh()
-
-
-def _sentence(text: str) -> str:
-    text = text.strip()
-    return (text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")) if text else ""
 
 
 def _pct(v) -> str:

@@ -57,6 +57,9 @@ def test_risky_step_asks_on_top_and_a_refusal_is_kept(qtbot, page, sandbox, stor
     assert ep.steps[0].info["rejections"][0]["reason"] == "the user did not allow this step"
     # the agent drove (risky gate); the person's answer makes it training data, so it is queued
     assert ep.kind == "autonomous" and Outbox(store).get(ep.id).state == "queued"
+    log = [page.steps.item(i).text() for i in range(page.steps.count())]
+    assert log[0] == "✗ not allowed: hotkey(key='ctrl w') (the user did not allow this step)" and log[1].startswith("1. click(")
+    assert "the task ended after the agent's click" in page.status.text()  # not the bare action name
     assert not page.strip.isVisible()
 
 

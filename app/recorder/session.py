@@ -78,8 +78,8 @@ class RecordingSession:
         self.config = config or RecorderConfig()
         self.on_control = on_control
         self.own_windows = own_windows
-        self.own_focused = False  # the app's own window has the keyboard (sampled with the focus)
         self._own_press = False  # the last mouse press went to the app: its release goes too
+        self._own_keys: set[str] = set()  # keys pressed into the app: their releases go too
         self.dropped_own = 0
         self.hotkeys = {name: Hotkey.parse(text) for name, text in self.config.hotkeys.items()}
         self.denylist = Denylist(self.config.denylist)
@@ -309,8 +309,6 @@ class RecordingSession:
         if self.password is not None and self.password.active != self.in_password:
             self.in_password = not self.in_password  # a marker for review; keys are masked by their own time
             self._emit({"t": now, "kind": "password_on" if self.in_password else "password_off"})
-        if self.own_windows is not None:
-            self.own_focused = self.own_windows.focused()
         title, app = self.focus.get()
         hit = self.denylist.match(title, app)
         if hit and not self.denied:
@@ -347,7 +345,7 @@ class RecordingSession:
             if self._paused_at(t) or self.denied:
                 self.dropped_private += 1
                 return
-            if self.own_focused:  # typed into the app itself (a note, a search box)
+            if self._typed_into_self(kind, key):  # a note, a search box of the app itself
                 self.dropped_own += 1
                 return
             ev = {"t": t, "kind": kind, "key": key}
@@ -394,6 +392,22 @@ class RecordingSession:
             self._last_scroll = t
             self._emit({"t": t, "kind": "scroll", "x": int(item[2]), "y": int(item[3]), "dx": item[4], "dy": item[5]})
         self._input_seen(t)
+
+    def _typed_into_self(self, kind: str, key: str) -> bool:
+        """A key pressed while the app's own window has the keyboard, asked at each press (a
+        sampled answer missed the first keys typed right after the focus moved); a release
+        follows its press."""
+        if self.own_windows is None:
+            return False
+        if kind == "key_up":
+            if key in self._own_keys:
+                self._own_keys.discard(key)
+                return True
+            return False
+        if self.own_windows.focused():
+            self._own_keys.add(key)
+            return True
+        return False
 
     def _aimed_at_self(self, kind: str, x, y) -> bool:
         """A press or a wheel click on the app's own window; a release follows its press (the

@@ -75,6 +75,7 @@ class ProposalPanel(QWidget):
 
         self.title = QLabel("Waiting for the agent…")
         self.title.setObjectName("title")
+        self.title.setWordWrap(True)  # end-of-run sentences are long: wrap, never widen the window
         self.busy = QProgressBar()  # moving while the agent thinks: a model can take many seconds
         self.busy.setRange(0, 0)
         self.busy.setTextVisible(False)

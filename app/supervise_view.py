@@ -115,6 +115,7 @@ class SupervisePage(QWidget):
         self.claim_btn.clicked.connect(self.toggle_claim)
         self.claim_btn.setEnabled(False)
         self.claim_label = QLabel("Not watching.")
+        self.claim_label.setWordWrap(True)
         remote = QWidget()
         rf = QFormLayout(remote)
         rf.addRow("Server", self.server)

@@ -139,6 +139,7 @@ class TrainPage(QWidget):
         title.setObjectName("title")
         self.summary = QLabel("Loading the flywheel's state…")
         self.summary.setObjectName("muted")
+        self.summary.setWordWrap(True)
         self.run_btn = QPushButton("Run iteration")
         self.run_btn.setToolTip("Score and route new data, train CT → SFT → PPO, evaluate, promote if better")
         self.run_btn.clicked.connect(self.run_iteration)

@@ -515,8 +515,19 @@ def test_an_opened_episode_fits_a_1024x700_screen(qtbot, store):
     for b in (viewer.delete_btn, viewer.blur_btn, viewer.revert_btn, viewer.save_btn):
         right = b.mapTo(w, b.rect().topRight()).x()
         assert b.isVisible() and right < w.width(), (b.text(), right)
-    for i, (name, _) in enumerate(w.pages_spec):  # every page fits too
+        assert b.visibleRegion().boundingRect().size() == b.size(), b.text()  # not scrolled or clipped away
+    long = "The run ended: the task ended after the agent's click. The sandbox's verifier says the task was not done. " * 2
+    for i, (name, _) in enumerate(w.pages_spec):  # every page fits too, also with its longest sentences
         w.show_page_at(i)
+        page = w.page(name)
+        if name == "Supervise":
+            page.panel.clear(long)
+            page.claim_label.setText(long)
+        elif name == "Train":
+            page.summary.setText(long)
+            page.message.setText(long)
+        elif name == "Drive":
+            page.status.setText(long)
         qtbot.wait(20)
         hint = w.minimumSizeHint()
         assert hint.width() <= 1024 and hint.height() <= 680, (name, hint.toTuple())

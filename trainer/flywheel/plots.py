@@ -61,13 +61,14 @@ def draw_growth(ax, growth) -> None:
         ax.text(0.5, 0.5, "no routing yet", ha="center", va="center", transform=ax.transAxes)
         return
     its = [g["iteration"] for g in growth]
-    ax.set_xticks(its)  # whole iterations, also when there is only one
     bottom = [0] * len(its)
     for route, colour in (("sft", "#2f9e44"), ("ct", "#1971c2"), ("rejected", "#868e96")):
         vals = [g.get(route, 0) for g in growth]
         ax.bar(its, vals, bottom=bottom, color=colour, label=route)
         bottom = [b + v for b, v in zip(bottom, vals)]
     _integer_ticks(ax)
+    if len(its) < 12:
+        ax.set_xticks(its)  # whole iterations, also when there is only one
     ax.set_xlabel("iteration")
     ax.set_ylabel("episodes routed")
     ax.legend(fontsize=7)

@@ -100,7 +100,7 @@ class IterationRun:
                     result = msg["result"]
                 elif progress and "done" in msg:
                     self.stage_text = _stage_line(msg)
-                    progress((msg["iteration"] - 1) * 100 + msg["done"], 100 * msg["of"])
+                    progress((msg["iteration"] - 1) * 100 + msg["done"], 100 * msg["of"], self.stage_text)
             rc = self.proc.wait()
             errf.seek(0)
             err = errf.read()
@@ -134,6 +134,7 @@ class TrainPage(QWidget):
         self.store, self.window = store, window
         self.status: dict | None = None
         self.running: IterationRun | None = None
+        self._refreshed_at = 0.0
 
         title = QLabel("Train")
         title.setObjectName("title")
@@ -179,8 +180,15 @@ class TrainPage(QWidget):
         self.refresh()
 
     # ------------------------------------------------------------ state
+    def showEvent(self, event) -> None:
+        """Opened again: episodes may have been recorded or synced since (the pools changed)."""
+        super().showEvent(event)
+        if self.running is None and time.monotonic() - self._refreshed_at > 5.0:
+            self.refresh()
+
     def refresh(self) -> None:
         """Read the state in a worker (a child process), then redraw on the main thread."""
+        self._refreshed_at = time.monotonic()
         run_in_background(read_status, self.store.root, on_result=self.show_status,
                           on_error=lambda e: self.summary.setText(f"Could not read the flywheel's state: {e}"))
 
@@ -274,11 +282,11 @@ class TrainPage(QWidget):
         if self.running is not None:
             self.running.stop()
 
-    def _on_progress(self, done: int, total: int) -> None:
+    def _on_progress(self, done: int, total: int, text: str = "") -> None:
         self.progress.setValue(int(100 * done / max(1, total)))
         if self.running is not None:
             m, sec = divmod(int(time.monotonic() - self._started_at), 60)
-            self.message.setText(f"{self.running.stage_text} · {m}:{sec:02d} elapsed")
+            self.message.setText(f"{text or self.running.stage_text} · {m}:{sec:02d} elapsed")
 
     def _on_done(self, result: dict) -> None:
         self.progress.setValue(100)

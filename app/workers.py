@@ -26,13 +26,14 @@ class WorkerSignals(QObject):
 
     result = Signal(object)  # the callable's return value
     error = Signal(object)  # the exception it raised (with __traceback_text__ set)
-    progress = Signal(int, int)  # done, total
+    progress = Signal(int, int, str)  # done, total, what is being done ("" when the callable does not say)
     finished = Signal()  # after result or error, always
 
     def __init__(self, on_result=None, on_error=None, on_progress=None, on_finished=None):
         super().__init__()
         self._on_result, self._on_error = on_result, on_error
         self._on_progress, self._on_finished = on_progress, on_finished
+        self._progress_text = on_progress is not None and _positional(on_progress) >= 3
         # Connected to this object's own slots: the receiver lives on the main thread, so Qt
         # queues emissions from the worker thread onto it.
         self.result.connect(self._deliver_result)
@@ -50,10 +51,13 @@ class WorkerSignals(QObject):
         if self._on_error:
             self._on_error(exc)
 
-    @Slot(int, int)
-    def _deliver_progress(self, done, total):
+    @Slot(int, int, str)
+    def _deliver_progress(self, done, total, text):
         if self._on_progress:
-            self._on_progress(done, total)
+            if self._progress_text:  # the text travels with its numbers: never a later stage's words
+                self._on_progress(done, total, text)
+            else:
+                self._on_progress(done, total)
 
     @Slot()
     def _deliver_finished(self):
@@ -62,6 +66,13 @@ class WorkerSignals(QObject):
                 self._on_finished()
         finally:
             _live.discard(self)
+
+
+def _positional(fn: Callable) -> int:
+    try:
+        return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return 2
 
 
 def _wants_progress(fn: Callable) -> bool:
@@ -80,7 +91,7 @@ class Worker(QRunnable):
     def run(self) -> None:
         kwargs = dict(self.kwargs)
         if _wants_progress(self.fn) and "progress" not in kwargs:
-            kwargs["progress"] = lambda done, total: self.signals.progress.emit(int(done), int(total))
+            kwargs["progress"] = lambda done, total, text="": self.signals.progress.emit(int(done), int(total), str(text))
         try:
             value = self.fn(*self.args, **kwargs)
         except Exception as e:  # reported to the caller, never lost in the pool

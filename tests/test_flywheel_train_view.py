@@ -76,8 +76,8 @@ def test_run_iteration_button_runs_a_real_iteration_with_progress(qtbot, store):
     page.progress.valueChanged.connect(seen.append)
     real = page._on_progress
 
-    def on_progress(done, total):  # what the page says after each progress line
-        real(done, total)
+    def on_progress(done, total, text=""):  # what the page says after each progress line
+        real(done, total, text)
         said.add(page.message.text().split(" · ")[0])
 
     page._on_progress = on_progress

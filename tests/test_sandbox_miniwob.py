@@ -101,6 +101,9 @@ def test_eval_flags_are_checked_per_suite(capsys):
     assert "--tasks, not --families" in capsys.readouterr().err
     assert main(["sandbox", "eval", "--tasks", "click-test", "--policy", "random", "--episodes", "2"]) == 2
     assert "for --suite miniwob" in capsys.readouterr().err
+    assert main(["sandbox", "eval", "--suite", "miniwob", "--width", "640", "--split", "train", "--policy", "random",
+                 "--episodes", "2"]) == 2
+    assert "--width, --split are the sandbox's" in capsys.readouterr().err  # refused, not silently ignored
 
 
 # ------------------------------------------------------------ real Chromium

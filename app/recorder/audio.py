@@ -19,12 +19,23 @@ from agent.schema import monotonic
 from app.recorder.errors import RecorderError
 
 
+def _rescan(sd) -> None:
+    """PortAudio lists devices once, when it starts: start it again so a microphone plugged in
+    (or a sound server started) since then is seen. Only while no stream of ours is open."""
+    try:
+        sd._terminate()
+        sd._initialize()
+    except Exception:  # noqa: BLE001 - a private API: without it the old list stays
+        pass
+
+
 def input_devices() -> list[tuple[int, str]]:
     """(PortAudio index, name) of every device that can record; [] when there is none or no
     PortAudio at all (the app then offers no microphone)."""
     try:
         import sounddevice as sd
 
+        _rescan(sd)
         return [(i, d["name"]) for i, d in enumerate(sd.query_devices()) if d.get("max_input_channels", 0) > 0]
     except Exception:  # noqa: BLE001 - ImportError/OSError without PortAudio, PortAudioError
         return []
@@ -44,6 +55,8 @@ class AudioCapture:
         except (ImportError, OSError) as e:
             raise RecorderError(f"cannot record audio: sounddevice/PortAudio is not available ({e})") from None
         import numpy as np
+
+        _rescan(sd)
 
         def callback(indata, frames, time_info, status):
             now = monotonic()

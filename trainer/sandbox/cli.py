@@ -329,6 +329,12 @@ def _suite_problem(args) -> str | None:
             return "--grounding scores the sandbox's labelled screens; it has no MiniWoB++ form"
         if args.episode_seconds is not None and not args.episode_seconds > 0:
             return f"--episode-seconds must be > 0, got {args.episode_seconds}"
+        ignored = [flag for flag, given in (("--width", args.width != 320), ("--height", args.height != 240),
+                                            ("--split", args.split != "heldout"), ("--workers", args.workers != 1))
+                   if given]
+        if ignored:  # said, not silently ignored
+            return (f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} the sandbox's: MiniWoB++ pages are "
+                    "its own size (160x210) and its seeds run 0, 1, … in each task")
     else:
         if args.policy == "oracle":
             return "--policy oracle is MiniWoB++'s DOM oracle: add --suite miniwob (the sandbox's is --policy expert)"

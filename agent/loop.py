@@ -96,6 +96,9 @@ class AgentLoop:
         self.stop_event = getattr(executor, "stop_event", None) or threading.Event()
         if hasattr(executor, "stop_event"):
             executor.stop_event = self.stop_event
+        # cleared once, here: a stop or kill switch pressed between now and run()'s first step
+        # (the switch is armed right after the loop is made) ends the run instead of being lost
+        self.stop_event.clear()
         self._stop_reason = "stopped"
         self._has_control = False
         self.episode: Episode | None = None
@@ -139,7 +142,6 @@ class AgentLoop:
                      policy_version=self.policy.version,
                      meta={"gate": self.gate.mode, "coords": self.policy.space, "end_reason": None})
         self.episode = ep
-        self.stop_event.clear()
         self._save()
         t0 = monotonic()
         self._control(True)

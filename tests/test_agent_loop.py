@@ -237,3 +237,16 @@ def test_tools_run_through_the_loop(phone, store, tmp_path):
     assert s0.action.name == "run_command" and s0.info["tool_result"]["output"] == "hi\n"
     assert (root / "a.txt").read_text() == "hi\n" and not (tmp_path / "x").exists()
     assert "Output:" in str(loop.policy.last_messages)  # the tool's output is in the next prompt
+
+
+def test_a_stop_pressed_before_the_run_starts_is_not_lost(phone, store):
+    """The kill switch is armed right after the loop is made; before, run() cleared the stop flag
+    (and the executor's reset did too), so a stop pressed in between was forgotten and the agent acted."""
+    ex, ph = phone
+    loop = AgentLoop(ReplayPolicy([click("button")] * 3, platform="android"), ex, store=store)
+    KillSwitch(loop).trigger()  # pressed while the run is still being set up
+    res = loop.run("press the button")
+    assert res.reason == "kill switch" and res.steps == 0 and ph.button_presses == 0
+    # a new loop on the same executor starts clean
+    res = AgentLoop(ReplayPolicy([click("button"), "Action: finished()"], platform="android"), ex, store=store).run("press")
+    assert res.reason == "finished" and ph.button_presses == 1

@@ -83,7 +83,7 @@ class AndroidExecutor:
         return self._last
 
     def reset(self, *, seed=None, options=None):
-        self.stop_event.clear()
+        # the stop flag is not cleared here: its owner (AgentLoop) clears it when a run is set up
         return self.observe(), {}
 
     # ---------------------------------------------------------------- act

@@ -191,6 +191,10 @@ class LibraryPage(QWidget):
                 row.append(item)
             row[0].setData(ep.id, ID_ROLE)
             row[0].setToolTip(f"{ep.instruction}\n{ep.id}")
+            routing = ep.meta.get("routing") or {}
+            if routing.get("why"):  # why the flywheel put it there (the first line names the rule)
+                row[5].setToolTip(f"Iteration {routing.get('iteration')}: {routing.get('route')}\n"
+                                  + "\n".join(routing["why"][:8]))
             row[2].setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
             if success in OUTCOME_COLORS:
                 row[4].setForeground(QColor(OUTCOME_COLORS[success]))

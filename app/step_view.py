@@ -274,7 +274,10 @@ class StepViewer(QWidget):
         self.stack.setCurrentIndex(1)
         self.title.setText(ep.instruction or "(no instruction)")
         who = f" · by {ep.producer}" if ep.producer else ""
-        self.meta.setText(f"{ep.kind} · {ep.platform} · {plural(len(ep.steps), 'step')} · route {ep.route}{who} · {ep.id}")
+        why = (ep.meta.get("routing") or {}).get("why") or []
+        route = f"route {ep.route}" + (f" ({why[0]})" if why and ep.route != "unscored" else "")
+        self.meta.setText(f"{ep.kind} · {ep.platform} · {plural(len(ep.steps), 'step')} · {route}{who} · {ep.id}")
+        self.meta.setToolTip("\n".join(why[:12]))
         self.outcome.setCurrentIndex([v for _, v in OUTCOMES].index(ep.outcome.success))
         self.steps.blockSignals(True)  # the row is set below, not through the signal
         self.steps.clear()

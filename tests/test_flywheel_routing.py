@@ -106,8 +106,18 @@ def test_routing_rules():
     assert decide(E("rollout"), Score(Outcome(False, 0.0, "verifier"), 1.0), cfg)[0] == "ct"
     assert decide(E("rollout"), Score(Outcome(False, 0.0, "verifier"), 1.0), RoutingConfig(failed_to="rejected"))[0] == "rejected"
     assert decide(E("rollout"), Score(Outcome(), 1.0), cfg)[0] == "ct"  # unknown outcome
-    assert decide(E("recording"), Score(Outcome(), 1.0), cfg)[0] == "sft"  # a person's recording
-    assert decide(E("recording"), Score(Outcome(), 1.0), RoutingConfig(trust_human=False))[0] == "ct"
+    # an unjudged recording is not SFT data unless trusted (before: every unjudged supervised run
+    # went to SFT, a kill-switched run of random clicks among them)
+    route, why = decide(E("recording"), Score(Outcome(), 1.0), cfg)
+    assert route == "ct" and why[0].startswith("outcome unknown: unjudged episodes are not SFT data")
+    assert decide(E("recording"), Score(Outcome(), 1.0), RoutingConfig(trust_human=True))[0] == "sft"
+    # a demonstration without thoughts is not rejected for that alone (before: 3 of 4 thoughtless -> rejected)
+    bare = Score(Outcome(True, 1.0, "annotator"), 0.25, ["step 0: empty thought"] * 3, thoughtless=3, steps=4)
+    route, why = decide(E("recording"), bare, cfg)
+    assert route == "ct" and why[0] == "3 of 4 steps have no thought: write them in the step viewer to make this SFT data"
+    broken = Score(Outcome(True, 1.0, "annotator"), 0.25, ["step 0: invalid action"] * 3, thoughtless=0, steps=4)
+    route, why = decide(E("recording"), broken, cfg)
+    assert route == "rejected" and why[0] == "only 25% of the steps are usable (the floor is 50%)"
     assert decide(E("rollout"), Score(Outcome(True, 1.0, "verifier"), 0.4), cfg)[0] == "rejected"
     assert decide(E("rollout"), Score(Outcome(True), 0.0, ["no steps"], ["no steps"]), cfg) == ("rejected", ["no steps"])
     with pytest.raises(FlywheelError, match="sft_min_quality.*1.5"):
@@ -117,7 +127,9 @@ def test_routing_rules():
 
 
 def test_routing_is_recorded_and_undone(store):
-    good = make_episode(store, 2)  # a recording: trusted, clean -> sft
+    good = make_episode(store, 2)  # a recording marked successful by its annotator, clean -> sft
+    good.outcome = Outcome(True, 1.0, "annotator")
+    store.save_episode(good)
     flawed = make_episode(store, 3, kind="rollout")
     flawed.outcome = Outcome(True, 1.0, "verifier")
     flawed.steps[1].thought = ""  # quality 2/3 -> ct
@@ -134,6 +146,9 @@ def test_routing_is_recorded_and_undone(store):
     rows = router.decisions(1)
     assert {r["episode_id"]: r["route"] for r in rows} == {good.id: "sft", flawed.id: "ct", failed.id: "ct"}
     assert any("empty thought" in x for r in rows if r["episode_id"] == flawed.id for x in r["reasons"])
+    # the reason travels with the episode too (the Library shows it), and goes away on undo
+    assert store.load_episode(flawed.id).meta["routing"]["why"][0] == (
+        "1 of 3 steps have no thought: write them in the step viewer to make this SFT data")
     assert all(r["previous_route"] == "unscored" and r["time"] > 0 for r in rows)
     assert router.unscored() == []
     assert router.growth() == [{"iteration": 1, "sft": 1, "ct": 2, "rejected": 0}]
@@ -141,6 +156,7 @@ def test_routing_is_recorded_and_undone(store):
     assert router.undo(1) == 3
     assert {store.load_episode(e.id).route for e in (good, flawed, failed)} == {"unscored"}
     assert store.load_episode(failed.id).outcome.source == "verifier"  # the outcome before, restored
+    assert "routing" not in store.load_episode(flawed.id).meta
     assert router.undo(1) == 0  # twice is a no-op
     assert router.decisions(1) == [] and len(router.decisions(1, include_undone=True)) == 3
     assert router.pools()["unscored"] == 3
@@ -176,9 +192,39 @@ def test_simulated_humans_are_marked_and_routed(store):
                    empty_thought_rate=0.0)
     assert (len(ids["recording"]), len(ids["supervised"])) == (2, 1)
     rec = store.load_episode(ids["recording"][0])
-    assert rec.kind == "recording" and rec.meta["simulated"] and rec.outcome.success is None
+    assert rec.kind == "recording" and rec.meta["simulated"] and rec.outcome.source == "annotator"
     assert {s.provenance.source for s in rec.steps} == {"human"}
     sup = store.load_episode(ids["supervised"][0])
     assert sup.outcome.source == "supervisor" and any(s.provenance.source == "corrected" for s in sup.steps)
     counts = Router(store).route(iteration=1)
     assert counts["sft"] == 3  # clean, successful (or a person's) episodes
+
+
+def test_flywheel_status_and_the_library_say_why_each_episode_went_where(store, qtbot, capsys):
+    import json
+
+    from main import main
+
+    marked = make_episode(store, 2, instruction="Marked by its annotator")
+    marked.outcome = Outcome(True, 1.0, "annotator")
+    store.save_episode(marked)
+    make_episode(store, 2, instruction="Nobody judged this one")
+    Router(store).route(iteration=1)
+    assert main(["flywheel", "status", "--json", "--data", str(store.root)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    why = {d["instruction"]: (d["route"], d["why"][0]) for d in out["routing"]["decisions"]}
+    assert out["routing"]["iteration"] == 1
+    assert why["Marked by its annotator"] == ("sft", "judged successful by annotator, every check passed")
+    assert why["Nobody judged this one"][0] == "ct" and why["Nobody judged this one"][1].startswith("outcome unknown")
+
+    from PySide6.QtCore import Qt
+
+    from app.library_view import LibraryPage
+
+    page = LibraryPage(store)
+    qtbot.addWidget(page)
+    row = page._row_of(marked.id)
+    assert "judged successful by annotator" in page.proxy.index(row, 5).data(Qt.ToolTipRole)
+    page.select_episode(marked.id)
+    qtbot.waitUntil(lambda: page.viewer.episode is not None)
+    assert "route sft (judged successful by annotator, every check passed)" in page.viewer.meta.text()

@@ -23,7 +23,9 @@ def flywheel_store(store):
     v1 = reg.register(store.root / "m1", parent=v0.version, iteration=1,
                       metrics={"mean_success": 0.4, "families": better, "eval_signature": "s"})
     reg.decide(v1.version)
-    make_episode(store, 2)
+    marked = make_episode(store, 2)
+    marked.outcome = Outcome(True, 1.0, "annotator")  # unjudged episodes are not SFT data
+    store.save_episode(marked)
     failed = make_episode(store, 2, kind="rollout")
     failed.outcome = Outcome(False, 0.0, "verifier")
     store.save_episode(failed)

@@ -166,6 +166,8 @@ def cmd_status(args) -> int:
     from trainer.flywheel import FlywheelError
     from trainer.flywheel.iteration import FlywheelConfig, first_model
 
+    from trainer.flywheel.routing import Router
+
     store = _store(args)
     try:
         s = summary(store)
@@ -173,16 +175,25 @@ def cmd_status(args) -> int:
             first = first_model(FlywheelConfig.load(store))
         except FlywheelError as e:
             first = f"unknown: {e}"
+        # the last routing's decisions, each with the rule that decided it
+        last = s["growth"][-1]["iteration"] if s["growth"] else None
+        routing = [{"episode_id": r["episode_id"], "instruction": store.instruction_of(r["episode_id"]),
+                    "route": r["route"], "why": r["reasons"]}
+                   for r in (Router(store).decisions(last) if last is not None else [])]
     finally:
         store.close()
     if args.json:
         print(json.dumps({"pools": s["pools"], "current": s["current"], "growth": s["growth"],
                           "versions": [v.__dict__ for v in s["versions"]], "first_model": first,
-                          "store": str(store.root)}, default=str))
+                          "store": str(store.root), "routing": {"iteration": last, "decisions": routing}}, default=str))
         return 0
     print("pools: " + ", ".join(f"{k} {v}" for k, v in s["pools"].items()))
     for g in s["growth"]:
         print(f"  iteration {g['iteration']}: +{g['sft']} sft, +{g['ct']} ct, +{g['rejected']} rejected")
+    if routing:
+        print(f"routing of iteration {last}:")
+        for r in routing:
+            print(f"  {r['route']:<8} {(r['instruction'] or '?')[:40]:<40}  {r['why'][0] if r['why'] else ''}")
     print(f"current model: {s['current'] or 'none yet; the first iteration starts from ' + first}")
     fams = sorted({f for v in s["versions"] for f in (v.metrics.get("families") or {})})
     print(f"{'version':<8} {'it':>3} {'status':<9} {'parent':<7} {'mean':>5} " + " ".join(f"{f[:10]:>10}" for f in fams))

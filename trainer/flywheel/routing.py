@@ -27,7 +27,9 @@ HUMAN_KINDS = ("recording", "supervised")
 class RoutingConfig:
     sft_min_quality: float = 1.0  # SFT takes only episodes whose every step passed the rule checks
     sft_requires_success: bool = True  # ...and that were judged successful
-    trust_human: bool = True  # a person's unjudged recording counts as successful (they did the task)
+    # True: a person's unjudged recording counts as successful. Off by default: an unknown outcome
+    # is not SFT data (a kill-switched run of random clicks is unjudged too); mark it in the Library
+    trust_human: bool = False
     reject_below_quality: float = 0.5  # fewer clean steps than this: rejected
     failed_to: str = "ct"  # where judged failures go: "ct" (the report's default) or "rejected"
 
@@ -49,22 +51,31 @@ class RoutingConfig:
 
 
 def decide(ep: Episode, score: Score, cfg: RoutingConfig) -> tuple[str, list[str]]:
-    """(route, why) for a scored episode: pure, so tests can walk every branch."""
+    """(route, why) for a scored episode: pure, so tests can walk every branch. The first reason
+    names the rule that decided; the step-by-step problems follow."""
     why = list(score.fatal)
     if score.fatal:
         return "rejected", why
-    if score.quality < cfg.reject_below_quality:
-        return "rejected", [f"quality {score.quality:.2f} < {cfg.reject_below_quality}"] + score.reasons
+    # missing thoughts alone never reject: a person can write them in the step viewer
+    if score.usable < cfg.reject_below_quality:
+        return "rejected", [f"only {score.usable:.0%} of the steps are usable (the floor is "
+                            f"{cfg.reject_below_quality:.0%})"] + score.reasons
     success = score.outcome.success
     if success is None and cfg.trust_human and ep.kind in HUMAN_KINDS:
-        success, why = True, [f"unjudged {ep.kind}: a person did the task"]
+        success, why = True, [f"unjudged {ep.kind}: a person did the task (trust_human)"]
     if success is False:
         return cfg.failed_to, [f"judged failed by {score.outcome.source}"] + score.reasons
     if success is None and cfg.sft_requires_success:
-        return "ct", ["outcome unknown"] + score.reasons
+        return "ct", ["outcome unknown: unjudged episodes are not SFT data; mark success or failure in the "
+                      "Library"] + score.reasons
     if score.quality < cfg.sft_min_quality:
-        return "ct", [f"quality {score.quality:.2f} < {cfg.sft_min_quality}"] + score.reasons
-    return "sft", why + [f"judged successful by {score.outcome.source or 'trust'}, quality {score.quality:.2f}"]
+        head = (f"{score.thoughtless} of {score.steps} steps have no thought: write them in the step viewer to "
+                "make this SFT data" if score.thoughtless and score.usable >= cfg.sft_min_quality
+                else f"{score.quality:.0%} of the steps pass the checks (SFT needs {cfg.sft_min_quality:.0%})")
+        return "ct", [head] + score.reasons
+    return "sft", why + [f"judged successful by {score.outcome.source or 'trust'}, every check passed"
+                         if score.quality >= 1.0 else f"judged successful by {score.outcome.source or 'trust'}, "
+                         f"{score.quality:.0%} of the steps pass the checks"]
 
 
 class Router:
@@ -103,8 +114,9 @@ class Router:
         row = {"episode_id": ep.id, "iteration": int(iteration), "route": route, "previous_route": ep.route,
                "outcome": json.dumps(score.outcome.to_dict()), "previous_outcome": json.dumps(ep.outcome.to_dict()),
                "quality": score.quality, "reasons": json.dumps(why), "time": time.time(), "undone_at": None}
+        meta = {**ep.meta, "routing": {"iteration": int(iteration), "route": route, "why": why}}  # shown in the Library
         with self.store.transaction():  # the episode and its decision change together
-            self.store.update_episode_fields(ep.id, route=route, outcome=score.outcome)
+            self.store.update_episode_fields(ep.id, route=route, outcome=score.outcome, meta=meta)
             self.store.db[ROUTES_TABLE].insert(row, pk="id")
 
     def decisions(self, iteration: int | None = None, *, include_undone: bool = False) -> list[dict]:
@@ -130,8 +142,10 @@ class Router:
         with self.store.transaction():
             for r in reversed(rows):
                 if self.store.has_episode(r["episode_id"]):  # a deleted episode has nothing to restore
+                    meta = dict(self.store.load_episode(r["episode_id"]).meta)
+                    meta.pop("routing", None)  # the reason went with the decision
                     self.store.update_episode_fields(r["episode_id"], route=r["previous_route"],
-                                                     outcome=Outcome.from_dict(r["previous_outcome"]))
+                                                     outcome=Outcome.from_dict(r["previous_outcome"]), meta=meta)
                 self.store.db.execute(f"UPDATE {ROUTES_TABLE} SET undone_at = ? WHERE id = ?", [now, r["id"]])
         return len(rows)
 

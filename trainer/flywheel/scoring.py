@@ -36,6 +36,13 @@ class Score:
     reasons: list[str] = field(default_factory=list)  # every problem found, step by step
     fatal: list[str] = field(default_factory=list)  # problems that make the episode unusable
     judge_raw: str | None = None  # the ORM's answer, when one was asked
+    thoughtless: int = 0  # steps whose only problem is a missing thought (a person can add it)
+    steps: int = 0
+
+    @property
+    def usable(self) -> float:
+        """The share of steps usable once thoughts are written: what decides rejection."""
+        return min(1.0, self.quality + (self.thoughtless / self.steps if self.steps else 0.0))
 
 
 # ---------------------------------------------------------------- rule checks
@@ -101,9 +108,12 @@ def step_problems(ep: Episode) -> dict[int, list[str]]:
 
 def rule_checks(ep: Episode) -> tuple[list[str], list[str], float]:
     """(reasons, fatal reasons, quality) of an episode with its steps loaded."""
+    return _rule_checks(ep, step_problems(ep) if ep.steps else {})
+
+
+def _rule_checks(ep: Episode, bad: dict) -> tuple[list[str], list[str], float]:
     if not ep.steps:
         return ["no steps"], ["no steps"], 0.0
-    bad = step_problems(ep)
     reasons = [f"step {i}: {p}" for i, ps in bad.items() for p in ps]
     fatal = []
     if all(not s.observation.screenshot for s in ep.steps):
@@ -181,7 +191,9 @@ class OutcomeRewardModel:
 
 def score_episode(ep: Episode, *, image_of=None, orm: OutcomeRewardModel | None = None) -> Score:
     """The episode's outcome and quality. image_of(hash) -> bytes is needed only for the ORM."""
-    reasons, fatal, quality = rule_checks(ep)
+    bad = step_problems(ep) if ep.steps else {}
+    reasons, fatal, quality = _rule_checks(ep, bad)
+    thoughtless = sum(1 for ps in bad.values() if ps == ["empty thought"])
     o = ep.outcome
     judge_raw = None
     if o.success is not None and o.source in TRUSTED_SOURCES:
@@ -199,4 +211,4 @@ def score_episode(ep: Episode, *, image_of=None, orm: OutcomeRewardModel | None 
         outcome = Outcome(success, None if success is None else float(success), "orm" if success is not None else None)
     else:
         outcome = Outcome(o.success, o.reward, o.source)
-    return Score(outcome, quality, reasons, fatal, judge_raw)
+    return Score(outcome, quality, reasons, fatal, judge_raw, thoughtless, len(ep.steps))

@@ -1,9 +1,10 @@
 """Simulated human data for trying the flywheel on a machine with no people at it: the sandbox
 expert's episodes re-labelled as a person's. Always marked as simulated (meta["simulated"]).
 
-  - recordings: kind "recording", provenance human, no outcome mark (a person's recording is
-    unjudged until someone marks it), click points jittered by a few pixels (hands are not
-    exact) and, now and then, a step whose thought was left empty (the rule checks catch it);
+  - recordings: kind "recording", provenance human, marked successful by the annotator after
+    review (a share `unmarked_rate` is left unjudged, as people forget; those are not SFT data),
+    click points jittered by a few pixels (hands are not exact) and, now and then, a step whose
+    thought was left empty (the rule checks catch it);
   - supervised runs: kind "supervised", one step shown as a supervisor's correction of a wrong
     proposal (a click elsewhere), so corrections and preference pairs have something to read.
 """
@@ -22,7 +23,8 @@ def _jitter(action: Action, rng: random.Random, px: float, w: int, h: int) -> Ac
 
 
 def simulate(store, *, recordings: int = 0, supervised: int = 0, families=None, width: int = 320, height: int = 240,
-             jitter_px: float = 1.5, empty_thought_rate: float = 0.1, seed: int = 0, seed_start: int = 700_000) -> dict:
+             jitter_px: float = 1.5, empty_thought_rate: float = 0.1, unmarked_rate: float = 0.0, seed: int = 0,
+             seed_start: int = 700_000) -> dict:
     """Store `recordings` + `supervised` simulated human episodes; returns their ids by kind."""
     from trainer.sandbox.families import FAMILIES
     from trainer.sandbox.rollout import run_many, to_episode
@@ -38,7 +40,10 @@ def simulate(store, *, recordings: int = 0, supervised: int = 0, families=None, 
         ep = to_episode(result, store, producer="simulated-annotator")
         kind = "recording" if k < recordings else "supervised"
         ep.kind, ep.producer, ep.policy_version = kind, "simulated-annotator", None
-        ep.outcome = Outcome() if kind == "recording" else Outcome(True, 1.0, "supervisor")
+        if kind == "recording":
+            ep.outcome = Outcome() if rng.random() < unmarked_rate else Outcome(True, 1.0, "annotator")
+        else:
+            ep.outcome = Outcome(True, 1.0, "supervisor")
         ep.meta = {**ep.meta, "simulated": True}
         for s in ep.steps:
             w, h = s.observation.width, s.observation.height

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
+    QTabWidget,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -171,7 +172,16 @@ class TrainPage(QWidget):
 
         split = QSplitter(Qt.Vertical)
         split.addWidget(self.pool_canvas)
-        split.addWidget(self.table)
+        # the last routing: each episode, where it went and the rule that sent it there
+        self.routing = QTableWidget(0, 3)
+        self.routing.setHorizontalHeaderLabels(["episode", "route", "why"])
+        self.routing.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.routing.verticalHeader().setVisible(False)
+        self.routing.horizontalHeader().setStretchLastSection(True)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.table, "Model versions")
+        self.tabs.addTab(self.routing, "Routing")
+        split.addWidget(self.tabs)
         split.addWidget(self.curve_canvas)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
@@ -200,6 +210,7 @@ class TrainPage(QWidget):
                              f"unscored {pools['unscored']} episodes — current model: {model}")
         self.summary.setToolTip(f"Trains on the episodes in {status.get('store') or self.store.root}")
         self._fill_table(status["versions"], cur)
+        self._fill_routing(status.get("routing") or {})
         self._draw_pools(status)
         self._draw_curves(read_curves(self.store.root))
 
@@ -221,6 +232,18 @@ class TrainPage(QWidget):
                 item.setToolTip(json.dumps(v["lineage"].get("parents", [])) if col == 3 else text)
                 self.table.setItem(row, col, item)
         self.table.resizeColumnsToContents()
+
+    def _fill_routing(self, routing: dict) -> None:
+        rows = routing.get("decisions") or []
+        self.tabs.setTabText(1, f"Routing (iteration {routing['iteration']})" if routing.get("iteration") else "Routing")
+        self.routing.setRowCount(len(rows))
+        for r, d in enumerate(rows):
+            why = d.get("why") or []
+            for c, text in enumerate((d.get("instruction") or d["episode_id"], d["route"], why[0] if why else "")):
+                item = QTableWidgetItem(text)
+                item.setToolTip("\n".join(why[:12]) if c == 2 else text)
+                self.routing.setItem(r, c, item)
+        self.routing.resizeColumnToContents(1)
 
     def _draw_pools(self, status: dict) -> None:
         self.pool_fig.clear()

@@ -51,6 +51,10 @@ def test_train_page_shows_pools_versions_and_curves(qtbot, flywheel_store):
     assert page.table.rowCount() == 2
     assert page.table.item(1, 2).text() == "current ★" and page.table.item(0, 2).text() == "retired"
     assert page.table.item(1, headers.index("click_button")).text() == "60%"
+    # the routing tab: each episode with its route and the rule that decided it
+    assert page.tabs.tabText(1) == "Routing (iteration 1)" and page.routing.rowCount() == 2
+    why = {page.routing.item(r, 1).text(): page.routing.item(r, 2).text() for r in range(2)}
+    assert why == {"sft": "judged successful by annotator, every check passed", "ct": "judged failed by verifier"}
     # the curves: reward, entropy, success rate from PPO rows, the SFT loss; the bad line skipped
     curves = page.curve_fig.axes
     assert [len(ax.lines[0].get_xdata()) for ax in curves] == [4, 4, 4, 2]

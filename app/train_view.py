@@ -244,6 +244,7 @@ class TrainPage(QWidget):
                 item.setToolTip("\n".join(why[:12]) if c == 2 else text)
                 self.routing.setItem(r, c, item)
         self.routing.resizeColumnToContents(1)
+        self.routing.setColumnWidth(0, min(360, max(160, self.routing.sizeHintForColumn(0))))
 
     def _draw_pools(self, status: dict) -> None:
         self.pool_fig.clear()
@@ -260,6 +261,8 @@ class TrainPage(QWidget):
         from matplotlib.ticker import MaxNLocator
 
         ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if not ev:
+            ax2.set_xticks([])  # no made-up iteration axis
         ax2.set_ylim(-0.02, 1.02)
         ax2.set_title("held-out success by version (× rejected)", fontsize=9)
         ax2.set_xlabel("iteration", fontsize=8)

@@ -222,6 +222,14 @@ class MainWindow(QMainWindow):
             self._stop_embedded = None
         self.sync_url = None
 
+    def training_data_dir(self):
+        """Where the Train page's flywheel trains: the embedded backend's store (what was synced
+        to it) while it runs; this app's own store otherwise (syncing to a remote server, the
+        team trains there)."""
+        if self._stop_embedded is not None:
+            return self.store.root / "backend"
+        return self.store.root
+
     def restart_sync(self) -> None:
         self.server = None  # settings now say where to sync
         self.stop_sync()

@@ -1,4 +1,6 @@
-"""The Train page: the data flywheel at a glance and a button that turns it once.
+"""The Train page: the data flywheel at a glance and a button that turns it once. It trains on
+the store of the backend built into the app (what was synced to it) while that backend runs,
+else on the app's own store, and says which.
 
   - the data pools (SFT, CT, rejected) and how much each iteration added, beside held-out
     success by iteration (a matplotlib canvas);
@@ -153,6 +155,9 @@ class TrainPage(QWidget):
         self.progress.setValue(0)
         self.message = QLabel("")
         self.message.setWordWrap(True)
+        self.where = QLabel()  # which store the flywheel trains on, said on the page
+        self.where.setObjectName("muted")
+        self.where.setWordWrap(True)
         self._started_at = 0.0
         top = QHBoxLayout()
         top.addWidget(title)
@@ -185,6 +190,7 @@ class TrainPage(QWidget):
         split.addWidget(self.curve_canvas)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
+        layout.addWidget(self.where)
         layout.addWidget(self.message)
         layout.addWidget(split, 1)
         self.refresh()
@@ -196,10 +202,26 @@ class TrainPage(QWidget):
         if self.running is None and time.monotonic() - self._refreshed_at > 5.0:
             self.refresh()
 
+    @property
+    def data_dir(self):
+        """The store the flywheel trains on: with the backend built into this app, the episodes
+        synced to it (what annotators and supervisors submitted); else this app's own store."""
+        pick = getattr(self.window, "training_data_dir", None)
+        return pick() if callable(pick) else self.store.root
+
+    def _say_where(self) -> None:
+        d = self.data_dir
+        if d != self.store.root:
+            self.where.setText(f"Trains on the episodes synced to this app's backend ({d}): submit recordings on the "
+                               "Sync page to include them.")
+        else:
+            self.where.setText(f"Trains on this app's own store ({d}).")
+
     def refresh(self) -> None:
         """Read the state in a worker (a child process), then redraw on the main thread."""
         self._refreshed_at = time.monotonic()
-        run_in_background(read_status, self.store.root, on_result=self.show_status,
+        self._say_where()
+        run_in_background(read_status, self.data_dir, on_result=self.show_status,
                           on_error=lambda e: self.summary.setText(f"Could not read the flywheel's state: {e}"))
 
     def show_status(self, status: dict) -> None:
@@ -208,11 +230,11 @@ class TrainPage(QWidget):
         model = cur or f"none yet; the first iteration starts from {status.get('first_model') or 'a new model'}"
         self.summary.setText(f"SFT {pools['sft']} · CT {pools['ct']} · rejected {pools['rejected']} · "
                              f"unscored {pools['unscored']} episodes — current model: {model}")
-        self.summary.setToolTip(f"Trains on the episodes in {status.get('store') or self.store.root}")
+        self.summary.setToolTip(f"Trains on the episodes in {status.get('store') or self.data_dir}")
         self._fill_table(status["versions"], cur)
         self._fill_routing(status.get("routing") or {})
         self._draw_pools(status)
-        self._draw_curves(read_curves(self.store.root))
+        self._draw_curves(read_curves(self.data_dir))
 
     def _fill_table(self, versions: list, current) -> None:
         fams = sorted({f for v in versions for f in (v["metrics"].get("families") or {})})
@@ -295,7 +317,8 @@ class TrainPage(QWidget):
         if self.running is not None:
             return
         target = getattr(self.window, "announce_target", None)
-        self.running = IterationRun(self.store.root, 1, announce_to=target() if target else None)
+        self._say_where()
+        self.running = IterationRun(self.data_dir, 1, announce_to=target() if target else None)
         self.run_btn.setEnabled(False)
         self.stop_btn.setEnabled(True)
         self.progress.setValue(0)

@@ -258,9 +258,15 @@ def walk(w: Walk, data: Path, tmp: Path) -> None:
     w.shot("drive-ended")
 
     # -- Train: one small iteration
-    store.set_setting("flywheel.config", {"families": ["click_button"], "eval_seeds": 2, "rollouts": 2, "ct_steps": 2,
-                                          "sft_steps": 4, "batch": 4, "ppo_updates": 1, "ppo_batch": 4, "max_steps": 3})
     train = w.page("Train")
+    from agent.store import Store
+
+    w.check(train.data_dir == data / "backend" and "synced to this app's backend" in train.where.text(),
+            f"the Train page says it trains on what was synced: {train.where.text()!r}")
+    with Store(train.data_dir) as trained:  # a small iteration: the settings live in the store it trains on
+        trained.set_setting("flywheel.config", {"families": ["click_button"], "eval_seeds": 2, "rollouts": 2,
+                                                "ct_steps": 2, "sft_steps": 4, "batch": 4, "ppo_updates": 1,
+                                                "ppo_batch": 4, "max_steps": 3})
     w.until(lambda: train.status is not None, timeout=60, what="the Train page's state")
     w.check("shipped default model" in train.summary.text(), f"before a run it says what it starts from: {train.summary.text()!r}")
     w.shot("train-before")
@@ -271,7 +277,8 @@ def walk(w: Walk, data: Path, tmp: Path) -> None:
         said.add(train.message.text())
         return stop()
 
-    w.until(lambda: watch(lambda: train.message.text().startswith("Stage 2")), timeout=120, what="stage 2")
+    w.until(lambda: watch(lambda: train.message.text().startswith("Stage") or train.running is None), timeout=120,
+            what="the first stage")
     w.shot("train-busy")
     w.until(lambda: watch(lambda: train.running is None), timeout=900, what="the iteration to finish")
     stages = sorted(t for t in said if t.startswith("Stage"))

@@ -24,6 +24,11 @@ def test_embedded_backend_syncs_submitted_episodes(qtbot, store):
         assert "2 synced" in page.status.summary.text()
         names = {page.status.table.item(r, 0).text() for r in range(page.status.table.rowCount())}
         assert names == {e.instruction for e in eps}  # episodes by what they are, not 8 hex digits
+        # the Train page trains on what was synced (the embedded backend's store) and says so
+        train = win.page("Train")
+        assert train.data_dir == store.root / "backend" and str(store.root / "backend") in train.where.text()
+        qtbot.waitUntil(lambda: train.status is not None, timeout=60000)
+        assert train.status["pools"]["unscored"] == 2 and train.status["store"] == str(store.root / "backend")
     finally:
         win.stop_sync()
     backend = BackendStore(store.root / "backend")

@@ -123,6 +123,7 @@ class DrivePage(QWidget):
         self.supervisor: QtSupervisor | None = None
         self.kill_switch: KillSwitch | None = None
         self.dialog: ConfirmDialog | None = None
+        self._proposed = ""  # the last proposal's actions as shown: a refusal names what it refused
         self.last_result = None
         self.strip = ControlStrip(hotkey)
         self.strip.pause_toggled.connect(self.set_paused)
@@ -254,7 +255,7 @@ class DrivePage(QWidget):
         elif kind == "decision" and payload["decision"].kind == "reject":  # the log says what was refused
             self.steps_empty.hide()
             self.steps.show()
-            self.steps.addItem(f"✗ not allowed: {getattr(self, '_proposed', '')} ({payload['decision'].reason})")
+            self.steps.addItem(f"✗ not allowed: {self._proposed} ({payload['decision'].reason})")
         elif kind == "kill_switch_off":
             self.strip.set_kill_switch_problem(payload)
 

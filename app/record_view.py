@@ -94,7 +94,7 @@ class RecordPage(QWidget):
         self.audio = QCheckBox("Record the microphone (think aloud)")
         self.mic = QComboBox()
         self.mic.setToolTip("The microphone your think-aloud is recorded from")
-        self.audio.toggled.connect(self._audio_toggled)
+        self.audio.toggled.connect(lambda _: self._update_state())  # the picker and the level follow it
         mic_row = QHBoxLayout()
         mic_row.addWidget(self.audio)
         mic_row.addWidget(self.mic, 1)
@@ -166,6 +166,7 @@ class RecordPage(QWidget):
         self.timer.setInterval(250)
         self.timer.timeout.connect(self._update_live)
         self.own = WindowRects()
+        self._own_by_rects = False  # the recorder reads self.own (not X11's window owners): keep it fresh
         self._fill_microphones()
         self._update_state()
 
@@ -186,19 +187,18 @@ class RecordPage(QWidget):
         self.mic.setVisible(True)
         self.mic.setEnabled(self.audio.isChecked())
 
-    def _audio_toggled(self, on: bool) -> None:
-        self.mic.setEnabled(on)
-        self.level.setVisible(on)
-        self.level_label.setVisible(on)
-
     def _own_windows(self) -> OwnWindows:
         """Input aimed at Tandem itself is not recorded: by process id on X11, else by the
         app's window rectangles (refreshed while recording)."""
         platform = QGuiApplication.platformName()
+        self._own_by_rects = False
         if platform in ("offscreen", "minimal", "vnc"):  # the app's windows are not on the captured screen
             return OwnWindows()
+        if platform == "xcb":
+            return OwnWindows(pid=os.getpid())
+        self._own_by_rects = True
         self.own.refresh()
-        return OwnWindows(pid=os.getpid() if platform == "xcb" else None, at=self.own.at, focused=self.own.active)
+        return OwnWindows(at=self.own.at, focused=self.own.active)
 
     # ------------------------------------------------------------ controls
     def start(self) -> None:
@@ -336,7 +336,8 @@ class RecordPage(QWidget):
     def _update_live(self) -> None:
         if self.session is None:
             return
-        self.own.refresh()
+        if self._own_by_rects:
+            self.own.refresh()
         st = self.session.stats()
         self.fps_label.setText(f"{st['fps']:.1f} fps")
         self.events_label.setText(plural(st["events"], "event"))

@@ -56,7 +56,7 @@ class Walk:
         from PySide6.QtCore import QPoint
 
         r = rect if rect is not None else widget.rect()
-        c = widget.mapToGlobal(r.center() if rect is not None else QPoint(r.width() // 2, r.height() // 2))
+        c = widget.mapToGlobal(QPoint(r.x() + r.width() // 2, r.y() + r.height() // 2))
         ratio = widget.devicePixelRatioF()
         return round(c.x() * ratio), round(c.y() * ratio)
 

@@ -10,13 +10,17 @@ import argparse
 import importlib
 import sys
 
+from agent.wording import command_name
+
 COMMANDS = [
     "agent.cli",  # parse, import, export, info, check
     "agent.cli_agent",  # agent: run the agent with a policy, a gate and the store
-    "app.recorder.cli",  # record: record a demonstration headless, re-reduce, transcribe
+    "agent.recorder.cli",  # record: record a demonstration headless, re-reduce, transcribe
     "trainer.sandbox.cli",  # sandbox: show, families, generate, eval
     "trainer.cli_backend",  # backend: the sync server; backend user add|list|revoke
     "app.sync.cli",  # submit, sync; the sync client behind `agent --publish`
+    "app.sync.models_cli",  # models pull, models list
+    "agent.redaction.cli",  # redact: find and blur personal data before upload
     "trainer.cli_train",  # train: sft, ct, ppo, default
     "trainer.flywheel.cli",  # flywheel: run, status, merge, undo, plot
 ]
@@ -29,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data", metavar="DIR", default=argparse.SUPPRESS, help=data_help)
     parser = argparse.ArgumentParser(
-        prog="python main.py",
+        prog=command_name(),
         description="Tandem: collect data for, supervise and train computer-use agents. "
         "With no command, opens the desktop app.",
     )

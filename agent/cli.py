@@ -125,6 +125,10 @@ def cmd_export(args) -> int:
                     progress=lambda done, total: bar.update(done - bar.n),
                 )
             print(f"wrote {res['samples']} sample(s) from {res['episodes']} episode(s), {res['images']} image(s) to {res['path']}")
+            if res["unreviewed"]:
+                print(f"warning: {len(res['unreviewed'])} recording(s) had no approved privacy review and were exported "
+                      f"unredacted (`python main.py redact scan ID`, then `redact approve ID --by NAME`): "
+                      f"{', '.join(res['unreviewed'][:5])}", file=sys.stderr)
     except NotFound as e:
         print(f"export failed: {e}", file=sys.stderr)
         return 2

@@ -21,12 +21,6 @@ from agent.gate import GATE_MODES
 from agent.killswitch import DEFAULT_HOTKEY
 
 
-# How --publish reaches remote supervisors: agent/ has no network client, so the sync client's
-# CLI module (app.sync.cli, loaded by main.py beside this one) sets this to
-# (url, token, run_id, decision_timeout) -> a started publisher with .supervisor, .run_id, .end(reason).
-publish_hook = None
-
-
 def register(sub, common) -> None:
     p = sub.add_parser("agent", parents=[common], help="run the agent on this desktop or a phone",
                        description="Runs observe -> propose -> gate -> execute -> record; the episode is saved in the store as it goes. "
@@ -144,11 +138,10 @@ def cmd_agent(args) -> int:
             store.close()
             return _fail("--publish needs a backend: run `python main.py sync --server URL --token T --save` or pass "
                          "--server and --token")
-        if publish_hook is None:
-            store.close()
-            return _fail("--publish needs the sync client (app.sync), which is not loaded")
+        from agent.sync.live_link import RunPublisher
+
         try:
-            publisher = publish_hook(url, token, args.run_id, args.decision_timeout)
+            publisher = RunPublisher(url, token, args.run_id, timeout=args.decision_timeout).start()
         except Exception as e:  # noqa: BLE001 - any failure to connect or log in is reported, not raised
             store.close()
             return _fail(f"cannot publish the run to {url}: {e}")

@@ -53,11 +53,12 @@ class DecisionStats:
         return self.counts.get("approve", 0) / judged if judged else None
 
     def seconds_quantile(self, q: float) -> float | None:
-        """The q-quantile of the decision times (nearest rank), None without any."""
-        if not self.seconds:
-            return None
-        s = sorted(self.seconds)
-        return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+        """The q-quantile of the decision times (interpolated between ranks), None without any."""
+        if len(self.seconds) < 2:
+            return self.seconds[0] if self.seconds else None
+        if q <= 0 or q >= 1:
+            return min(self.seconds) if q <= 0 else max(self.seconds)
+        return statistics.quantiles(self.seconds, n=1000, method="inclusive")[round(q * 1000) - 1]
 
     @property
     def mean_seconds(self) -> float | None:

@@ -68,7 +68,9 @@ def episode_samples(ep: Episode, *, space: str = coords.SMART_RESIZE, max_images
 
 
 def export_jsonl(store, out_path, episode_ids=None, *, space=coords.SMART_RESIZE, max_images=5, route=None, progress=None) -> dict:
-    """Write samples to `out_path` and their images into `images/` beside it.
+    """Write samples to `out_path` and their images into `images/` beside it. Episodes whose privacy
+    review was approved are written redacted (blurred screenshots, masked text: what a sync would
+    send); recordings not reviewed yet are written as they are and listed under "unreviewed".
 
     Returns counts. The image files are hard links to the store's blobs where possible.
     """
@@ -93,15 +95,23 @@ def export_jsonl(store, out_path, episode_ids=None, *, space=coords.SMART_RESIZE
             names[h] = f"images/{dst.name}"
         return names[h]
 
-    n_samples = 0
+    from agent.redaction import RedactionError
+    from agent.redaction.review import upload_view
+
+    n_samples, unreviewed = 0, []
     tmp = out_path.with_suffix(out_path.suffix + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for k, eid in enumerate(ids):
             ep = store.load_episode(eid)
+            try:  # training data is what may leave the machine: the privacy review's redacted version
+                ep = upload_view(store, ep)
+            except RedactionError:  # a recording not reviewed yet: exported as it is, and said
+                unreviewed.append(eid)
             for sample in episode_samples(ep, space=space, max_images=max_images, image_ref=image_ref):
                 f.write(json.dumps(sample, ensure_ascii=False) + "\n")
                 n_samples += 1
             if progress:
                 progress(k + 1, len(ids))
     os.replace(tmp, out_path)
-    return {"episodes": len(ids), "samples": n_samples, "images": len(names), "path": str(out_path)}
+    return {"episodes": len(ids), "samples": n_samples, "images": len(names), "path": str(out_path),
+            "unreviewed": unreviewed}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -210,6 +210,13 @@ class Provenance:
         if self.source not in PROVENANCES:
             raise SchemaError(f"provenance: source must be one of {PROVENANCES}, got {self.source!r}")
 
+    def after_edit(self, old_thought: str, old_action: "Action", thought: str, action: "Action") -> "Provenance":
+        """A human edit of an agent's step makes it a correction that keeps the agent's proposal;
+        human steps stay human; a correction keeps its original proposal."""
+        if (thought, action) == (old_thought, old_action) or self.source != "agent":
+            return self
+        return replace(self, source="corrected", proposal_thought=old_thought, proposal_action=old_action, decision="edit")
+
     def to_dict(self) -> dict:
         return {
             "source": self.source,
@@ -390,4 +397,7 @@ class Episode:
                     out.add(h)
         for h in self.meta.get("audio_blobs", []) or []:
             out.add(h)
+        redaction = self.meta.get("redaction")  # the blurred frames a privacy review wrote (agent.redaction)
+        if isinstance(redaction, dict) and isinstance(redaction.get("frames"), dict):
+            out.update(e["redacted"] for e in redaction["frames"].values() if isinstance(e, dict) and e.get("redacted"))
         return out

@@ -1,4 +1,5 @@
 """The local store: metadata in SQLite (WAL) through sqlite-utils, blobs as content-addressed files.
+(Over 500 lines on purpose: it is the one owner of the database and of blob lifetime.)
 
 Layout of a data directory:
     tandem.db            episodes, steps, raw input events, blob references, settings
@@ -6,7 +7,14 @@ Layout of a data directory:
 
 Blobs are written (atomically: temp file, fsync, rename) before the transaction that refers to
 them commits, so a process killed at any point leaves either the old state or the new one and
-at worst an unreferenced blob, which `check()` reports and `gc()` removes.
+at worst an unreferenced blob, which `check()` reports and `gc()` removes. Blobs are deleted in
+one place only, `remove_unreferenced`.
+
+The store owns the database: other modules keep tables in it (the sync outbox, the flywheel's
+routes and models, the backend's users) by declaring their migrations (`migrate(owner, steps)`,
+each step run once, its version recorded in `schema_versions`) and read and write them through
+`query`, `execute`, `insert` and `upsert`, inside `transaction()` where several writes belong
+together. Nothing outside this module touches the connection or its lock.
 """
 from __future__ import annotations
 
@@ -16,6 +24,8 @@ import os
 import sqlite3
 import tempfile
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import sqlite_utils
@@ -24,10 +34,42 @@ from agent.schema import Episode, SchemaError, Step
 
 DB_NAME = "tandem.db"
 ENV_DATA = "TANDEM_DATA"
+PIN_SECONDS = 24 * 3600  # how long a written, unreferenced blob is protected from removal
 
 
 class StoreError(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class AddColumn:
+    """A migration step: add a column where it is missing (a store made before it existed)."""
+
+    table: str
+    column: str
+    type: str  # TEXT, INTEGER or REAL
+
+
+# The store's own tables. Step 1 is the schema of every release before migrations were recorded
+# (IF NOT EXISTS: such a store passes through it unchanged); later steps change it.
+STORE_MIGRATIONS = [
+    """CREATE TABLE IF NOT EXISTS "episodes" ("id" TEXT PRIMARY KEY, "kind" TEXT, "instruction" TEXT, "platform" TEXT,
+        "producer" TEXT, "policy_version" TEXT, "success" INTEGER, "reward" REAL, "outcome_source" TEXT, "route" TEXT,
+        "created_at" REAL, "updated_at" REAL, "revision" INTEGER, "schema_version" INTEGER, "n_steps" INTEGER, "meta" TEXT);
+    CREATE INDEX IF NOT EXISTS "idx_episodes_kind" ON "episodes" ("kind");
+    CREATE INDEX IF NOT EXISTS "idx_episodes_created_at" ON "episodes" ("created_at");
+    CREATE TABLE IF NOT EXISTS "steps" ("episode_id" TEXT REFERENCES "episodes"("id"), "idx" INTEGER, "thought" TEXT,
+        "action_name" TEXT, "action" TEXT, "observation" TEXT, "provenance" TEXT, "screenshot" TEXT,
+        "post_screenshot" TEXT, "reward" REAL, "terminated" INTEGER, "truncated" INTEGER, "t_start" REAL, "t_end" REAL,
+        "raw_response" TEXT, "info" TEXT, PRIMARY KEY ("episode_id", "idx"));
+    CREATE TABLE IF NOT EXISTS "raw_events" ("episode_id" TEXT, "seq" INTEGER, "t" REAL, "kind" TEXT, "data" TEXT,
+        PRIMARY KEY ("episode_id", "seq"));
+    CREATE TABLE IF NOT EXISTS "blob_refs" ("episode_id" TEXT, "hash" TEXT, PRIMARY KEY ("episode_id", "hash"));
+    CREATE INDEX IF NOT EXISTS "idx_blob_refs_hash" ON "blob_refs" ("hash");
+    CREATE TABLE IF NOT EXISTS "settings" ("key" TEXT PRIMARY KEY, "value" TEXT)""",
+    # blobs written but not yet referenced (see put_blob)
+    """CREATE TABLE IF NOT EXISTS "blob_pins" ("hash" TEXT PRIMARY KEY, "at" REAL)""",
+]
 
 
 class NotFound(StoreError, KeyError):
@@ -89,41 +131,61 @@ class Store:
 
     # ------------------------------------------------------------ schema
     def _migrate(self) -> None:
-        db = self.db
         with self._lock:
-            if "episodes" not in db.table_names():
-                db["episodes"].create(
-                    {
-                        "id": str, "kind": str, "instruction": str, "platform": str, "producer": str,
-                        "policy_version": str, "success": int, "reward": float, "outcome_source": str,
-                        "route": str, "created_at": float, "updated_at": float, "revision": int,
-                        "schema_version": int, "n_steps": int, "meta": str,
-                    },
-                    pk="id",
-                )
-                db["episodes"].create_index(["kind"])
-                db["episodes"].create_index(["created_at"])
-            if "steps" not in db.table_names():
-                db["steps"].create(
-                    {
-                        "episode_id": str, "idx": int, "thought": str, "action_name": str, "action": str,
-                        "observation": str, "provenance": str, "screenshot": str, "post_screenshot": str,
-                        "reward": float, "terminated": int, "truncated": int, "t_start": float,
-                        "t_end": float, "raw_response": str, "info": str,
-                    },
-                    pk=("episode_id", "idx"),
-                    foreign_keys=[("episode_id", "episodes", "id")],
-                )
-            if "raw_events" not in db.table_names():
-                db["raw_events"].create(
-                    {"episode_id": str, "seq": int, "t": float, "kind": str, "data": str},
-                    pk=("episode_id", "seq"),
-                )
-            if "blob_refs" not in db.table_names():
-                db["blob_refs"].create({"episode_id": str, "hash": str}, pk=("episode_id", "hash"))
-                db["blob_refs"].create_index(["hash"])
-            if "settings" not in db.table_names():
-                db["settings"].create({"key": str, "value": str}, pk="key")
+            self.db.execute('CREATE TABLE IF NOT EXISTS "schema_versions" ("owner" TEXT PRIMARY KEY, "version" INTEGER, '
+                            '"at" REAL)')
+        self.migrate("store", STORE_MIGRATIONS)
+
+    def migrate(self, owner: str, steps) -> int:
+        """Bring `owner`'s tables up to date: `steps` are its migrations in order (SQL statements
+        separated by ';', or AddColumn), each applied once, in one transaction with the version
+        reached recorded in `schema_versions`. Returns how many steps ran. A store whose tables
+        are newer than `steps` is refused: this Tandem is older than the one that wrote it."""
+        with self.transaction():
+            rows = list(self.db.query("SELECT version FROM schema_versions WHERE owner = ?", [owner]))
+            have = rows[0]["version"] if rows else 0
+            if have > len(steps):
+                raise StoreError(f"{self.root / DB_NAME}: its {owner!r} tables are at schema version {have}, newer than "
+                                 f"this Tandem knows ({len(steps)}); open it with the newer Tandem that wrote it")
+            for version, step in enumerate(steps[have:], have + 1):
+                if isinstance(step, AddColumn):
+                    if step.column not in {c["name"] for c in self.db.query(f'PRAGMA table_info("{step.table}")')}:
+                        self.db.execute(f'ALTER TABLE "{step.table}" ADD COLUMN "{step.column}" {step.type}')
+                else:
+                    for stmt in step.split(";"):  # not executescript: that would commit the transaction
+                        if stmt.strip():
+                            self.db.execute(stmt)
+                self.db.execute("INSERT OR REPLACE INTO schema_versions (owner, version, at) VALUES (?, ?, ?)",
+                                [owner, version, time.time()])
+        return max(0, len(steps) - have)
+
+    def schema_version(self, owner: str) -> int:
+        rows = self.query("SELECT version FROM schema_versions WHERE owner = ?", [owner])
+        return rows[0]["version"] if rows else 0
+
+    # ------------------------------------------------------------ other modules' tables
+    def query(self, sql: str, params=()) -> list[dict]:
+        """The rows of one statement, as dicts."""
+        with self._lock:
+            return list(self.db.query(sql, params))
+
+    def execute(self, sql: str, params=()) -> int:
+        """One write statement in a transaction (joining the caller's); returns the rows it changed."""
+        with self.transaction():
+            return self.db.execute(sql, params).rowcount
+
+    def insert(self, table: str, row: dict) -> None:
+        with self.transaction():
+            self.db[table].insert(row)
+
+    def upsert(self, table: str, row: dict, pk) -> None:
+        """Insert `row`, or update the columns it names where its primary key `pk` exists."""
+        with self.transaction():
+            self.db[table].upsert(row, pk=pk)
+
+    def has_table(self, name: str) -> bool:
+        with self._lock:
+            return name in self.db.table_names()
 
     def close(self) -> None:
         with self._lock:
@@ -146,8 +208,13 @@ class Store:
         return self.blob_dir / digest[:2] / digest
 
     def put_blob(self, data: bytes) -> str:
+        """Store bytes under their SHA-256. The blob is pinned until an episode that refers to it
+        is saved (or PIN_SECONDS pass), so a concurrent removal of an identical, unreferenced
+        blob cannot delete the file this caller is about to refer to."""
         digest = sha256(data)
         path = self.blob_path(digest)
+        with self.transaction():  # pinned first: a removal after this sees the pin, one before it runs first
+            self.db.execute("INSERT OR REPLACE INTO blob_pins (hash, at) VALUES (?, ?)", [digest, time.time()])
         if not path.exists():
             atomic_write(path, data)
         return digest
@@ -182,6 +249,9 @@ class Store:
             refs = [{"episode_id": ep.id, "hash": h} for h in sorted(ep.blob_hashes())]
             if refs:
                 self.db["blob_refs"].insert_all(refs, pk=("episode_id", "hash"))
+                for k in range(0, len(refs), 500):  # referenced now: the pins have done their job
+                    part = [r["hash"] for r in refs[k:k + 500]]
+                    self.db.execute(f"DELETE FROM blob_pins WHERE hash IN ({','.join('?' * len(part))})", part)
         return ep
 
     def _episode_row(self, ep: Episode) -> dict:
@@ -302,7 +372,7 @@ class Store:
             s.index = i
         ep.steps = kept
         self.save_episode(ep, bump_revision=True)
-        self._remove_unreferenced(before - ep.blob_hashes())
+        self.remove_unreferenced(before - ep.blob_hashes())
 
     def delete_episode(self, episode_id: str) -> int:
         """Delete an episode; returns how many blobs were removed (those no other episode uses)."""
@@ -314,14 +384,23 @@ class Store:
                 for table in ("steps", "raw_events", "blob_refs"):
                     self.db.execute(f"DELETE FROM {table} WHERE episode_id = ?", [episode_id])
                 self.db.execute("DELETE FROM episodes WHERE id = ?", [episode_id])
-            return self._remove_unreferenced(set(hashes))
+            return self.remove_unreferenced(set(hashes))
 
-    def _remove_unreferenced(self, hashes: set[str]) -> int:
-        removed = 0
-        with self._lock:
-            for h in hashes:
+    def remove_unreferenced(self, hashes, *, own=()) -> int:
+        """Delete the blobs among `hashes` that no episode refers to; returns how many went. The
+        one place blobs are deleted: each is checked and unlinked inside one write transaction,
+        so no save (in this process or another) can add a reference in between, and a blob
+        pinned by a put_blob whose episode is not saved yet is kept, unless the caller put it
+        itself (`own`: e.g. the recorder's frames it decided not to keep)."""
+        removed, own = 0, set(own)
+        fresh_after = time.time() - PIN_SECONDS
+        for h in sorted(set(hashes)):
+            with self.transaction():
                 if list(self.db.query("SELECT 1 FROM blob_refs WHERE hash = ? LIMIT 1", [h])):
                     continue
+                if h not in own and list(self.db.query("SELECT 1 FROM blob_pins WHERE hash = ? AND at > ?", [h, fresh_after])):
+                    continue
+                self.db.execute("DELETE FROM blob_pins WHERE hash = ?", [h])
                 try:
                     self.blob_path(h).unlink()
                     removed += 1

@@ -3,7 +3,7 @@
 
 The agent side uses `RemoteSupervisor`, a gate Supervisor that does no I/O itself: it hands each
 request to `publish(proposal_id, step, screenshot)` (the I/O layer sends it, e.g. through
-app.live_link) and blocks the loop thread until the I/O layer calls `deliver(...)` with the
+agent.sync.live_link) and blocks the loop thread until the I/O layer calls `deliver(...)` with the
 answer. The supervisor side turns a received proposal back into a GateRequest with
 `request_from_wire` and its answer into a message with `answer_to_wire`.
 

@@ -115,11 +115,33 @@ def load_processor(model_dir):
     return proc
 
 
+# the stock video processor of each model type, which `AutoProcessor` and `transformers serve` build
+STOCK_VIDEO_PROCESSORS = {"qwen2_5_vl": "Qwen2VLVideoProcessor", "qwen2_vl": "Qwen2VLVideoProcessor",
+                          "qwen3_vl": "Qwen3VLVideoProcessor"}
+_VIDEO_KEYS = ("do_convert_rgb", "do_normalize", "do_rescale", "do_resize", "image_mean", "image_std", "merge_size",
+               "patch_size", "resample", "rescale_factor", "size", "temporal_patch_size")
+
+
 def name_stock_processor(model_dir) -> None:
     """Name the stock processor class in a saved directory's configs, as UI-TARS's files do
-    (our image-only subclass is a loading detail); the model type comes from its config.json."""
+    (our image-only subclass is a loading detail), and write the separate configs that stock
+    tools read: preprocessor_config.json (the image processor, for AutoImageProcessor and older
+    transformers) and video_preprocessor_config.json (the video processor the stock processor
+    class builds, with the image processor's patching and sizes). The model type comes from the
+    directory's config.json."""
     d = Path(model_dir)
-    stock = STOCK_PROCESSORS[json.loads((d / "config.json").read_text(encoding="utf-8"))["model_type"]]
+    model_type = json.loads((d / "config.json").read_text(encoding="utf-8"))["model_type"]
+    stock = STOCK_PROCESSORS[model_type]
+    try:
+        image = json.loads((d / "processor_config.json").read_text(encoding="utf-8")).get("image_processor")
+    except (OSError, ValueError):
+        image = None
+    if image:
+        (d / "preprocessor_config.json").write_text(json.dumps({**image, "processor_class": stock}, indent=2) + "\n",
+                                                    encoding="utf-8")
+        video = {k: image[k] for k in _VIDEO_KEYS if k in image}
+        video.update(video_processor_type=STOCK_VIDEO_PROCESSORS[model_type], processor_class=stock)
+        (d / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n", encoding="utf-8")
     for name in ("processor_config.json", "tokenizer_config.json", "preprocessor_config.json"):
         path = d / name
         if path.is_file():
@@ -156,7 +178,12 @@ def resolve_device_dtype(device=None, dtype=None):
 
 def load_vlm(model_dir, device=None, dtype=None):
     """(model, processor) for a Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint directory, in eval mode.
-    Raises VLMError naming the directory and what is missing when it is not one."""
+    A peft LoRA adapter directory (adapter_config.json naming its base, no weights of its own)
+    loads as its base with the adapter merged in (needs peft). Raises VLMError naming the
+    directory and what is missing when it is not one."""
+    base = lora_adapter_base(model_dir)
+    if base is not None:
+        return _load_adapter(model_dir, base, device, dtype)
     config = check_model_dir(model_dir)
     import transformers
 
@@ -170,6 +197,34 @@ def load_vlm(model_dir, device=None, dtype=None):
         raise VLMError(f"{model_dir}: the weights did not load: {e}") from e
     model.to(dev).eval()
     return model, processor
+
+
+def lora_adapter_base(model_dir) -> Path | None:
+    """The base directory a peft adapter directory names; None for a whole-model directory."""
+    d = Path(model_dir)
+    if not (d / "adapter_config.json").is_file() or any(
+            (d / w).is_file() for w in ("model.safetensors", "model.safetensors.index.json")):
+        return None
+    try:
+        base = json.loads((d / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError) as e:
+        raise VLMError(f"{d}: adapter_config.json is not readable JSON ({e})") from e
+    if not base:
+        raise VLMError(f"{d}: adapter_config.json names no base_model_name_or_path")
+    return Path(base)
+
+
+def _load_adapter(adapter_dir, base, device, dtype):
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise VLMError(f"{adapter_dir} is a LoRA adapter; loading it needs peft (pip install peft)") from None
+    model, processor = load_vlm(base, device=device, dtype=dtype)
+    try:
+        model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    except Exception as e:  # a damaged or mismatched adapter raises many types
+        raise VLMError(f"{adapter_dir}: the LoRA adapter did not load onto {base}: {e}") from e
+    return model.eval(), processor  # the base's processor: training a LoRA adapter leaves it as it was
 
 
 # ---------------------------------------------------------------- generation

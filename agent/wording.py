@@ -42,3 +42,41 @@ def end_reason_text(reason: str | None) -> str:
     if reason in REGISTRY:
         return f"the task ended after the agent's {reason}"
     return reason
+
+
+def visible_text(s: str, limit: int = 80) -> str:
+    """Text as a label shows it: newlines and tabs made visible, long text cut."""
+    s = s.replace("\n", "⏎").replace("\t", "⇥")
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def action_summary(action, image_w: int, image_h: int) -> str:
+    """One line for a step list: the action (an agent.schema.Action) and its points in
+    screenshot pixels."""
+    from agent import coords
+
+    parts = []
+    for k, v in action.args.items():
+        if isinstance(v, tuple):
+            x, y = coords.normalized_to_image(v, image_w, image_h)
+            parts.append(f"{x:.0f},{y:.0f}")
+        elif k == "direction":
+            parts.append(str(v))
+        else:
+            parts.append(f"“{visible_text(str(v), 28)}”")
+    if action.name == "drag" and len(parts) == 2:
+        return f"drag {parts[0]} → {parts[1]}"
+    return " ".join([action.name, *parts])
+
+
+def outcome_name(success: bool | None) -> str:
+    return {None: "unknown", True: "success", False: "failure"}[success]
+
+
+def command_name() -> str:
+    """How the person at this installation runs Tandem's commands: `tandem` from the package or
+    the bundle, `python main.py` from a checkout."""
+    import sys
+    from pathlib import Path
+
+    return "tandem" if getattr(sys, "frozen", False) or Path(sys.argv[0]).name.startswith("tandem") else "python main.py"

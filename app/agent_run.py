@@ -14,6 +14,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 
 from agent.decision_stats import DecisionLog
+from agent.wording import command_name
 
 POLICIES = ("replay", "endpoint", "local", "default")
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "default_model"
@@ -40,6 +41,10 @@ def make_policy(choice: str, *, responses=None, base_url: str = "", model: str =
                 raise RunSetupError("the endpoint policy needs a base URL and a model name")
             return EndpointPolicy(base_url, model, api_key or None, **kw)
         if choice in ("local", "default"):
+            from app.run_form import models_missing
+
+            if models_missing():
+                raise RunSetupError(models_missing())
             from agent.policies.local import LocalVLMPolicy
 
             d = Path(model_dir) if choice == "local" else DEFAULT_MODEL_DIR
@@ -47,7 +52,7 @@ def make_policy(choice: str, *, responses=None, base_url: str = "", model: str =
                 raise RunSetupError("the local policy needs a model directory")
             if not (d / "config.json").exists():
                 raise RunSetupError(f"no model in {d} (config.json is missing)" + (
-                    "; train the default model with `python main.py train default`" if choice == "default" else ""))
+                    f"; train the default model with `{command_name()} train default`" if choice == "default" else ""))
             return LocalVLMPolicy(str(d), **kw)
     except (PolicyError, ValueError) as e:
         if isinstance(e, RunSetupError):
@@ -79,7 +84,7 @@ def queue_for_sync(store, window, episode_id: str) -> str:
         if bridge is not None:
             bridge.submit([episode_id])
             return "queued for sync"
-        from app.sync.outbox import Outbox
+        from agent.sync.outbox import Outbox
 
         Outbox(store).submit(episode_id)
         return "queued for sync (sent when sync runs)"

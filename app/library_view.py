@@ -31,8 +31,8 @@ from agent.bundle import import_file, write_bundle
 from agent.export import export_jsonl
 from agent.schema import Outcome
 from agent.store import StoreError
-from agent.wording import plural
-from app.step_view import OUTCOMES, StepViewer, outcome_name
+from agent.wording import command_name, outcome_name, plural
+from app.step_view import OUTCOMES, StepViewer
 from app.workers import run_in_background
 
 COLUMNS = ("Instruction", "Kind", "Steps", "Date", "Outcome", "Route")
@@ -205,7 +205,7 @@ class LibraryPage(QWidget):
         self.viewer.empty.setText(
             "Select an episode to review its steps." if episodes else
             "No episodes yet. Record a demonstration on the Record page, import a bundle (Import…), "
-            "or write sandbox demonstrations with `python main.py sandbox generate --episodes 60`.")
+            f"or write sandbox demonstrations with `{command_name()} sandbox generate --episodes 60`.")
         if current and not self.select_episode(current, load=False):
             self.viewer.load_episode(None)
         elif current and self.viewer.episode is not None and self.viewer.episode.id == current:

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QListWidget,
     QMainWindow,
+    QProgressBar,
     QPlainTextEdit,
     QPushButton,
     QStackedWidget,
@@ -52,6 +53,18 @@ def load_factory(spec: str):
     if not module or not attr:
         raise ValueError(f"page factory must look like 'module:attribute', got {spec!r}")
     return getattr(importlib.import_module(module), attr)
+
+
+def page_failure_text(name: str, error: Exception) -> str:
+    """What the page called `name` shows instead of itself when building it raised `error`."""
+    missing = getattr(error, "name", None) if isinstance(error, ModuleNotFoundError) else None
+    if missing and missing.partition(".")[0] not in ("agent", "app", "trainer"):
+        # an installation without an extra: the small bundle, or `pip install tandem`
+        return (f"The {name} page needs the package '{missing}', which this installation of Tandem "
+                "lacks.\n\nInstall Tandem with its training extras (pip install 'tandem[train]', or "
+                "bash packaging/install.sh in a checkout), or use the bundle built with "
+                "bash packaging/build.sh --train.")
+    return f"The {name} page failed to load:\n\n{''.join(traceback.format_exception(error))}"
 
 
 class MainWindow(QMainWindow):
@@ -95,6 +108,11 @@ class MainWindow(QMainWindow):
         self.model_btn.hide()
         self.model_btn.clicked.connect(self.use_announced_model)
         self.statusBar().addPermanentWidget(self.model_btn)
+        self.model_progress = QProgressBar()  # a model downloading from the backend
+        self.model_progress.setMaximumWidth(140)
+        self.model_progress.setTextVisible(False)
+        self.model_progress.hide()
+        self.statusBar().addPermanentWidget(self.model_progress)
 
         self.sync = None  # SyncBridge, when sync runs (start_sync)
         self.sync_url: str | None = None
@@ -112,8 +130,8 @@ class MainWindow(QMainWindow):
         if name not in self.pages:
             try:
                 page = load_factory(spec)(self.store, self)
-            except Exception:  # a broken page must not take the app down; say why instead
-                page = QPlainTextEdit(f"The {name} page failed to load:\n\n{traceback.format_exc()}")
+            except Exception as e:  # a broken page must not take the app down; say why instead
+                page = QPlainTextEdit(page_failure_text(name, e))
                 page.setReadOnly(True)
             old = self.stack.widget(row)
             self.stack.insertWidget(row, page)
@@ -141,35 +159,82 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ announced models
     def model_announced(self, version: str, info) -> None:
-        """The backend has a new current model (the flywheel promoted it). When its folder is
-        on this machine, a status-bar button offers to switch Supervise and Drive to it."""
-        from pathlib import Path
-
+        """The backend has a new current model (the flywheel promoted it). A status-bar button
+        offers to switch Supervise and Drive to it: at once when the backend runs in this app
+        (its folder is here), else after downloading it from the backend, with progress."""
         info = dict(info or {})
         if self.store.get_setting("models.in_use") == version:
             return  # announced again on reconnect: already in use
         self.announced = (version, info)
         success = info.get("mean_success")
         about = f" (held-out success {100 * success:.0f}%)" if isinstance(success, (int, float)) else ""
-        path = info.get("path")
-        if path and Path(path).is_dir():
-            self.model_btn.setText(f"Use model {version}")
-            self.model_btn.setToolTip(f"Switch Supervise and Drive to {path}{about}")
-            self.model_btn.show()
+        self.model_btn.setEnabled(True)
+        self.model_btn.setText(f"Use model {version}")
+        if self._model_is_here(info):
+            self.model_btn.setToolTip(f"Switch Supervise and Drive to {info['path']}{about}")
             self.notify(f"New model version {version}{about}: 'Use model {version}' switches the agent to it", 15000)
         else:
-            self.model_btn.hide()
-            self.notify(f"New model version {version}{about} on the backend; its folder {path or '?'} is not on "
-                        "this machine", 15000)
+            self.model_btn.setToolTip(f"Download {version} from {self.sync_url} and switch Supervise and Drive to it{about}")
+            self.notify(f"New model version {version}{about} on the backend: 'Use model {version}' downloads it "
+                        "and switches the agent to it", 15000)
+        self.model_btn.show()
+
+    def _model_is_here(self, info: dict) -> bool:
+        """The announced folder is this machine's only when the backend is the embedded one."""
+        from pathlib import Path
+
+        return self._stop_embedded is not None and bool(info.get("path")) and Path(info["path"]).is_dir()
 
     def use_announced_model(self) -> None:
-        """Supervise and Drive run the announced model from now on (their forms and settings)."""
+        """Supervise and Drive run the announced model from now on (their forms and settings),
+        downloaded first when it lives on a remote backend."""
         if self.announced is None:
             return
+        version, info = self.announced
+        if self._model_is_here(info):
+            self._switch_to_model(version, info["path"])
+            return
+        from agent.sync.model_pull import models_dir, pull_model
+        from app.workers import run_in_background
+
+        from agent.secret_store import saved_secret
+
+        token = saved_secret(self.store, "sync.token")
+        if not self.sync_url or not token:
+            self.notify(f"Cannot download {version}: this app is not connected to a backend with a token", 10000)
+            return
+        self.model_btn.setEnabled(False)
+        self.model_btn.setText(f"Downloading {version}…")
+        self.model_progress.setValue(0)
+        self.model_progress.show()
+
+        def done(res):
+            self.model_progress.hide()
+            if res.get("endpoint"):
+                self._switch_to_endpoint(version, res["endpoint"])
+            else:
+                self._switch_to_model(version, res["path"])
+
+        def failed(e):
+            self.model_progress.hide()
+            self.model_btn.setEnabled(True)
+            self.model_btn.setText(f"Retry model {version}")
+            self.notify(f"Downloading model {version} failed: {e} (a retry resumes where it stopped)", 15000)
+
+        def on_progress(done_kib, total_kib):
+            self.model_progress.setMaximum(total_kib)
+            self.model_progress.setValue(done_kib)
+            self.model_btn.setText(f"Downloading {version}… {done_kib / 1024:.1f} of {total_kib / 1024:.1f} MiB")
+
+        def fetch(progress):  # in KiB: Qt's signal carries 32-bit ints
+            return pull_model(self.sync_url, token, models_dir(self.store), version,
+                              progress=lambda d, t: progress(d // 1024, max(1, t // 1024)))
+
+        run_in_background(fetch, on_result=done, on_error=failed, on_progress=on_progress)
+
+    def _switch_to_model(self, version: str, path: str) -> None:
         from app.run_form import RunForm
 
-        version, info = self.announced
-        path = info["path"]
         for name, prefix in (("Supervise", "supervise"), ("Drive", "drive")):
             form = getattr(self.pages.get(name), "form", None)
             if form is not None:
@@ -179,6 +244,21 @@ class MainWindow(QMainWindow):
         self.store.set_setting("models.in_use", version)
         self.model_btn.hide()
         self.notify(f"Supervise and Drive now use model {version} ({path})", 10000)
+
+    def _switch_to_endpoint(self, version: str, endpoint: dict) -> None:
+        """A model too large to ship: the agent talks to the endpoint the backend names."""
+        from app.run_form import RunForm
+
+        for name, prefix in (("Supervise", "supervise"), ("Drive", "drive")):
+            form = getattr(self.pages.get(name), "form", None)
+            if form is not None:
+                form.use_endpoint(endpoint.get("url") or "", endpoint.get("model") or "")
+            else:
+                RunForm.remember_endpoint(self.store, prefix, endpoint.get("url") or "", endpoint.get("model") or "")
+        self.store.set_setting("models.in_use", version)
+        self.model_btn.hide()
+        self.notify(f"Model {version} is too large to download; Supervise and Drive now use it at "
+                    f"{endpoint.get('url')}", 15000)
 
     def announce_target(self) -> tuple[str, str] | None:
         """(url, admin token) of the embedded backend, for the flywheel to announce to; None

@@ -2,7 +2,7 @@
 (live capture fps, event count, microphone level), a tray icon with the same controls, the note
 box that the note hotkey opens, and, after stop, the recording opened in the step viewer.
 
-The capture core (app.recorder) runs in its own threads; this page only draws. Starting and
+The capture core (agent.recorder) runs in its own threads; this page only draws. Starting and
 stopping (which encodes the last frames and reduces the events) run in a background worker;
 the recorder's control hotkeys reach the page through a queued signal.
 """
@@ -33,8 +33,8 @@ from PySide6.QtWidgets import (
 )
 
 from agent.schema import monotonic
-from agent.wording import plural
-from app.recorder.privacy import OwnWindows
+from agent.wording import command_name, plural
+from agent.recorder.privacy import OwnWindows
 from app.window_rects import WindowRects
 from app.workers import run_in_background
 
@@ -171,7 +171,7 @@ class RecordPage(QWidget):
         self._update_state()
 
     def _fill_microphones(self) -> None:
-        from app.recorder.audio import input_devices
+        from agent.recorder.audio import input_devices
 
         self.mic.clear()
         devices = input_devices()
@@ -208,7 +208,7 @@ class RecordPage(QWidget):
         if not text:
             self._error("Enter the task first: what are you about to demonstrate?")
             return
-        from app.recorder.session import RecorderConfig, RecordingSession
+        from agent.recorder.session import RecorderConfig, RecordingSession
 
         try:
             audio = self.audio.isChecked()
@@ -283,7 +283,7 @@ class RecordPage(QWidget):
     def _stop_failed(self, exc) -> None:
         self.session = None
         self.state = "idle"
-        self._error(f"Stopping failed; the raw events are in the store (python main.py record --rereduce ID): {exc}")
+        self._error(f"Stopping failed; the raw events are in the store ({command_name()} record --rereduce ID): {exc}")
         self._update_state()
 
     def open_in_viewer(self, episode_id: str) -> None:

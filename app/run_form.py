@@ -3,6 +3,7 @@ options, where it acts (this desktop or a sandbox task) and the gate. Choices ar
 in the store's settings under `<prefix>.*`."""
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
@@ -22,6 +23,21 @@ POLICY_LABELS = {"default": "Default small model", "endpoint": "OpenAI-compatibl
                  "local": "Local model folder", "replay": "Replay file (scripted responses)"}
 EXECUTOR_LABELS = {"desktop": "This desktop", "sandbox": "A sandbox task", "android": "An Android phone (uiautomator2)"}
 GATE_LABELS = {"all": "Ask me before every step", "risky": "Ask before risky steps", "auto": "Never ask"}
+
+
+LOCAL_POLICIES = ("default", "local")  # they run a model here: torch and transformers
+
+
+def models_missing() -> str | None:
+    """Why models cannot run in this installation (the annotators' bundle, `pip install .` without
+    [train]), or None when they can."""
+    import importlib.util
+
+    lacking = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if not lacking:
+        return None
+    return (f"This installation of Tandem has no {' or '.join(lacking)}, so it cannot run a model here: use an "
+            "OpenAI-compatible endpoint, or install Tandem with its training extras (pip install 'tandem[train]').")
 
 
 def sandbox_families() -> list[str]:
@@ -48,8 +64,14 @@ class RunForm(QWidget):
         form.addRow("Instruction", self.instruction)
 
         self.policy = QComboBox()
+        missing = models_missing()
         for key in ("default", "endpoint", "local", "replay"):
-            self.policy.addItem(POLICY_LABELS[key], key)
+            self.policy.addItem(POLICY_LABELS[key] + (" (needs the training extras)" if missing and key in LOCAL_POLICIES else ""), key)
+            if missing and key in LOCAL_POLICIES:  # the small bundle has no torch: say so, offer the endpoint
+                self.policy.model().item(self.policy.count() - 1).setEnabled(False)
+                self.policy.setItemData(self.policy.count() - 1, missing, Qt.ToolTipRole)
+        if missing:
+            self.policy.setCurrentIndex(self.policy.findData("endpoint"))
         self.options = QStackedWidget()
         self.replay_path = QLineEdit()
         self.replay_path.setPlaceholderText("responses.jsonl")
@@ -165,6 +187,19 @@ class RunForm(QWidget):
         self.model_dir.setText(model_dir)
         self.remember()
 
+    def use_endpoint(self, base_url: str, model: str) -> None:
+        """Run a model served at an OpenAI-compatible endpoint (one too large to download)."""
+        self.set_choice(self.policy, "endpoint")
+        self.base_url.setText(base_url)
+        self.model.setText(model)
+        self.remember()
+
+    @staticmethod
+    def remember_endpoint(store, prefix: str, base_url: str, model: str) -> None:
+        store.set_setting(f"{prefix}.policy", "endpoint")
+        store.set_setting(f"{prefix}.base_url", base_url)
+        store.set_setting(f"{prefix}.model", model)
+
     @staticmethod
     def remember_model(store, prefix: str, model_dir: str) -> None:
         """use_model for a form not built yet: it reads these settings when it is."""
@@ -195,7 +230,7 @@ class RunForm(QWidget):
                 w.setCurrentText(v)
             elif isinstance(w, QComboBox):
                 i = w.findData(v)
-                if i >= 0:
+                if i >= 0 and w.model().item(i).isEnabled():  # a saved choice this installation cannot run stays off
                     w.setCurrentIndex(i)
             else:
                 w.setText(v)

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 from agent import coords
 from agent.actions import REGISTRY
 from agent.schema import Action
+from agent.wording import visible_text
 
 Rect = tuple[float, float, float, float]  # x, y, width, height in widget pixels
 
@@ -57,12 +58,6 @@ def widget_to_normalized(pos, image_w: int, image_h: int, rect: Rect) -> tuple[f
     ix = (x - rect[0]) * image_w / rect[2]
     iy = (y - rect[1]) * image_h / rect[3]
     return coords.image_to_normalized((ix, iy), image_w, image_h)
-
-
-def visible_text(s: str, limit: int = 80) -> str:
-    """Text as a label shows it: newlines and tabs made visible, long text cut."""
-    s = s.replace("\n", "⏎").replace("\t", "⇥")
-    return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
 # ---------------------------------------------------------------- widget

@@ -1,6 +1,11 @@
 """The step viewer: an episode's steps, the screenshot with the action drawn on it, and an editor
 for the thought and the action. Save writes the step to the store (validated first); Revert
 discards the edits. Up/Down move between steps, Ctrl+S saves.
+
+Over 500 lines because it is one widget: the list, the canvas, the editor and the step's actions
+(delete, blur, mark, privacy review) share its selection and its unsaved edit, so split apart
+each piece would reach into the others' state. Its pure parts live in agent.wording and
+agent.schema (Provenance.after_edit).
 """
 from __future__ import annotations
 
@@ -28,47 +33,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from agent import coords
 from agent.actions import validate
 from agent.schema import Action, Episode, Outcome, Provenance, Step
 from agent.store import NotFound, StoreError
-from agent.wording import plural
+from agent.wording import action_summary, outcome_name, plural
 from app.action_editor import ActionEditor
-from app.screenshot_canvas import ScreenshotCanvas, visible_text
+from app.screenshot_canvas import ScreenshotCanvas
 
 BADGE_COLORS = {"human": "#2b9348", "agent": "#1f7ae0", "corrected": "#e07a1f"}
 OUTCOMES = (("unknown", None), ("success", True), ("failure", False))
 
 
-# ---------------------------------------------------------------- pure helpers
-def action_summary(action: Action, image_w: int, image_h: int) -> str:
-    """One line for the step list: the action and its points in screenshot pixels."""
-    parts = []
-    for k, v in action.args.items():
-        if isinstance(v, tuple):
-            x, y = coords.normalized_to_image(v, image_w, image_h)
-            parts.append(f"{x:.0f},{y:.0f}")
-        elif k == "direction":
-            parts.append(str(v))
-        else:
-            parts.append(f"“{visible_text(str(v), 28)}”")
-    if action.name == "drag" and len(parts) == 2:
-        return f"drag {parts[0]} → {parts[1]}"
-    return " ".join([action.name, *parts])
-
-
-def provenance_after_edit(prov: Provenance, old_thought: str, old_action: Action, thought: str, action: Action) -> Provenance:
-    """A human edit of an agent's step makes it a correction that keeps the agent's proposal;
-    human steps stay human; a correction keeps its original proposal."""
-    if (thought, action) == (old_thought, old_action) or prov.source != "agent":
-        return prov
-    return replace(prov, source="corrected", proposal_thought=old_thought, proposal_action=old_action, decision="edit")
-
-
-def outcome_name(success: bool | None) -> str:
-    return {None: "unknown", True: "success", False: "failure"}[success]
-
-
+# ---------------------------------------------------------------- the step list's badges
 def badge_icon(source: str) -> QIcon:
     pm = QPixmap(18, 18)
     pm.fill(Qt.transparent)
@@ -200,6 +176,10 @@ class StepViewer(QWidget):
         self.blur_btn.setCheckable(True)
         self.blur_btn.setToolTip("Drag a rectangle on the screenshot to hide what is in it, for good (Esc cancels)")
         self.blur_btn.toggled.connect(self._blur_toggled)
+        self.privacy_btn = QPushButton("Review privacy…")
+        self.privacy_btn.setToolTip("Find e-mails, phone and card numbers on the screenshots and in the text, "
+                                    "choose what is blurred, then submit the redacted recording")
+        self.privacy_btn.clicked.connect(lambda: self.review_privacy())
 
         thought_box = QGroupBox("Thought")
         QVBoxLayout(thought_box).addWidget(self.thought)
@@ -211,6 +191,7 @@ class StepViewer(QWidget):
         tools = QHBoxLayout()
         tools.addWidget(self.delete_btn)
         tools.addWidget(self.blur_btn)
+        tools.addWidget(self.privacy_btn)
         tools.addStretch(1)
         buttons = QHBoxLayout()
         buttons.addStretch(1)
@@ -442,7 +423,7 @@ class StepViewer(QWidget):
         if reason:
             self._show_error(f"Not saved: {reason}")
             return False
-        prov = provenance_after_edit(step.provenance, step.thought, step.action, thought, action)
+        prov = step.provenance.after_edit(step.thought, step.action, thought, action)
         new = replace(step, thought=thought, action=action, provenance=prov)
         try:
             self.store.update_step(self.episode.id, new)
@@ -485,8 +466,8 @@ class StepViewer(QWidget):
 
     def delete_step(self, confirm: bool = True) -> bool:
         """Delete the selected steps (one question for all of them); in a recording their raw
-        input goes too, so re-reducing the recording cannot bring them back (app.recorder.review)."""
-        from app.recorder.review import delete_steps
+        input goes too, so re-reducing the recording cannot bring them back (agent.recorder.review)."""
+        from agent.recorder.review import delete_steps
 
         indices = self.selected_step_indices()
         if not indices:
@@ -520,7 +501,7 @@ class StepViewer(QWidget):
     def blur_region(self, rect, confirm: bool = True) -> bool:
         """Blur a normalized rect of the current step's screenshot in the store: the image is
         replaced everywhere this episode uses it and the original is deleted."""
-        from app.recorder.review import blur_region
+        from agent.recorder.review import blur_region
 
         step = self.current_step()
         if step is None or not step.observation.screenshot:
@@ -534,9 +515,20 @@ class StepViewer(QWidget):
         return self._change_store(lambda: blur_region(self.store, self.episode.id, step.index, rect, "pre"),
                                   f"Blurred a region of step {step.index}", "Not blurred")
 
+    def review_privacy(self, **kwargs):
+        """Open the privacy review of this episode (scanning starts in the background)."""
+        from app.privacy_review import PrivacyReviewDialog
+
+        if self.episode is None or not self.confirm_leave():
+            return None
+        dialog = PrivacyReviewDialog(self.store, self.episode.id, self.window_, self, **kwargs)
+        dialog.approved.connect(lambda eid: self._reload(max(0, self._row)))
+        dialog.show()
+        return dialog
+
     def _change_store(self, change, done: str, failed: str) -> bool:
         """Run a review change on the store, then show the episode as stored (or why not)."""
-        from app.recorder.errors import RecorderError
+        from agent.recorder.errors import RecorderError
 
         try:
             change()

@@ -37,7 +37,7 @@ from app.decisions_view import DecisionsView
 from app.proposal_panel import ProposalPanel
 from app.qt_supervisor import Pending, QtSupervisor
 from app.run_form import RunForm
-from app.sync.session import SyncError
+from agent.sync.session import SyncError
 
 
 class LiveEvents(QObject):
@@ -189,7 +189,7 @@ class SupervisePage(QWidget):
         self.panel.clear()  # "Waiting for the agent…"
         supervisor = None
         if publish:
-            from app.live_link import RunPublisher
+            from agent.sync.live_link import RunPublisher
 
             url, token = sync_credentials(self.store, self.window)
             if not url or not token:
@@ -317,7 +317,7 @@ class SupervisePage(QWidget):
             self.claim_label.setText(f"Cannot watch: {e}")
 
     def watch(self, url: str, token: str, run_id: str) -> None:
-        from app.live_link import RunWatcher
+        from agent.sync.live_link import RunWatcher
 
         if not url or not token or not run_id:
             raise ValueError("server, token and run id are all needed")

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
 )
 
 from agent.wording import plural
-from app.sync.outbox import Outbox
+from agent.sync.outbox import Outbox
 from app.sync.status_widget import SyncStatusWidget
 
 SERVER_KEY, TOKEN_KEY = "sync.server_url", "sync.token"

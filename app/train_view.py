@@ -43,7 +43,8 @@ CURVES = (("ppo", "reward"), ("ppo", "entropy"), ("ppo", "success_rate"), ("sft"
 
 
 def flywheel_command(data_dir, *args) -> list[str]:
-    return [sys.executable, str(MAIN), "flywheel", *args, "--data", str(data_dir)]
+    program = [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, str(MAIN)]  # a bundle: tandem itself
+    return [*program, "flywheel", *args, "--data", str(data_dir)]
 
 
 def read_status(data_dir) -> dict:
@@ -121,7 +122,7 @@ class IterationRun:
 
 
 def _stage_line(msg: dict) -> str:
-    """'Stage 4 of 7: fine-tuning on the SFT pool (40/100 steps)' from a progress line."""
+    """'Stage 5 of 8: fine-tuning on the SFT pool (40/100 steps)' from a progress line."""
     text = msg.get("text") or msg.get("stage") or "working"
     head = f"Stage {msg['stage_index']} of {msg['stages']}: " if msg.get("stage_index") and msg.get("stages") else ""
     detail = msg.get("detail") or ""
@@ -238,17 +239,20 @@ class TrainPage(QWidget):
 
     def _fill_table(self, versions: list, current) -> None:
         fams = sorted({f for v in versions for f in (v["metrics"].get("families") or {})})
-        cols = ["version", "iteration", "status", "parent", "mean success"] + fams + ["note"]
+        cols = ["version", "iteration", "status", "parent", "held-out success", "gain vs parent"] + fams + ["decision"]
         self.table.clear()
         self.table.setColumnCount(len(cols))
         self.table.setHorizontalHeaderLabels(cols)
         self.table.setRowCount(len(versions))
         for row, v in enumerate(versions):
             m = v["metrics"]
+            ev, cmp_ = v.get("eval"), v.get("comparison")
             cells = [v["version"], str(v["iteration"]), v["status"] + (" ★" if v["version"] == current else ""),
-                     v["parent"] or "", _pct(m.get("mean_success"))]
+                     v["parent"] or "",
+                     f"{_pct(ev['success'])} [{_pct(ev['ci95'][0])}, {_pct(ev['ci95'][1])}] n={ev['episodes']}" if ev else "–",
+                     f"{_signed(cmp_['diff'])} [{_signed(cmp_['ci95'][0])}, {_signed(cmp_['ci95'][1])}]" if cmp_ else "–"]
             cells += [_pct((m.get("families") or {}).get(f, {}).get("success")) for f in fams]
-            cells.append(v.get("note") or "")
+            cells.append(v.get("decision") or v.get("note") or "")
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setToolTip(json.dumps(v["lineage"].get("parents", [])) if col == 3 else text)
@@ -355,6 +359,11 @@ class TrainPage(QWidget):
         self.run_btn.setEnabled(True)
         self.stop_btn.setEnabled(False)
         self.refresh()
+
+
+def _signed(v) -> str:
+    """A difference of two rates in percentage points: '+3.5'."""
+    return f"{100 * v:+.1f}"
 
 
 def _pct(v) -> str:

@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
-# Installs what Tandem needs on Debian/Ubuntu (or any machine with pip; the apt part is skipped
-# where apt-get is missing). `--test` adds what the test suite needs (Xvfb, xdotool, espeak-ng, and
-# MiniWoB++: the miniwob package from requirements-test.txt, headless chromium and chromium-driver).
+# Installs Tandem from this checkout into a virtual environment, never into the system Python
+# (a stock Debian/Ubuntu Python refuses `pip install` there: PEP 668, EXTERNALLY-MANAGED), plus
+# the system libraries it needs on Debian/Ubuntu (skipped where apt-get is missing).
+#
+#   bash packaging/install.sh          the app and the trainer: `pip install -e .[train,android]`
+#   bash packaging/install.sh --test   and what the test suite needs: `.[test]`, Xvfb, xdotool,
+#                                      espeak-ng, and MiniWoB++'s headless chromium/chromium-driver
+#
+# The environment is $TANDEM_VENV, else .venv in the checkout; the checkout is installed editable,
+# so the code you run is the code here. Launchers: .venv/bin/tandem (the same as
+# `python main.py`), linked from ~/.local/bin/tandem. $PYTHON picks the interpreter that makes
+# the environment (default python3, 3.11 or newer).
+#
+# torch: installed first from its exact pin in requirements.txt, because a bare `torch` pulls a
+# multi-GB CUDA build. On Linux x86-64 PyPI's torch==2.13.0 *is* the CUDA build; for the CPU one
+# set TANDEM_TORCH_INDEX=https://download.pytorch.org/whl/cpu (pip then reads torch from there).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
+PY="${PYTHON:-python3}"
+VENV="${TANDEM_VENV:-$here/.venv}"
 
 SUDO=""
 [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
@@ -25,15 +40,27 @@ if command -v apt-get >/dev/null; then
   fi
 fi
 
-PY="${PYTHON:-python3}"
-# torch first, from its exact pin: a bare `torch` would pull a multi-GB CUDA build.
-"$PY" -m pip install -q "$(grep '^torch==' "$here/requirements.txt")"
-if [ $want_test -eq 1 ]; then
-  "$PY" -m pip install -q -r "$here/requirements-test.txt"
-else
-  "$PY" -m pip install -q -r "$here/requirements.txt"
+if [ ! -x "$VENV/bin/python" ] && ! "$PY" -m venv "$VENV"; then
+  # Debian's python3 makes virtual environments only with python3-venv (ensurepip) installed
+  command -v apt-get >/dev/null || exit 1
+  rm -rf "$VENV"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends python3-venv
+  "$PY" -m venv "$VENV"
 fi
+pip=("$VENV/bin/python" -m pip install -q)
+torch_pin="$(grep -o '^torch==[^ ]*' "$here/requirements.txt")"
+if [ -n "${TANDEM_TORCH_INDEX:-}" ]; then
+  "${pip[@]}" --index-url "$TANDEM_TORCH_INDEX" "$torch_pin"
+else
+  "${pip[@]}" "$torch_pin"
+fi
+extras="train,android"
+[ $want_test -eq 1 ] && extras="test"
+"${pip[@]}" -e "$here[$extras]"
 # pyautogui's python3-Xlib 0.15 and pynput's python-xlib 0.33 share the Xlib/ folder; keep 0.33.
-"$PY" -c "import Xlib,sys; sys.exit(0 if Xlib.__version__ >= (0, 17) else 1)" 2>/dev/null \
-  || "$PY" -m pip install -q --force-reinstall --no-deps "$(grep '^python-xlib==' "$here/requirements.txt")"
-echo "Tandem: dependencies installed"
+"$VENV/bin/python" -c "import Xlib,sys; sys.exit(0 if Xlib.__version__ >= (0, 17) else 1)" 2>/dev/null \
+  || "${pip[@]}" --force-reinstall --no-deps "$(grep -o '^python-xlib==[^ ]*' "$here/requirements.txt")"
+
+mkdir -p "$HOME/.local/bin"
+ln -sf "$VENV/bin/tandem" "$HOME/.local/bin/tandem"
+echo "Tandem: installed into $VENV; run $VENV/bin/tandem (linked from ~/.local/bin/tandem)"

@@ -264,7 +264,7 @@ def walk(w: Walk, data: Path, tmp: Path) -> None:
     w.check(train.data_dir == data / "backend" and "synced to this app's backend" in train.where.text(),
             f"the Train page says it trains on what was synced: {train.where.text()!r}")
     with Store(train.data_dir) as trained:  # a small iteration: the settings live in the store it trains on
-        trained.set_setting("flywheel.config", {"families": ["click_button"], "eval_seeds": 2, "rollouts": 2,
+        trained.set_setting("flywheel.config", {"families": ["click_button"], "eval_episodes": 2, "rollouts": 2,
                                                 "ct_steps": 2, "sft_steps": 4, "batch": 4, "ppo_updates": 1,
                                                 "ppo_batch": 4, "max_steps": 3})
     w.until(lambda: train.status is not None, timeout=60, what="the Train page's state")

@@ -57,7 +57,7 @@ def xdisplay():
 
 def _wake_stopped_listeners(display: str) -> None:
     """A stopped pynput listener's thread returns only at the next X input event (see
-    app/recorder/input.py); give them one before the display goes, so none dies on a closed
+    agent/recorder/input.py); give them one before the display goes, so none dies on a closed
     connection."""
     import threading
 
@@ -81,7 +81,7 @@ def store(tmp_path):
 @pytest.fixture(scope="module")
 def backend_for_fuzz(tmp_path_factory):
     """A live backend on loopback and an admin token, shared by a fuzz test's examples."""
-    from trainer.server import start_in_thread
+    from trainer.server_thread import start_in_thread
 
     b = start_in_thread(tmp_path_factory.mktemp("fuzz-backend"))
     token = b.store.add_user("fuzz-admin-7f3a", "admin")  # a name random frames will not revoke by chance

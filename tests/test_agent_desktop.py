@@ -212,8 +212,8 @@ def test_cli_publish_lets_a_remote_supervisor_edit_the_click(target, xdisplay, t
 
     from agent.protocol import ProposalReceived
     from agent.store import Store
-    from app.live_link import RunWatcher
-    from trainer.server import start_in_thread
+    from agent.sync.live_link import RunWatcher
+    from trainer.server_thread import start_in_thread
 
     b = start_in_thread(tmp_path / "backend")
     robot, alice = b.store.add_user("robot", "annotator"), b.store.add_user("alice", "supervisor")

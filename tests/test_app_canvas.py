@@ -5,8 +5,8 @@ import pytest
 
 from agent import coords
 from agent.schema import Action, Provenance, ScreenGeometry
-from app.screenshot_canvas import fit_rect, normalized_to_widget, visible_text, widget_to_normalized
-from app.step_view import action_summary, provenance_after_edit
+from agent.wording import action_summary, visible_text
+from app.screenshot_canvas import fit_rect, normalized_to_widget, widget_to_normalized
 
 
 def test_fit_rect_keeps_aspect_and_centres():
@@ -65,12 +65,12 @@ def test_edit_of_agent_step_becomes_correction_with_proposal():
     old = Action("click", {"start_box": (0.1, 0.1)})
     new = Action("click", {"start_box": (0.2, 0.2)})
     agent = Provenance("agent", policy_version="v3")
-    p = provenance_after_edit(agent, "t", old, "t", new)
+    p = agent.after_edit("t", old, "t", new)
     assert p.source == "corrected" and p.proposal_action == old and p.proposal_thought == "t"
     assert p.policy_version == "v3" and p.decision == "edit"
     # unchanged: nothing to record
-    assert provenance_after_edit(agent, "t", old, "t", old) is agent
+    assert agent.after_edit("t", old, "t", old) is agent
     # human stays human; a correction keeps its first proposal
-    assert provenance_after_edit(Provenance("human"), "t", old, "u", new).source == "human"
+    assert Provenance("human").after_edit("t", old, "u", new).source == "human"
     corr = Provenance("corrected", proposal_action=Action("click", {"start_box": (0.9, 0.9)}))
-    assert provenance_after_edit(corr, "t", old, "u", new).proposal_action.args["start_box"] == (0.9, 0.9)
+    assert corr.after_edit("t", old, "u", new).proposal_action.args["start_box"] == (0.9, 0.9)

@@ -2,6 +2,8 @@
 (a real websockets server on loopback) and show as synced."""
 from __future__ import annotations
 
+import shutil
+
 from factories import make_episode
 
 
@@ -95,3 +97,44 @@ def test_an_announced_model_reaches_the_idle_app_and_switches_the_agent(qtbot, s
         assert win.model_btn.isHidden()
     finally:
         win.stop_sync()
+
+
+def test_a_model_announced_by_a_remote_backend_is_downloaded_with_progress_then_used(qtbot, store, tmp_path):
+    """Synced to a backend elsewhere, the announced folder is not this machine's: 'Use model'
+    downloads it over the sync protocol with a progress bar, then Supervise and Drive run the copy."""
+    from agent.model_files import model_manifest
+    from agent.secret_store import SecretStore
+    from app.main_window import MainWindow
+    from trainer.flywheel.iteration import SHIPPED_MODEL
+    from trainer.server_thread import start_in_thread
+
+    served = tmp_path / "server-models" / "v0007"
+    shutil.copytree(SHIPPED_MODEL, served)
+    bt = start_in_thread(tmp_path / "remote", models={"chunk_bytes": 2**20})
+    try:
+        token = bt.store.add_user("sup", "supervisor")
+        store.set_setting("sync.server_url", bt.url)
+        SecretStore(store.root).set("sync.token", token)
+        win = MainWindow(store)
+        qtbot.addWidget(win)
+        supervise = win.page("Supervise")
+        seen = []
+        win.start_sync()
+        try:
+            qtbot.waitUntil(lambda: "Sync: connected" in win.statusBar().currentMessage(), timeout=10000)
+            win.model_progress.valueChanged.connect(seen.append)
+            bt.announce_model("v0007", {"path": str(served), "mean_success": 0.3})
+            qtbot.waitUntil(lambda: not win.model_btn.isHidden(), timeout=10000)
+            assert win.model_btn.text() == "Use model v0007" and "Download v0007 from ws://" in win.model_btn.toolTip()
+            win.model_btn.click()
+            assert not win.model_btn.isEnabled() and win.model_btn.text().startswith("Downloading v0007")
+            qtbot.waitUntil(lambda: win.model_btn.isHidden(), timeout=60000)
+            copy = store.root / "models" / "v0007"
+            assert model_manifest(copy)["hash"] == model_manifest(served)["hash"]
+            assert supervise.form.policy.currentData() == "local" and supervise.form.model_dir.text() == str(copy)
+            assert store.get_setting("drive.model_dir") == str(copy) and store.get_setting("models.in_use") == "v0007"
+            assert len(seen) > 2 and seen[-1] == win.model_progress.maximum() and win.model_progress.isHidden()
+        finally:
+            win.stop_sync()
+    finally:
+        bt.stop()

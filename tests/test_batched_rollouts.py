@@ -193,6 +193,29 @@ def test_runner_parse_error_rule():
     assert len(ended[0].turns) == 1 and ended[0].terminated and not ended[0].success
 
 
+def test_an_action_the_env_cannot_perform_is_not_a_format_error():
+    """A reply that parses but whose action cannot be done (a hotkey of modifiers only) is the
+    agent's mistake, kept as action_error: it counts as parsed for the format rate and PPO's
+    format penalty, and needs no re-ask."""
+    from trainer.episodes import EpisodeRunner, summarize
+    from trainer.sandbox.env_process import make_envs
+
+    def replies(_text, asked):
+        return "Thought: copy\nAction: hotkey(key='ctrl shift')" if asked == 0 else "Thought: done\nAction: finished(content='')"
+
+    envs = make_envs(1, **ENV)
+    try:
+        (t,) = EpisodeRunner(ScriptedActor(replies), envs, max_steps=3).run_all([(0, "radio")])
+    finally:
+        for e in envs:
+            e.close()
+    first = t.turns[0]
+    assert first.parse_error is None and "presses only modifiers" in first.action_error and first.action == "hotkey"
+    assert summarize([t], ["radio"])["format_rate"] == 1.0
+    feedback = [p["text"] for p in t.turns[1].messages[-1]["content"] if p["type"] == "text"]
+    assert not any(f.startswith("Your previous output could not be used") for f in feedback)
+
+
 def test_sandboxes_in_one_process_interfere_so_each_gets_its_own():
     """Qt's popups are per application: a combo box left open in one in-process sandbox swallows
     a click in another. In processes of their own they do not interfere."""

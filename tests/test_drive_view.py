@@ -15,7 +15,7 @@ from agent.policies import ReplayPolicy
 from agent.schema import Action
 from app.drive_view import DrivePage
 from app.sandbox_executor import SandboxProcessExecutor
-from app.sync.outbox import Outbox
+from agent.sync.outbox import Outbox
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from trainer.flywheel.announce import announce, backend_target
 
 @pytest.fixture
 def backend(tmp_path):
-    from trainer.server import start_in_thread
+    from trainer.server_thread import start_in_thread
 
     bt = start_in_thread(tmp_path / "backend")
     admin = bt.store.add_user("operator", "admin")
@@ -24,7 +24,7 @@ def backend(tmp_path):
 
 def test_announced_version_reaches_a_connected_client(backend):
     from agent import protocol as P
-    from app.sync.session import Session
+    from agent.sync.session import Session
 
     bt, admin, user = backend
     info = {"path": "/models/v0003", "iteration": 3, "mean_success": 0.42}
@@ -86,8 +86,7 @@ def test_an_iteration_that_promotes_announces_to_connected_apps(backend, store, 
     import torch
 
     from agent import protocol as P
-    from app.sync.session import Session
-    from trainer.flywheel.evaluation import evaluate_model
+    from agent.sync.session import Session
     from trainer.flywheel.iteration import FlywheelConfig, run_iteration
     from trainer.flywheel.registry import Registry
     from trainer.sandbox.rollout import plan, run_many, to_episode
@@ -96,12 +95,12 @@ def test_an_iteration_that_promotes_announces_to_connected_apps(backend, store, 
     bt, admin, user = backend
     for result in run_many(plan(6, families=["click_button"]), "expert", record=True, width=224, height=168):
         to_episode(result, store)
-    cfg = FlywheelConfig(width=224, height=168, max_steps=2, families=["click_button"], eval_seeds=2, rollouts=0,
-                         ct_steps=0, sft_steps=40, sft_lr=3e-3, batch=4, ppo_updates=0, max_new_tokens=32)
+    # min_gain -1: any evaluated candidate is promoted; this test is about the announcement
+    cfg = FlywheelConfig(width=224, height=168, max_steps=2, families=["click_button"], eval_episodes=2, rollouts=0,
+                         ct_steps=0, sft_steps=40, sft_lr=3e-3, batch=4, ppo_updates=0, max_new_tokens=32, min_gain=-1.0)
     reg = Registry(store)
-    v0 = reg.register(tiny_vlm_dir, metrics=evaluate_model(tiny_vlm_dir, cfg.families, cfg.eval_seeds, env_kw=cfg.env_kw,
-                                                           max_new_tokens=cfg.max_new_tokens))
-    reg.decide(v0.version)
+    v0 = reg.register(tiny_vlm_dir)
+    reg.make_first(v0.version, "first model")
 
     # The sandbox's Qt widgets live on this (the main) thread, so the iteration runs here and the
     # connected app listens on a thread of its own.

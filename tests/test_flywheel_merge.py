@@ -95,13 +95,16 @@ def test_cli_merges_registry_versions_and_evaluates_against_each_parent(two_pare
     a, b = two_parents
     data = tmp_path / "data"
     with Store(data) as store:
-        store.set_setting("flywheel.config", {"families": ["click_button"], "eval_seeds": 1, "width": 224, "height": 168,
+        store.set_setting("flywheel.config", {"families": ["click_button"], "eval_episodes": 1, "width": 224, "height": 168,
                                               "max_steps": 1, "max_new_tokens": 8})
         reg = Registry(store)
         va, vb = reg.register(a).version, reg.register(b).version
     assert main(["flywheel", "merge", "--models", va, vb, "--alphas", "0.5", "0.5", "--data", str(data)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["parents"]) == {va, vb} and "click_button" in out["merged"]["families"]
+    # the merge and both parents on one fresh block of held-out seeds, compared pair by pair
+    assert out["merged"]["episodes"] == 1 and out["merged"]["seed_start"] == out["parents"][va]["seed_start"]
+    assert out["parents"][vb]["merged_minus_parent"]["episodes"] == 1
     with Store(data) as store:
         mv = Registry(store).get(out["version"])
     assert mv.lineage["parents"] == [va, vb] and mv.status == "candidate" and mv.metrics["mean_success"] >= 0

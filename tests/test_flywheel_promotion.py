@@ -1,6 +1,8 @@
-"""The registry's promotion rule with real checkpoints and real held-out evaluation: a briefly
-trained tiny model is current; a deliberately damaged candidate, and an iteration whose training
-wrecks the weights, are evaluated for real and are not promoted; a failed iteration is rejected."""
+"""Promotion on evidence with real checkpoints evaluated for real: a candidate becomes current only
+when the paired 95% interval of its held-out gain over the current model, on the same fresh seeds,
+lies above min_gain. The shipped default model against a broken copy of it: the better one is
+promoted, the worse one refused, and a copy of the current model refused. Each iteration draws a
+fresh block of held-out seeds; a failed iteration is rejected."""
 from __future__ import annotations
 
 import shutil
@@ -10,10 +12,13 @@ import pytest
 
 from tests.vlm_fixtures import tiny_vlm_dir  # noqa: F401 - fixture
 from trainer.flywheel import FlywheelError
-from trainer.flywheel.registry import Registry, compare_key, is_better
+from trainer.flywheel.registry import Registry, paired_comparison
 
 FAMILY = "click_button"
 ENV = {"width": 224, "height": 168, "max_steps": 2}
+# the shipped model's best families at its own screen size (about 30-40% each, held-out)
+SHIPPED_FAMILIES = ["dropdown", "tabs"]
+SHIPPED_ENV = {"width": 320, "height": 240}
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +39,6 @@ def trained_dir(tiny_vlm_dir, tmp_path_factory):  # noqa: F811
     return out
 
 
-def evaluate(model_dir):
-    from trainer.flywheel.evaluation import evaluate_model
-
-    return evaluate_model(model_dir, [FAMILY], 2, env_kw=ENV, max_new_tokens=48)
-
-
 def damage(src, dst):
     """Copy a checkpoint with every weight replaced by large noise: a broken model that still loads."""
     import torch
@@ -53,36 +52,113 @@ def damage(src, dst):
     return dst
 
 
-def test_a_damaged_candidate_is_not_promoted(store, trained_dir, tmp_path):
-    reg = Registry(store)
-    good = evaluate(trained_dir)
-    v0 = reg.register(trained_dir, metrics=good)
-    assert reg.decide(v0.version) == (True, "first model: nothing to compare with")
-    assert good["format_rate"] > 0  # the trained model writes parseable actions
+@pytest.fixture(scope="module")
+def shipped_pair(tmp_path_factory):
+    """The shipped default model, a broken copy and an exact copy, each evaluated for real on one
+    block of 50 fresh held-out episodes."""
+    from agent.store import Store
+    from trainer.flywheel.evaluation import evaluate_model, reserve_eval_seeds
+    from trainer.flywheel.iteration import SHIPPED_MODEL
 
-    broken = evaluate(damage(trained_dir, tmp_path / "broken"))
-    assert compare_key(broken) < compare_key(good)
-    v1 = reg.register(tmp_path / "broken", parent=v0.version, iteration=1, metrics=broken)
+    root = tmp_path_factory.mktemp("shipped")
+    good, copy = root / "good", root / "copy"
+    shutil.copytree(SHIPPED_MODEL, good)
+    shutil.copytree(SHIPPED_MODEL, copy)
+    bad = damage(SHIPPED_MODEL, root / "bad")
+    with Store(root / "data") as store:
+        start = reserve_eval_seeds(store, 25)
+    kw = dict(env_kw=SHIPPED_ENV, max_new_tokens=48, seed_start=start)
+    return {name: (d, evaluate_model(d, SHIPPED_FAMILIES, 25, **kw)) for name, d in
+            (("good", good), ("bad", bad), ("copy", copy))}
+
+
+def test_promotion_takes_the_clearly_better_model_and_refuses_worse_or_equal(store, shipped_pair):
+    (good_dir, good), (bad_dir, bad), (copy_dir, copy) = (shipped_pair[k] for k in ("good", "bad", "copy"))
+    assert good["overall"]["episodes"] == 50 and good["overall"]["success"] >= 0.1  # a model that works
+    assert bad["overall"]["success"] == 0.0
+
+    # the better one is promoted over the broken one
+    reg = Registry(store)
+    v0 = reg.register(bad_dir, metrics=bad)
+    reg.make_first(v0.version, "first model: nothing to compare with")
+    v1 = reg.register(good_dir, parent=v0.version, iteration=1, metrics=good)
     promoted, why = reg.decide(v1.version)
-    assert not promoted and why.startswith(f"not promoted, {v0.version} stays")
-    assert reg.current().version == v0.version
-    assert reg.get(v1.version).status == "rejected" and reg.get(v1.version).note == why
-    with pytest.raises(FlywheelError, match="rejected"):
-        reg.promote(v1.version)
-    # the same model again is not "better" either: a tie keeps the current one
-    v2 = reg.register(trained_dir, parent=v0.version, iteration=2, metrics=dict(good))
-    assert reg.decide(v2.version)[0] is False
+    assert promoted and reg.current().version == v1.version and reg.get(v0.version).status == "retired"
+    cmp_ = reg.get(v1.version).metrics["comparison"]
+    assert cmp_["against"] == v0.version and cmp_["episodes"] == 50 and cmp_["ci95"][0] > 0
+    assert why.startswith(f"promoted over {v0.version}: held-out success ") and "on the same 50 fresh episodes" in why
+    assert reg.get(v1.version).decision == why
+
+    # the other way round: the broken candidate is refused, and the reason names the interval
+    v2 = reg.register(bad_dir, parent=v1.version, iteration=2, metrics=bad)
+    promoted, why = reg.decide(v2.version)
+    assert not promoted and reg.current().version == v1.version and reg.get(v2.version).status == "rejected"
+    assert why.startswith(f"not promoted, {v1.version} stays") and "95% CI [-" in why
+    assert reg.get(v2.version).metrics["comparison"]["ci95"][1] < 0
+
+    # a copy of the current model: no gain the noise cannot explain, so no promotion
+    v3 = reg.register(copy_dir, parent=v1.version, iteration=3, metrics=copy)
+    promoted, why = reg.decide(v3.version)
+    assert not promoted and reg.current().version == v1.version
+    # (greedy evaluation repeats on an idle machine; once, on loaded cores, one of 50 outcomes of the
+    # same weights differed, so the copy's numbers are allowed to differ by an episode or two)
+    same = reg.get(v3.version).metrics["comparison"]
+    assert abs(same["diff"]) <= 0.1 and same["ci95"][0] <= 0 <= same["ci95"][1] and "not above +0.0" in why
+
+    # min_gain raises the bar: the good model over the broken one needs its whole interval above it
+    lo = cmp_["ci95"][0]
+    from agent.store import Store
+
+    with Store(store.root.parent / "strict") as strict:
+        reg2 = Registry(strict)
+        reg2.make_first(reg2.register(bad_dir, metrics=bad).version, "first")
+        c = reg2.register(good_dir, parent="v0000", iteration=1, metrics=good).version
+        assert reg2.decide(c, min_gain=lo + 0.01)[0] is False
+
+
+def test_evaluations_on_different_seeds_are_not_compared(store, shipped_pair):
+    from trainer.flywheel.evaluation import evaluate_model
+
+    good_dir, good = shipped_pair["good"]
+    other = evaluate_model(good_dir, SHIPPED_FAMILIES, 2, env_kw=SHIPPED_ENV, max_new_tokens=48,
+                           seed_start=good["seed_start"] + 25)
+    with pytest.raises(FlywheelError, match="evaluated differently"):
+        paired_comparison(good, other)
+    forged = {**other, "eval_signature": good["eval_signature"]}
+    with pytest.raises(FlywheelError, match="not on the same episodes"):
+        paired_comparison(good, forged)
+
+
+def test_eval_seed_blocks_are_fresh_and_never_reused(tmp_path):
+    from agent.store import Store
+    from trainer.flywheel.evaluation import FLYWHEEL_EVAL_OFFSET, reserve_eval_seeds
+    from trainer.flywheel.iteration import FlywheelConfig
+    from trainer.sandbox.task import HELDOUT_START
+
+    with Store(tmp_path / "d") as store:
+        a, b = reserve_eval_seeds(store, 34), reserve_eval_seeds(store, 10)
+    with Store(tmp_path / "d") as store:  # survives a restart
+        c = reserve_eval_seeds(store, 1)
+    assert (a, b, c) == (HELDOUT_START + FLYWHEEL_EVAL_OFFSET, a + 34, a + 44)
+    cfg = FlywheelConfig()
+    assert cfg.eval_episodes == 200 and cfg.eval_seeds * len(cfg.families) >= 200
+    assert FlywheelConfig(families=["radio", "tabs", "dropdown"], eval_episodes=200).eval_seeds == 67
 
 
 def test_failed_iteration_and_mismatched_evaluations(store, tmp_path):
     reg = Registry(store)
-    v0 = reg.register(tmp_path, metrics={"mean_success": 0.5, "eval_signature": "a"})
-    reg.decide(v0.version)
+    v0 = reg.register(tmp_path, metrics={"mean_success": 0.5, "eval_signature": "a", "outcomes": [[FAMILY, 1, True]]})
+    reg.make_first(v0.version, "first model: nothing to compare with")
+    with pytest.raises(FlywheelError, match="already has a current model"):
+        reg.make_first(v0.version, "again")
     v1 = reg.register(tmp_path / "missing", parent=v0.version, iteration=1, note="failed: RuntimeError: boom")
     assert reg.decide(v1.version) == (False, "failed: RuntimeError: boom")
-    assert reg.current().version == v0.version
+    assert reg.current().version == v0.version and reg.get(v1.version).decision == "failed: RuntimeError: boom"
+    v2 = reg.register(tmp_path, parent=v0.version, iteration=2,
+                      metrics={"mean_success": 1.0, "eval_signature": "b", "outcomes": [[FAMILY, 1, True]]})
     with pytest.raises(FlywheelError, match="evaluated differently"):
-        is_better({"mean_success": 1.0, "eval_signature": "b"}, reg.current().metrics)
+        reg.decide(v2.version)
+    assert reg.current().version == v0.version
     with pytest.raises(FlywheelError, match="no model version 'v9999'"):
         reg.get("v9999")
     with pytest.raises(FlywheelError, match="already registered"):
@@ -95,14 +171,20 @@ def test_an_iteration_that_wrecks_the_model_keeps_the_current_one(store, trained
     from trainer.flywheel.iteration import FlywheelConfig, run_iteration
     from trainer.sandbox.rollout import plan, run_many, to_episode
 
+    from agent.schema import Action, Provenance
+    from tests.factories import make_episode
+
     for result in run_many(plan(2, families=[FAMILY]), "expert", record=True, width=ENV["width"], height=ENV["height"]):
         to_episode(result, store)
-    cfg = FlywheelConfig(width=ENV["width"], height=ENV["height"], max_steps=2, families=[FAMILY], eval_seeds=2,
-                         rollouts=1, ct_steps=0, sft_steps=3, sft_lr=5.0, batch=2, ppo_updates=0, max_new_tokens=48)
+    corrected = make_episode(store, 2, kind="supervised")  # a supervisor's edit: one preference pair for DPO
+    corrected.steps[0].provenance = Provenance("corrected", proposal_thought="Click the corner.",
+                                               proposal_action=Action("click", {"start_box": (0.9, 0.9)}), decision="edit")
+    store.save_episode(corrected)
+    cfg = FlywheelConfig(width=ENV["width"], height=ENV["height"], max_steps=2, families=[FAMILY], eval_episodes=3,
+                         rollouts=1, ct_steps=0, sft_steps=3, sft_lr=5.0, batch=2, dpo_steps=2, ppo_updates=0, max_new_tokens=48)
     reg = Registry(store)
     v0 = reg.register(trained_dir)
-    reg.update(v0.version, metrics=evaluate(trained_dir))
-    reg.decide(v0.version)
+    reg.make_first(v0.version, "first model: nothing to compare with")
     stages = []
     rep = run_iteration(store, cfg, progress=lambda d, n, label, detail="": stages.append((d, label)))
     assert rep["parent"] == v0.version and rep["iteration"] == 1
@@ -114,12 +196,22 @@ def test_an_iteration_that_wrecks_the_model_keeps_the_current_one(store, trained
     assert rep["routed"]["sft"] == 2 + bool(won)
     lineage = reg.get(rep["candidate"]).lineage
     assert lineage["parents"] == [v0.version] and len(lineage["pools"]["sft"]) == 2 + bool(won)
-    assert [s["phase"] for s in lineage["stages"]] == ["ct", "sft", "ppo"]
+    assert [s["phase"] for s in lineage["stages"]] == ["ct", "sft", "dpo", "ppo"]
+    assert lineage["stages"][2]["pairs"] == 1 and lineage["stages"][2]["steps"] == cfg.dpo_steps
     assert stages[-1] == (100, "eval") and [d for d, _ in stages] == sorted(d for d, _ in stages)
-    # evaluated for real, and worse than the current model on the same seeds
-    assert rep["metrics"]["eval_signature"] == reg.get(v0.version).metrics["eval_signature"]
-    assert compare_key(rep["metrics"]) < compare_key(reg.get(v0.version).metrics)
+    # both evaluated for real on one fresh block of held-out seeds; the wrecked one is no better
+    from trainer.flywheel.evaluation import FLYWHEEL_EVAL_OFFSET, NEXT_SEEDS_KEY
+    from trainer.sandbox.task import HELDOUT_START
+
+    cur = reg.get(v0.version).metrics
+    assert cur["measured_at_iteration"] == 1 and cur["overall"]["episodes"] == 3
+    assert rep["metrics"]["seed_start"] == cur["seed_start"] == HELDOUT_START + FLYWHEEL_EVAL_OFFSET
+    assert [s for _, s, _ in rep["metrics"]["outcomes"]] == [cur["seed_start"] + k for k in range(3)]
+    assert store.get_setting(NEXT_SEEDS_KEY) == FLYWHEEL_EVAL_OFFSET + 3  # the next iteration plays new seeds
+    cmp_ = rep["metrics"]["comparison"]
+    assert cmp_["against"] == v0.version and cmp_["episodes"] == 3 and cmp_["candidate"] <= cmp_["current"]
     assert rep["decision"].startswith(f"not promoted, {v0.version} stays")
+    assert reg.get(rep["candidate"]).decision == rep["decision"]
 
 
 def test_bad_flywheel_settings_are_refused_by_name(store, capsys):
@@ -141,17 +233,17 @@ def test_bad_flywheel_settings_are_refused_by_name(store, capsys):
 def test_the_first_iteration_starts_from_the_shipped_default_model(store):
     """Before, the flywheel started from random weights (0% held-out) while Supervise and Drive used
     the shipped default model; now v0000 is a copy of the shipped model where it fits the screen
-    size, evaluated for real, and a different size says why it cannot be used."""
+    size (measured later beside the first candidate), and a different size says why it cannot be used."""
     from trainer.flywheel.iteration import SHIPPED_MODEL, FlywheelConfig, bootstrap_model, first_model
 
-    cfg = FlywheelConfig(families=[FAMILY], eval_seeds=2, max_steps=3)  # 320x240, the shipped model's size
+    cfg = FlywheelConfig(families=[FAMILY], eval_episodes=2, max_steps=3)  # 320x240, the shipped model's size
     assert first_model(cfg) == "the shipped default model"
     reg = Registry(store)
     v0 = bootstrap_model(store, cfg, reg)
     assert v0.version == "v0000" and v0.status == "current" and v0.note == "the shipped default model"
+    assert v0.decision == "first model: nothing to compare with"
     assert (Path(v0.path) / "model.safetensors").read_bytes() == (SHIPPED_MODEL / "model.safetensors").read_bytes()
-    assert Path(v0.path) != SHIPPED_MODEL and v0.metrics["families"][FAMILY]["episodes"] == 2
-    assert v0.metrics["format_rate"] > 0.9  # a trained model, not random weights
+    assert Path(v0.path) != SHIPPED_MODEL
     small = FlywheelConfig(families=[FAMILY], width=224, height=168)
     assert first_model(small) == ("a new model with random weights "
                                   "(the shipped default model is for 320x240 screens, not 224x168)")
@@ -160,15 +252,22 @@ def test_the_first_iteration_starts_from_the_shipped_default_model(store):
         FlywheelConfig(base="shipped")
 
 
+def test_old_configs_counted_in_seeds_still_load(store):
+    from trainer.flywheel.iteration import FlywheelConfig
+
+    store.set_setting("flywheel.config", {"families": ["radio", "tabs"], "eval_seeds": 5})
+    cfg = FlywheelConfig.load(store)
+    assert cfg.eval_episodes == 10 and cfg.eval_seeds == 5
+
+
 def test_the_decision_is_said_in_words():
-    from trainer.flywheel.registry import ModelVersion, explain_decision
+    from trainer.flywheel.registry import explain_decision
 
-    def mv(version, success, progress=0.0, n=30):
-        return ModelVersion(version, "p", metrics={"mean_success": success, "mean_progress": progress,
-                                                   "families": {FAMILY: {"episodes": n}}})
-
-    assert explain_decision(mv("v2", 0.1), mv("v1", 0.2), False) == \
-        "not promoted, v1 stays: held-out success 10.0% vs 20.0% on 30 episodes"
-    assert explain_decision(mv("v2", 0.2, 0.5), mv("v1", 0.2, 0.4), True) == \
-        "promoted over v1: held-out success 20.0% vs 20.0% on 30 episodes, a tie broken by more partial progress"
-    assert "needs a gain of at least 5.0%" in explain_decision(mv("v2", 0.22), mv("v1", 0.2), False, 0.05)
+    c = {"episodes": 204, "current": 0.221, "candidate": 0.343, "diff": 0.122, "ci95": [0.061, 0.184]}
+    assert explain_decision("v2", "v1", c, True) == (
+        "promoted over v1: held-out success 34.3% vs 22.1% on the same 204 fresh episodes; "
+        "difference +12.2 points, 95% CI [+6.1, +18.4], above +0.0")
+    c = {**c, "candidate": 0.231, "diff": 0.01, "ci95": [-0.032, 0.051]}
+    assert explain_decision("v2", "v1", c, False, 0.02) == (
+        "not promoted, v1 stays: held-out success 23.1% vs 22.1% on the same 204 fresh episodes; "
+        "difference +1.0 points, 95% CI [-3.2, +5.1], not above +2.0")

@@ -14,15 +14,20 @@ def flywheel_store(store):
     from agent.schema import Outcome
     from trainer.flywheel.registry import Registry
     from trainer.flywheel.routing import Router
+    from trainer.stats import rate
 
     reg = Registry(store)
-    fams = {"click_button": {"success": 0.2}, "radio": {"success": 0.0}}
-    v0 = reg.register(store.root / "m0", metrics={"mean_success": 0.1, "families": fams, "eval_signature": "s"})
-    reg.decide(v0.version)
-    better = {"click_button": {"success": 0.6}, "radio": {"success": 0.2}}
-    v1 = reg.register(store.root / "m1", parent=v0.version, iteration=1,
-                      metrics={"mean_success": 0.4, "families": better, "eval_signature": "s"})
-    reg.decide(v1.version)
+
+    def metrics(click, radio):  # an evaluation on the same 10 seeds per family, success on the first ones
+        outcomes = [[f, s, s < n] for f, n in (("click_button", click), ("radio", radio)) for s in range(10)]
+        fams = {"click_button": {"success": click / 10}, "radio": {"success": radio / 10}}
+        return {"mean_success": (click + radio) / 20, "families": fams, "eval_signature": "s", "outcomes": outcomes,
+                "overall": rate([ok for _, _, ok in outcomes])}
+
+    v0 = reg.register(store.root / "m0", metrics=metrics(2, 0))
+    reg.make_first(v0.version, "first model: nothing to compare with")
+    v1 = reg.register(store.root / "m1", parent=v0.version, iteration=1, metrics=metrics(9, 6))
+    assert reg.decide(v1.version)[0]
     marked = make_episode(store, 2)
     marked.outcome = Outcome(True, 1.0, "annotator")  # unjudged episodes are not SFT data
     store.save_episode(marked)
@@ -46,11 +51,16 @@ def test_train_page_shows_pools_versions_and_curves(qtbot, flywheel_store):
     qtbot.waitUntil(lambda: page.status is not None, timeout=60_000)
     assert "SFT 1 · CT 1 · rejected 0" in page.summary.text() and "current model: v0001" in page.summary.text()
     headers = [page.table.horizontalHeaderItem(c).text() for c in range(page.table.columnCount())]
-    assert headers[:5] == ["version", "iteration", "status", "parent", "mean success"]
-    assert {"click_button", "radio"} <= set(headers)
+    assert headers[:6] == ["version", "iteration", "status", "parent", "held-out success", "gain vs parent"]
+    assert {"click_button", "radio"} <= set(headers) and headers[-1] == "decision"
     assert page.table.rowCount() == 2
     assert page.table.item(1, 2).text() == "current ★" and page.table.item(0, 2).text() == "retired"
-    assert page.table.item(1, headers.index("click_button")).text() == "60%"
+    assert page.table.item(1, headers.index("click_button")).text() == "90%"
+    # the evidence: the rate with its interval and episodes, the paired gain over the parent, and why
+    assert page.table.item(1, 4).text() == "75% [53%, 89%] n=20"
+    assert page.table.item(1, 5).text().startswith("+65.0 [+") and page.table.item(0, 5).text() == "–"
+    assert page.table.item(1, headers.index("decision")).text().startswith("promoted over v0000: held-out success 75.0%")
+    assert page.table.item(0, headers.index("decision")).text() == "first model: nothing to compare with"
     # the routing tab: each episode with its route and the rule that decided it
     assert page.tabs.tabText(1) == "Routing (iteration 1)" and page.routing.rowCount() == 2
     why = {page.routing.item(r, 1).text(): page.routing.item(r, 2).text() for r in range(2)}
@@ -69,7 +79,7 @@ def test_run_iteration_button_runs_a_real_iteration_with_progress(qtbot, store):
     for result in run_many(plan(2, families=["click_button"]), "expert", record=True, width=224, height=168):
         to_episode(result, store)
     store.set_setting("flywheel.config", {"families": ["click_button"], "width": 224, "height": 168, "max_steps": 1,
-                                          "eval_seeds": 1, "rollouts": 1, "ct_steps": 1, "sft_steps": 2, "batch": 2,
+                                          "eval_episodes": 1, "rollouts": 1, "ct_steps": 1, "sft_steps": 2, "batch": 2,
                                           "ppo_updates": 0, "max_new_tokens": 8})
     from app.train_view import TrainPage
 
@@ -93,11 +103,11 @@ def test_run_iteration_button_runs_a_real_iteration_with_progress(qtbot, store):
     assert page.message.text().startswith("Iteration 1 finished in"), page.message.text()
     assert "v0001" in page.message.text() and "key (" not in page.message.text()
     # every stage was named while it ran, with its own count
-    assert any(t.startswith("Stage 1 of 7: preparing the model") for t in said), said
-    assert any(t.startswith("Stage 2 of 7: playing on-policy episodes") for t in said), said
-    assert any(t.startswith("Stage 3 of 7: scoring and routing new episodes (") for t in said), said
-    assert "Stage 5 of 7: fine-tuning on the SFT pool (2/2 steps)" in said, sorted(said)
-    assert any(t.startswith("Stage 7 of 7: evaluating on held-out tasks") for t in said), said
+    assert any(t.startswith("Stage 1 of 8: preparing the model") for t in said), said
+    assert any(t.startswith("Stage 2 of 8: playing on-policy episodes") for t in said), said
+    assert any(t.startswith("Stage 3 of 8: scoring and routing new episodes (") for t in said), said
+    assert "Stage 5 of 8: fine-tuning on the SFT pool (2/2 steps)" in said, sorted(said)
+    assert any(t.startswith("Stage 8 of 8: evaluating both models on fresh held-out tasks") for t in said), said
     assert seen and seen[-1] == 100 and len(set(seen)) > 3  # it moved through the stages
     qtbot.waitUntil(lambda: page.table.rowCount() == 2, timeout=60_000)  # v0000 (base) and v0001
     assert page.run_btn.isEnabled()

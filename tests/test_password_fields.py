@@ -54,8 +54,8 @@ def a11y_session(monkeypatch):
 
 
 def test_keys_typed_into_a_password_field_are_stored_as_a_placeholder(xdisplay, a11y_session, store):
-    from app.recorder.reduce import SECRET_PLACEHOLDER
-    from app.recorder.session import RecorderConfig, RecordingSession
+    from agent.recorder.reduce import SECRET_PLACEHOLDER
+    from agent.recorder.session import RecorderConfig, RecordingSession
 
     session = RecordingSession(store, "log in", RecorderConfig(fps=10))
     session.start()  # watches the accessibility bus and turns applications' bridges on
@@ -159,7 +159,7 @@ def test_password_state_is_answered_for_the_time_of_each_key():
 def test_a_recording_without_the_accessibility_bus_warns_the_annotator(xdisplay, store, monkeypatch):
     """Masking turns itself off where nothing can say a password field is focused; the recorder
     says so out loud (the CLI prints it, the Record page shows it), not only in the metadata."""
-    from app.recorder.session import RecorderConfig, RecordingSession
+    from agent.recorder.session import RecorderConfig, RecordingSession
 
     monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
     monkeypatch.delenv("AT_SPI_BUS_ADDRESS", raising=False)

@@ -58,7 +58,7 @@ def dark_pixels(store, blob: str, rect) -> int:
 
 
 def test_recording_holds_exactly_the_actions_done(target, store):
-    from app.recorder.session import RecorderConfig, RecordingSession
+    from agent.recorder.session import RecorderConfig, RecordingSession
 
     st = json.loads(target.read_text())
     alpha, beta, field = centre(st, "alpha"), centre(st, "beta"), centre(st, "field")
@@ -152,7 +152,7 @@ def test_sigkill_leaves_the_events_up_to_the_last_second(xdisplay, tmp_path):
         if proc.poll() is None:
             proc.kill()
     from agent.store import Store
-    from app.recorder.session import rereduce
+    from agent.recorder.session import rereduce
 
     with Store(data) as store:
         ep = store.load_episode(episode_id)

@@ -9,9 +9,9 @@ import sys
 
 from tests.conftest import ROOT
 
-MODULES = ["app.recorder", "app.recorder.reduce", "app.recorder.session", "app.recorder.screen", "app.recorder.input",
-           "app.recorder.encoder", "app.recorder.audio", "app.recorder.privacy", "app.recorder.transcribe",
-           "app.recorder.review", "app.recorder.cli", "app.recorder.errors"]
+MODULES = ["agent.recorder", "agent.recorder.reduce", "agent.recorder.session", "agent.recorder.screen", "agent.recorder.input",
+           "agent.recorder.encoder", "agent.recorder.audio", "agent.recorder.privacy", "agent.recorder.transcribe",
+           "agent.recorder.review", "agent.recorder.cli", "agent.recorder.errors"]
 HEAVY = ["pynput", "mss", "cv2", "sounddevice", "transformers", "torch", "PySide6", "Xlib", "numpy"]
 
 
@@ -22,7 +22,7 @@ before = set(os.listdir('.'))
 import importlib
 for m in {MODULES!r}:
     importlib.import_module(m)
-import app.recorder as r
+import agent.recorder as r
 r.Thresholds, r.REDUCER_VERSION  # lazy exports resolve
 print(json.dumps({{"heavy": [m for m in {HEAVY!r} if m in sys.modules], "threads": threading.active_count(),
                   "new_files": sorted(set(os.listdir('.')) - before)}}))
@@ -36,10 +36,10 @@ print(json.dumps({{"heavy": [m for m in {HEAVY!r} if m in sys.modules], "threads
 
 
 def test_unknown_attribute_is_an_attribute_error():
-    import app.recorder
+    import agent.recorder
 
     try:
-        app.recorder.NoSuchThing  # noqa: B018
+        agent.recorder.NoSuchThing  # noqa: B018
     except AttributeError as e:
         assert "NoSuchThing" in str(e)
     else:

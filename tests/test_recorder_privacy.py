@@ -49,7 +49,7 @@ def kinds(store, ep):
 
 
 def record(store, body, **cfg):
-    from app.recorder.session import RecorderConfig, RecordingSession
+    from agent.recorder.session import RecorderConfig, RecordingSession
 
     session = RecordingSession(store, "privacy", RecorderConfig(fps=10, **cfg))
     session.start()
@@ -95,7 +95,7 @@ def test_pause_hotkey_drops_everything_until_resume(target, store):
 
 
 def test_denied_window_drops_frames_and_keys(bank_window, target, store):
-    from app.recorder.privacy import FocusedWindow
+    from agent.recorder.privacy import FocusedWindow
 
     st = json.loads(target.read_text())
     a, b = centre(st, "alpha"), centre(st, "beta")
@@ -130,7 +130,7 @@ def test_denied_window_drops_frames_and_keys(bank_window, target, store):
 
 
 def test_secret_typing_is_stored_as_a_placeholder(target, store):
-    from app.recorder.reduce import SECRET_PLACEHOLDER
+    from agent.recorder.reduce import SECRET_PLACEHOLDER
 
     st = json.loads(target.read_text())
     f = centre(st, "field")
@@ -186,8 +186,8 @@ def test_blur_rewrites_the_image_everywhere_and_drops_the_old_one(store):
     import cv2
     import numpy as np
 
-    from app.recorder.errors import RecorderError
-    from app.recorder.review import blur_region
+    from agent.recorder.errors import RecorderError
+    from agent.recorder.review import blur_region
 
     ep, (a, b, c) = _episode(store)
     new = blur_region(store, ep.id, 1, (0.0, 0.0, 0.5, 0.5), which="pre")  # b: step 1's pre and step 0's post
@@ -207,7 +207,7 @@ def test_blur_rewrites_the_image_everywhere_and_drops_the_old_one(store):
 
 
 def test_delete_step_removes_its_input_and_its_only_images(store):
-    from app.recorder.review import delete_step
+    from agent.recorder.review import delete_step
 
     ep, (a, b, c) = _episode(store)
     delete_step(store, ep.id, 1)

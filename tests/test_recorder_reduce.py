@@ -5,7 +5,7 @@ import pytest
 
 from agent.actions import validate
 from agent.schema import ScreenGeometry
-from app.recorder.reduce import (
+from agent.recorder.reduce import (
     MASK_CHAR,
     REDUCER_VERSION,
     SECRET_PLACEHOLDER,

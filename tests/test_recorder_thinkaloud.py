@@ -73,7 +73,7 @@ def steps_at(windows):
 
 
 def test_spoken_words_attach_by_time_and_replace_an_old_transcript():
-    from app.recorder.transcribe import attach_spoken
+    from agent.recorder.transcribe import attach_spoken
 
     steps = steps_at([(10, 11), (13, 14), (20, 21)])
     steps[1].thought = "typed note"
@@ -87,8 +87,8 @@ def test_spoken_words_attach_by_time_and_replace_an_old_transcript():
 
 
 def test_transcribe_episode_with_a_tiny_local_whisper(tiny_whisper, store, tmp_path):
-    from app.recorder.errors import RecorderError
-    from app.recorder.transcribe import transcribe_episode
+    from agent.recorder.errors import RecorderError
+    from agent.recorder.transcribe import transcribe_episode
 
     wav = espeak("open the file, then click save", tmp_path / "speech.wav")
     with wave.open(io.BytesIO(wav)) as w:
@@ -152,8 +152,8 @@ def test_microphone_recorded_on_the_recording_clock(xdisplay, virtual_mic, store
     import numpy as np
 
     from agent.schema import monotonic
-    from app.recorder.audio import wav_to_float
-    from app.recorder.session import RecorderConfig, RecordingSession
+    from agent.recorder.audio import wav_to_float
+    from agent.recorder.session import RecorderConfig, RecordingSession
 
     wav = tmp_path / "speech.wav"
     espeak("click the button", wav)
@@ -187,8 +187,8 @@ def test_microphone_recorded_on_the_recording_clock(xdisplay, virtual_mic, store
 
 def test_a_microphone_that_cannot_open_leaves_no_episode_behind(xdisplay, store):
     """Before, a failed microphone start left a 0-step episode in status 'recording' in the Library."""
-    from app.recorder.errors import RecorderError
-    from app.recorder.session import RecorderConfig, RecordingSession
+    from agent.recorder.errors import RecorderError
+    from agent.recorder.session import RecorderConfig, RecordingSession
 
     session = RecordingSession(store, "talk while working", RecorderConfig(fps=5, audio=True, audio_device=12345))
     with pytest.raises(RecorderError, match="cannot (open microphone 12345|record audio)"):

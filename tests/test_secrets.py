@@ -35,7 +35,7 @@ def test_a_token_an_older_version_left_in_the_settings_is_moved_out(tmp_path):
 
 def test_sync_save_keeps_the_token_out_of_the_database(tmp_path):
     """`sync --save` against a real backend: the token lands in the secret store, not tandem.db."""
-    from trainer.server import start_in_thread
+    from trainer.server_thread import start_in_thread
 
     backend = start_in_thread(tmp_path / "backend")
     token = backend.store.add_user("ann", "annotator")

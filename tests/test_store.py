@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from factories import make_episode, screenshot_png
@@ -91,6 +92,41 @@ def test_delete_episode_keeps_blobs_shared_with_others(store):
     assert store.counts()["blobs"] == 0
     with pytest.raises(NotFound):
         store.load_episode(a.id)
+
+
+def test_a_blob_written_for_an_unsaved_episode_survives_a_concurrent_removal(store, tmp_path):
+    """The race the three old copies of blob deletion had: a recorder writes a screenshot that is
+    already on disk (put_blob skips the write), another part of the app (or another process)
+    deletes the last episode that used it, then the recorder saves its episode. The file must
+    still be there; once nothing refers to it, it goes."""
+    old = make_episode(store, 1)
+    shot = old.steps[0].observation.screenshot
+    again = store.put_blob(screenshot_png(320, 200, label="step 0"))  # the recorder, before its save
+    assert again == shot
+    gone = subprocess.run(  # another process deletes the old episode meanwhile
+        [sys.executable, "-c", "import sys; from agent.store import Store; "
+         "print(Store(sys.argv[1]).delete_episode(sys.argv[2]))", str(store.root), old.id],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert gone.stdout.strip() == "0", gone.stderr  # it removed no blob: the screenshot is pinned
+    assert store.has_blob(shot)
+    new = make_episode(store, 1)  # the recorder's save refers to it
+    assert store.load_episode(new.id).steps[0].observation.screenshot == shot
+    assert store.check() == []
+    # referenced, then not: removed at once (a deleted step's screenshot does not linger)
+    store.delete_step(new.id, 0)
+    assert not store.has_blob(shot)
+    # a frame the caller wrote itself and decided not to keep is removed despite its pin
+    mine = store.put_blob(b"frame the recorder dropped")
+    assert store.remove_unreferenced({mine}) == 0 and store.has_blob(mine)
+    assert store.remove_unreferenced({mine}, own={mine}) == 1 and not store.has_blob(mine)
+
+
+def test_an_old_pin_no_longer_protects_a_blob(store, monkeypatch):
+    import agent.store as st
+
+    h = store.put_blob(b"abandoned")
+    monkeypatch.setattr(st, "PIN_SECONDS", 0.0)
+    assert store.remove_unreferenced({h}) == 1 and not store.has_blob(h)
 
 
 def test_save_refuses_missing_blobs(store):
@@ -182,3 +218,43 @@ def test_writer_killed_with_sigkill_loses_nothing_committed(tmp_path):
     assert problems == []  # at worst an unreferenced blob or temp file from the killed write
     store.gc()
     assert store.check() == []
+
+
+def test_stores_made_by_the_last_release_open_and_migrate(tmp_path):
+    """tests/data/store-c5882f4 was written by the release before migrations were recorded (a
+    local store with episodes, an outbox, routing decisions and a model registry; a backend store
+    with a user, an ingested episode and an announced model). Today's code opens both, records
+    their schema versions, adds what is new, and keeps every row."""
+    import shutil
+    from pathlib import Path
+
+    from agent.sync.outbox import Outbox
+    from trainer.backend_store import BackendStore
+    from trainer.flywheel.registry import Registry
+    from trainer.flywheel.routing import Router
+
+    old = tmp_path / "old"
+    shutil.copytree(Path(__file__).parent / "data" / "store-c5882f4", old)
+    with Store(old / "local") as s:
+        assert s.schema_version("store") == 2 and s.has_table("blob_pins")
+        eps = s.list_episodes()
+        assert len(eps) == 2 and s.check() == []
+        assert [e.state for e in Outbox(s).entries()] == ["queued"]
+        assert len(Router(s).decisions(1)) == 2
+        reg = Registry(s)
+        assert reg.current().version == "v0000" and reg.current().note == "base" and reg.current().decision == ""
+        assert s.schema_version("flywheel_models") == 2  # the decision column, added
+        assert s.migrate("store", __import__("agent.store", fromlist=["x"]).STORE_MIGRATIONS) == 0  # once only
+    b = BackendStore(old / "backend")
+    try:
+        user = b.authenticate((old / "backend" / "ann.token").read_text())
+        assert user.name == "ann" and len(b.list_episodes(user)) == 1 and b.latest_model()[0] == "v0003"
+        assert [r["status"] for r in b.ingest_log()] == ["stored"]
+        assert b.store.schema_version("backend") == 3
+    finally:
+        b.close()
+    # a store written by a newer Tandem is refused by name, not misread
+    with Store(old / "local") as s:
+        s.execute("UPDATE schema_versions SET version = 9 WHERE owner = 'sync_outbox'")
+        with pytest.raises(StoreError, match="'sync_outbox' tables are at schema version 9, newer than this Tandem"):
+            Outbox(s)

@@ -16,10 +16,10 @@ from agent.loop import AgentLoop, LoopConfig
 from agent.policies import ReplayPolicy
 from agent.schema import Action
 from agent.store import Store
-from app.live_link import RunPublisher
+from agent.sync.live_link import RunPublisher
 from app.sandbox_executor import SandboxProcessExecutor
 from app.supervise_view import SupervisePage
-from trainer.server import start_in_thread
+from trainer.server_thread import start_in_thread
 
 EMPTY = (0.03, 0.97)
 
@@ -125,7 +125,7 @@ def test_a_squatted_run_id_stops_the_agent_with_the_reason(backend):
 
     from agent.gate import GateRequest
     from agent.policies.base import Proposal
-    from app.sync.session import Session
+    from agent.sync.session import Session
 
     b, tokens = backend
 

@@ -13,7 +13,7 @@ from agent.policies import ReplayPolicy
 from agent.schema import Action
 from app.sandbox_executor import SandboxProcessExecutor
 from app.supervise_view import SupervisePage
-from app.sync.outbox import Outbox
+from agent.sync.outbox import Outbox
 
 FAMILY, SEED = "click_button", 3
 EMPTY = (0.03, 0.97)  # a corner of the task window with no widget: a click there changes nothing
@@ -221,3 +221,26 @@ def test_the_end_of_a_sandbox_run_says_whether_the_task_succeeded(qtbot, page, s
     ep = wait_end(qtbot, page)
     assert ep.outcome.success is True and ep.outcome.source == "verifier"
     assert "verifier says the task succeeded" in page.panel.title.text()
+
+
+def test_an_installation_without_torch_offers_the_endpoint_and_says_why(qtbot, store, monkeypatch):
+    """The annotators' bundle has no torch: the form starts on the endpoint policy, the model
+    choices are greyed out with the reason, and a saved "default" choice does not come back."""
+    import app.run_form as rf
+    from app.agent_run import RunSetupError, make_policy
+
+    why = "This installation of Tandem has no torch, so it cannot run a model here"
+    monkeypatch.setattr(rf, "models_missing", lambda: why + ": use an endpoint.")
+    store.set_setting("supervise.policy", "default")
+    form = rf.RunForm(store, "supervise")
+    qtbot.addWidget(form)
+    assert form.policy.currentData() == "endpoint"
+    i = form.policy.findData("default")
+    assert not form.policy.model().item(i).isEnabled() and "needs the training extras" in form.policy.itemText(i)
+    assert form.policy.itemData(i, Qt.ToolTipRole).startswith(why)
+    with pytest.raises(RunSetupError, match="has no torch"):
+        make_policy("default")
+    monkeypatch.setattr(rf, "models_missing", lambda: None)  # a full installation: nothing greyed out
+    full = rf.RunForm(store, "supervise")
+    qtbot.addWidget(full)
+    assert full.policy.currentData() == "default" and full.policy.model().item(i).isEnabled()

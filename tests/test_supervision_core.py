@@ -172,7 +172,7 @@ def test_decision_log_and_stats_over_real_runs():
     assert st.counts == {"approve": 2, "reject": 1, "edit": 1}
     assert st.approval_rate == pytest.approx(0.5)
     assert st.edits_by_action == {"click": 1} and st.rejections_by_action == {"type": 1}
-    assert sorted(st.seconds) == [1.0, 2.0, 3.0, 5.0] and st.seconds_quantile(0.5) in (2.0, 3.0)
+    assert sorted(st.seconds) == [1.0, 2.0, 3.0, 5.0] and st.seconds_quantile(0.5) == pytest.approx(2.5)  # the median, between the middle two
     # without the log, the steps' provenance and the kept rejections say the same (times of rejections aside)
     ep = Episode.from_dict(res.episode.to_dict())
     del ep.meta["decisions"]

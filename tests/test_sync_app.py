@@ -7,12 +7,12 @@ import sys
 
 from agent.schema import Episode
 from app.sync.embedded import start_embedded_backend
-from app.sync.outbox import Outbox
+from agent.sync.outbox import Outbox
 from factories import make_episode
 
 
 def test_sync_modules_do_not_import_qt():
-    code = ("import sys; import app.sync.client, app.sync.outbox, app.sync.session, app.sync.embedded, "
+    code = ("import sys; import agent.sync.client, agent.sync.outbox, agent.sync.session, app.sync.embedded, "
             "app.sync.cli, agent.protocol, trainer.server; print('PySide6' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

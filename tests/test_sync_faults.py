@@ -22,11 +22,11 @@ from websockets.asyncio.client import connect
 from agent import protocol as P
 from agent.schema import Action, Episode, Observation, ScreenGeometry, Step
 from agent.store import Store, sha256
-from app.sync.client import Backoff, SyncClient
-from app.sync.outbox import Outbox
-from app.sync.session import Session
+from agent.sync.client import Backoff, SyncClient
+from agent.sync.outbox import Outbox
+from agent.sync.session import Session
 from trainer.backend_store import BackendStore
-from trainer.server import start_in_thread
+from trainer.server_thread import start_in_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -281,10 +281,9 @@ def fuzz_backend(tmp_path_factory):
 
 
 def snapshot(b) -> dict:
-    db = b.store.db
     return {"counts": b.store.store.counts(), "log": b.store.ingest_log(),
             "users": [(u.name, u.revoked_at) for u in b.store.users()],
-            "models": list(db.query("SELECT * FROM models")),
+            "models": b.store.store.query("SELECT * FROM models"),
             "blobs": sorted(p.name for p in b.store.store.blob_dir.glob("*/*"))}
 
 

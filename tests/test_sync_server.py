@@ -11,12 +11,12 @@ from websockets.asyncio.client import connect
 
 from agent import protocol as P
 from agent.store import Store, sha256
-from app.sync.client import Backoff, SyncClient
-from app.sync.outbox import Outbox
-from app.sync.session import RequestRefused, Session, SyncError
+from agent.sync.client import Backoff, SyncClient
+from agent.sync.outbox import Outbox
+from agent.sync.session import RequestRefused, Session, SyncError
 from agent.secret_store import saved_secret
 from factories import make_episode, screenshot_png
-from trainer.server import start_in_thread
+from trainer.server_thread import start_in_thread
 
 
 @pytest.fixture

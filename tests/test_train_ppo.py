@@ -33,9 +33,11 @@ def test_two_ppo_updates_with_value_pretraining(tiny_any_dir, tmp_path, one_thre
     assert [r["phase"] for r in rows] == ["value_pretrain", "ppo", "ppo"]
     for r in rows[1:]:
         for k in ("reward", "success_rate", "entropy", "approx_kl", "clipfrac", "explained_variance", "think_length",
-                  "episode_length", "value_loss", "policy_loss", "imp_weight_mean", "imp_weight_truncated"):
+                  "episode_length", "value_loss", "value_clipfrac", "policy_loss", "imp_weight_mean", "imp_weight_truncated"):
             assert isinstance(r[k], float) and math.isfinite(r[k]), k
         assert r["entropy"] > 0
+        # short episodes (under 200 tokens) at the default alpha: lambda on its floor, and the log says so
+        assert r["lambda_policy"] == pytest.approx(0.9) and r["lambda_at_floor"] == 1.0
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert res["critic"].head.weight.abs().sum() > 0  # value pretraining moved the head off zero
 

@@ -64,7 +64,11 @@ def test_two_workers_async_then_sync(tiny_vlm_dir, tmp_path):  # noqa: F811
         # -- async: the workers keep playing while the learner holds its batch
         first = pool.collect(4, timeout=300)
         assert len(first) == 4 and all(t.version == 0 and t.turns for t in first)
-        assert {t.worker for t in first} == {0, 1}  # both workers played
+        seen, extra = {t.worker for t in first}, 0
+        while len(seen) < 2 and extra < 8:  # on busy cores a niced worker can be late to its first episode
+            seen |= {t.worker for t in pool.collect(1, timeout=300)}
+            extra += 1
+        assert seen == {0, 1}  # both workers played
         assert pool.outstanding >= 2  # tickets were handed out beyond the batch
         time.sleep(0.5)  # the workers are now inside episodes that use version 0
         pool.publish(model)

@@ -53,10 +53,13 @@ class VLMActor:
     def load_weights(self, path) -> None:
         from safetensors.torch import load_file
 
-        state = load_file(str(path))
+        self.load_state(load_file(str(path)), f"weights {path}")
+
+    def load_state(self, state: dict, name: str = "the published weights") -> None:
+        """New weights from a state dict (a file's, or one sent through Ray's object store)."""
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if unexpected or [k for k in missing if "lm_head" not in k]:  # lm_head may be tied
-            raise RuntimeError(f"weights {path} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+            raise RuntimeError(f"{name} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
         self.model.eval()
         self.cache.clear_features()  # features of the old vision tower
 

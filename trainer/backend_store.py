@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agent.protocol import ROLES
 from agent.schema import Episode
-from agent.store import NotFound, Store, sha256
+from agent.store import AddColumn, NotFound, Store, sha256
 
 try:  # syncfs(2): flush one filesystem, not every mounted one as os.sync() would
     _libc = ctypes.CDLL(None, use_errno=True) if hasattr(os, "O_RDONLY") and os.name == "posix" else None
@@ -65,49 +65,35 @@ def _hash_secret(salt: bytes, secret: str) -> str:
     return hashlib.sha256(salt + secret.encode()).hexdigest()
 
 
+# agent.store.Store.migrate. Step 1 is the schema every release before migrations made (a store
+# from before token expiry lacks users.expires_at: step 2 adds it where missing).
+MIGRATIONS = [
+    """CREATE TABLE IF NOT EXISTS "users" ("name" TEXT PRIMARY KEY, "role" TEXT, "token_id" TEXT, "salt" TEXT,
+        "token_hash" TEXT, "created_at" REAL, "revoked_at" REAL);
+    CREATE UNIQUE INDEX IF NOT EXISTS "idx_users_token_id" ON "users" ("token_id");
+    CREATE TABLE IF NOT EXISTS "episode_owners" ("episode_id" TEXT PRIMARY KEY, "owner" TEXT, "revision" INTEGER,
+        "content_hash" TEXT, "updated_at" REAL);
+    CREATE INDEX IF NOT EXISTS "idx_episode_owners_owner" ON "episode_owners" ("owner");
+    CREATE TABLE IF NOT EXISTS "revisions" ("episode_id" TEXT, "revision" INTEGER, "content_hash" TEXT, "user" TEXT,
+        "received_at" REAL, PRIMARY KEY ("episode_id", "revision", "content_hash"));
+    CREATE TABLE IF NOT EXISTS "ingest_log" ("id" INTEGER PRIMARY KEY, "t" REAL, "user" TEXT, "episode_id" TEXT,
+        "revision" INTEGER, "content_hash" TEXT, "status" TEXT);
+    CREATE TABLE IF NOT EXISTS "models" ("version" TEXT PRIMARY KEY, "info" TEXT, "announced_at" REAL)""",
+    AddColumn("users", "expires_at", "REAL"),
+    # who sent which blob's bytes: proof of having them (missing_blobs)
+    """CREATE TABLE IF NOT EXISTS "blob_uploads" ("hash" TEXT, "user" TEXT, PRIMARY KEY ("hash", "user"))""",
+]
+
+
 class BackendStore:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.store = Store(self.root)
-        self.db = self.store.db
         self._unsynced = False
-        self._migrate()
+        self.store.migrate("backend", MIGRATIONS)
 
     def close(self) -> None:
         self.store.close()
-
-    def _migrate(self) -> None:
-        names = set(self.db.table_names())
-        with self.store.transaction():
-            if "users" not in names:
-                self.db["users"].create(
-                    {"name": str, "role": str, "token_id": str, "salt": str, "token_hash": str,
-                     "created_at": float, "revoked_at": float}, pk="name")
-                self.db["users"].create_index(["token_id"], unique=True)
-            if "episode_owners" not in names:
-                # The current version of each episode: who owns it, which revision, which content.
-                self.db["episode_owners"].create(
-                    {"episode_id": str, "owner": str, "revision": int, "content_hash": str, "updated_at": float},
-                    pk="episode_id")
-                self.db["episode_owners"].create_index(["owner"])
-            if "revisions" not in names:
-                self.db["revisions"].create(
-                    {"episode_id": str, "revision": int, "content_hash": str, "user": str, "received_at": float},
-                    pk=("episode_id", "revision", "content_hash"))
-            if "ingest_log" not in names:
-                self.db["ingest_log"].create(
-                    {"id": int, "t": float, "user": str, "episode_id": str, "revision": int,
-                     "content_hash": str, "status": str}, pk="id")
-            if "models" not in names:
-                self.db["models"].create({"version": str, "info": str, "announced_at": float}, pk="version")
-            if "expires_at" not in self.db["users"].columns_dict:  # stores made before tokens expired
-                self.db["users"].add_column("expires_at", float)
-            if "blob_uploads" not in names:  # who sent which blob's bytes: proof of having them (missing_blobs)
-                self.db["blob_uploads"].create({"hash": str, "user": str}, pk=("hash", "user"))
-
-    def _query(self, sql: str, params=()) -> list[dict]:
-        with self.store.transaction():
-            return list(self.db.query(sql, params))
 
     # ------------------------------------------------------------ users
     def add_user(self, name: str, role: str, days: float | None = DEFAULT_TOKEN_DAYS) -> str:
@@ -121,10 +107,10 @@ class BackendStore:
             raise BackendError("bad_field", f"user name must be 1-200 characters without spaces, got {name!r}")
         token_id, secret, salt = secrets.token_hex(6), secrets.token_urlsafe(32), secrets.token_bytes(16)
         with self.store.transaction():
-            rows = list(self.db.query("SELECT revoked_at FROM users WHERE name = ?", [name]))
+            rows = self.store.query("SELECT revoked_at FROM users WHERE name = ?", [name])
             if rows and rows[0]["revoked_at"] is None:
                 raise BackendError("conflict", f"user {name!r} already exists (revoke it first to issue a new token)")
-            self.db["users"].upsert(
+            self.store.upsert("users", 
                 {"name": name, "role": role, "token_id": token_id, "salt": salt.hex(),
                  "token_hash": _hash_secret(salt, secret), "created_at": time.time(), "revoked_at": None,
                  "expires_at": time.time() + days * 86400 if days else None}, pk="name")
@@ -135,7 +121,7 @@ class BackendStore:
         parts = token.split("_", 2) if isinstance(token, str) else []
         if len(parts) != 3 or parts[0] != TOKEN_PREFIX or len(parts[1]) != 12:
             raise BackendError("auth_failed", "malformed token")
-        rows = self._query("SELECT * FROM users WHERE token_id = ?", [parts[1]])
+        rows = self.store.query("SELECT * FROM users WHERE token_id = ?", [parts[1]])
         if not rows or not hmac.compare_digest(_hash_secret(bytes.fromhex(rows[0]["salt"]), parts[2]), rows[0]["token_hash"]):
             raise BackendError("auth_failed", "unknown token")
         r = rows[0]
@@ -148,32 +134,32 @@ class BackendStore:
         return User(r["name"], r["role"], r["created_at"], None, r["token_id"])
 
     def is_active(self, name: str) -> bool:
-        rows = self._query("SELECT revoked_at FROM users WHERE name = ?", [name])
+        rows = self.store.query("SELECT revoked_at FROM users WHERE name = ?", [name])
         return bool(rows) and rows[0]["revoked_at"] is None
 
     def sessions_still_valid(self, users: list[User]) -> list[bool]:
         """Per authenticated user: is the token it came in with still the name's live token, with
         the same role? Revoking a name and adding it again (even by the command line, on another
         process) issues a new token, and the old sessions lose everything they had."""
-        rows = {r["name"]: r for r in self._query("SELECT name, role, token_id, revoked_at, expires_at FROM users")}
+        rows = {r["name"]: r for r in self.store.query("SELECT name, role, token_id, revoked_at, expires_at FROM users")}
         return [(r := rows.get(u.name)) is not None and r["revoked_at"] is None and r["token_id"] == u.token_id
                 and r["role"] == u.role and not _expired(r) for u in users]
 
     def revoke_user(self, name: str) -> None:
         with self.store.transaction():
-            rows = list(self.db.query("SELECT revoked_at FROM users WHERE name = ?", [name]))
+            rows = self.store.query("SELECT revoked_at FROM users WHERE name = ?", [name])
             if not rows:
                 raise BackendError("not_found", f"no user named {name!r}")
             if rows[0]["revoked_at"] is None:
-                self.db.execute("UPDATE users SET revoked_at = ? WHERE name = ?", [time.time(), name])
+                self.store.execute("UPDATE users SET revoked_at = ? WHERE name = ?", [time.time(), name])
 
     def users(self) -> list[User]:
         return [User(r["name"], r["role"], r["created_at"], r["revoked_at"])
-                for r in self._query("SELECT * FROM users ORDER BY name")]
+                for r in self.store.query("SELECT * FROM users ORDER BY name")]
 
     # ------------------------------------------------------------ ingest
     def _current(self, episode_id: str) -> dict | None:
-        rows = list(self.db.query("SELECT * FROM episode_owners WHERE episode_id = ?", [episode_id]))
+        rows = self.store.query("SELECT * FROM episode_owners WHERE episode_id = ?", [episode_id])
         return rows[0] if rows else None
 
     def _verdict(self, cur: dict | None, user: User, revision: int, digest: str) -> str | None:
@@ -205,7 +191,7 @@ class BackendStore:
         for at in range(0, len(hashes), 500):
             part = hashes[at: at + 500]
             marks = ",".join("?" * len(part))
-            mine |= {r["hash"] for r in self._query(
+            mine |= {r["hash"] for r in self.store.query(
                 "SELECT DISTINCT r.hash FROM blob_refs r JOIN episode_owners o ON o.episode_id = r.episode_id "
                 f"WHERE o.owner = ? AND r.hash IN ({marks}) "
                 f"UNION SELECT hash FROM blob_uploads WHERE user = ? AND hash IN ({marks})",
@@ -218,7 +204,7 @@ class BackendStore:
         instead of one fsync per screenshot. With a user, remember that it sent these bytes."""
         digest = sha256(data)
         if user is not None:
-            self.db.execute("INSERT OR IGNORE INTO blob_uploads (hash, user) VALUES (?, ?)", [digest, user.name])
+            self.store.execute("INSERT OR IGNORE INTO blob_uploads (hash, user) VALUES (?, ?)", [digest, user.name])
         path = self.store.blob_path(digest)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -258,17 +244,20 @@ class BackendStore:
             if status is None:
                 owner = cur["owner"] if cur else user.name
                 self.store.save_episode(ep)
-                self.db["episode_owners"].upsert(
-                    {"episode_id": ep.id, "owner": owner, "revision": ep.revision, "content_hash": digest,
-                     "updated_at": now}, pk="episode_id")
-                self.db["revisions"].upsert(
-                    {"episode_id": ep.id, "revision": ep.revision, "content_hash": digest, "user": user.name,
-                     "received_at": now}, pk=("episode_id", "revision", "content_hash"))
+                self.store.upsert("episode_owners", {"episode_id": ep.id, "owner": owner, "revision": ep.revision,
+                                                     "content_hash": digest, "updated_at": now}, pk="episode_id")
+                self.store.upsert("revisions", {"episode_id": ep.id, "revision": ep.revision, "content_hash": digest,
+                                                "user": user.name, "received_at": now},
+                                  pk=("episode_id", "revision", "content_hash"))
                 status = "replaced" if cur else "stored"
-            self.db["ingest_log"].insert(
-                {"t": now, "user": user.name, "episode_id": ep.id, "revision": ep.revision,
-                 "content_hash": digest, "status": status})
+            self.log_ingest(user, ep.id, ep.revision, digest, status, now)
         return ep.revision, status
+
+    def log_ingest(self, user: User, episode_id: str, revision: int, digest: str, status: str,
+                   t: float | None = None) -> None:
+        """One line of the ingest log: who sent which revision, and what became of it."""
+        self.store.insert("ingest_log", {"t": time.time() if t is None else t, "user": user.name, "episode_id": episode_id,
+                                         "revision": revision, "content_hash": digest, "status": status})
 
     # ------------------------------------------------------------ reads
     def list_episodes(self, user: User, owner: str | None = None, limit: int | None = None) -> list[dict]:
@@ -285,10 +274,10 @@ class BackendStore:
         sql += " ORDER BY o.updated_at DESC"
         if limit:
             sql += f" LIMIT {int(limit)}"
-        return [{"id": r["episode_id"], **{k: r[k] for k in r if k != "episode_id"}} for r in self._query(sql, params)]
+        return [{"id": r["episode_id"], **{k: r[k] for k in r if k != "episode_id"}} for r in self.store.query(sql, params)]
 
     def owner_of(self, episode_id: str) -> str | None:
-        rows = self._query("SELECT owner FROM episode_owners WHERE episode_id = ?", [episode_id])
+        rows = self.store.query("SELECT owner FROM episode_owners WHERE episode_id = ?", [episode_id])
         return rows[0]["owner"] if rows else None
 
     def get_episode(self, episode_id: str, user: User) -> tuple[dict, str]:
@@ -304,7 +293,7 @@ class BackendStore:
 
     def get_blob(self, digest: str, user: User) -> bytes:
         if user.role == "annotator":
-            rows = self._query(
+            rows = self.store.query(
                 "SELECT 1 FROM blob_refs r JOIN episode_owners o ON o.episode_id = r.episode_id "
                 "WHERE r.hash = ? AND o.owner = ? LIMIT 1", [digest, user.name])
             if not rows:
@@ -316,14 +305,17 @@ class BackendStore:
 
     def ingest_log(self, episode_id: str | None = None) -> list[dict]:
         if episode_id:
-            return self._query("SELECT * FROM ingest_log WHERE episode_id = ? ORDER BY id", [episode_id])
-        return self._query("SELECT * FROM ingest_log ORDER BY id")
+            return self.store.query("SELECT * FROM ingest_log WHERE episode_id = ? ORDER BY id", [episode_id])
+        return self.store.query("SELECT * FROM ingest_log ORDER BY id")
 
     # ------------------------------------------------------------ models
     def announce_model(self, version: str, info: dict) -> None:
-        with self.store.transaction():
-            self.db["models"].upsert({"version": version, "info": json.dumps(info), "announced_at": time.time()}, pk="version")
+        self.store.upsert("models", {"version": version, "info": json.dumps(info), "announced_at": time.time()}, pk="version")
+
+    def model(self, version: str) -> tuple[str, dict] | None:
+        rows = self.store.query("SELECT * FROM models WHERE version = ?", [version])
+        return (rows[0]["version"], json.loads(rows[0]["info"] or "{}")) if rows else None
 
     def latest_model(self) -> tuple[str, dict] | None:
-        rows = self._query("SELECT * FROM models ORDER BY announced_at DESC LIMIT 1")
+        rows = self.store.query("SELECT * FROM models ORDER BY announced_at DESC LIMIT 1")
         return (rows[0]["version"], json.loads(rows[0]["info"] or "{}")) if rows else None

@@ -41,6 +41,13 @@ def register(sub, common) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
     p.add_argument("--tls-cert", metavar="F", help="TLS certificate (PEM); serves wss:// with --tls-key")
     p.add_argument("--tls-key", metavar="F", help="TLS private key (PEM)")
+    p.add_argument("--model-readers", default="supervisor,admin",
+                   help="roles that may download models (default: supervisor,admin)")
+    p.add_argument("--max-model-mb", type=float, default=4096,
+                   help="models larger than this are not shipped to apps (default 4096)")
+    p.add_argument("--model-endpoint", metavar="URL",
+                   help="an OpenAI-compatible endpoint that serves the current model, offered for models too large to ship")
+    p.add_argument("--model-endpoint-name", metavar="NAME", help="the model's name at --model-endpoint")
     p.set_defaults(func=cmd_serve)
     users = p.add_subparsers(dest="backend_command", metavar="user")
     u = users.add_parser("user", help="manage users and tokens")
@@ -131,10 +138,20 @@ def cmd_serve(args) -> int:
         except (OSError, ssl.SSLError) as e:
             print(f"cannot load the TLS certificate/key: {e}", file=sys.stderr)
             return 2
+    readers = tuple(r.strip() for r in args.model_readers.split(",") if r.strip())
+    bad = [r for r in readers if r not in ("annotator", "supervisor", "admin")]
+    if bad:
+        print(f"--model-readers: unknown role {bad[0]!r} (roles: annotator, supervisor, admin)", file=sys.stderr)
+        return 2
+    if args.max_model_mb <= 0:
+        print(f"--max-model-mb must be positive, got {args.max_model_mb}", file=sys.stderr)
+        return 2
+    endpoint = {"url": args.model_endpoint, "model": args.model_endpoint_name} if args.model_endpoint else None
+    models = {"readers": readers, "max_bytes": int(args.max_model_mb * 2**20), "endpoint": endpoint}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def main() -> None:
-        server = BackendServer(backend_dir(args), args.host, args.port, ssl_context=ctx)
+        server = BackendServer(backend_dir(args), args.host, args.port, ssl_context=ctx, models=models)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -33,6 +33,7 @@ def register(sub, common) -> None:
         _add_sft_schedule_args(s, recipe=False)
         s.add_argument("--seed", type=int, default=0)
         _add_device_arg(s)
+        _add_scale_args(s)
         s.set_defaults(func=cmd_sft, phase=kind)
 
     s = ts.add_parser("ppo", parents=[common], help="multi-turn PPO on the sandbox (critic, value pretraining)")
@@ -45,6 +46,10 @@ def register(sub, common) -> None:
                    help="sandbox environments per rollout worker, played together with one batched generation per "
                         "round (default 16)")
     s.add_argument("--mode", choices=("async", "sync"), default="async")
+    s.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="rollout workers: local processes (default) or Ray actors, here or on a cluster (--ray-address)")
+    s.add_argument("--ray-address", help="with --engine ray: the cluster to join (auto, or HEAD:6379 after `ray start "
+                                         "--head`); default: start a local Ray")
     s.add_argument("--max-staleness", type=int, default=1)
     s.add_argument("--staleness-decay", type=float, default=1.0)
     s.add_argument("--value-pretrain", type=int, default=2, metavar="K", help="critic-only iterations before PPO")
@@ -61,7 +66,31 @@ def register(sub, common) -> None:
     s.add_argument("--height", type=int, default=240)
     s.add_argument("--seed", type=int, default=0)
     _add_device_arg(s)
+    s.add_argument("--nproc", type=int, default=1,
+                   help="learner processes (torch.distributed, gloo on the CPU, NCCL with one GPU each): rank 0 runs "
+                        "the rollouts, every rank a share of each minibatch, gradients summed")
     s.set_defaults(func=cmd_ppo)
+
+    s = ts.add_parser("plan", parents=[common], help="memory per learner process of a model and settings, and whether it fits a GPU",
+                      description="Per-process memory (weights, gradients, AdamW states, activations) of training a model "
+                                  "with the given settings, from its configuration on the meta device: nothing is "
+                                  "downloaded or allocated.")
+    s.add_argument("--model", required=True,
+                   help="a known configuration (qwen2.5-vl-3b, qwen2.5-vl-7b, qwen2.5-vl-32b, qwen2.5-vl-72b, "
+                        "ui-tars-1.5-7b), a model directory or a config.json")
+    s.add_argument("--nproc", type=int, default=1, help="learner processes (FSDP shards weights and states across them)")
+    s.add_argument("--shard", choices=("ddp", "fsdp"), default="ddp")
+    s.add_argument("--lora", type=int, metavar="R", help="LoRA rank (adapters only are trained)")
+    s.add_argument("--bf16", action="store_true", help="bf16 autocast (with --lora: a bf16 frozen base)")
+    s.add_argument("--grad-checkpointing", action="store_true")
+    s.add_argument("--seq", type=int, default=4096, help="tokens of one sample (default 4096)")
+    s.add_argument("--image-tokens", type=int, default=1024,
+                   help="of which image tokens (default 1024: about one 1920x1080 screenshot at UI-TARS's size)")
+    s.add_argument("--target-tokens", type=int, default=256, help="of which target (assistant) tokens (default 256)")
+    s.add_argument("--gpu", default="h100", help="GPU to check the fit against: a name (h100, h200, a100-40, a100-80, "
+                                                 "l40s, a10, rtx4090, b200) or its memory in GiB (default h100)")
+    s.add_argument("--json", action="store_true", help="print the plan as JSON")
+    s.set_defaults(func=cmd_plan)
 
     s = ts.add_parser("default", parents=[common], help="build the small default model: tiny VLM, SFT on expert demos, PPO")
     s.add_argument("--out", default="assets/default_model")
@@ -76,6 +105,8 @@ def register(sub, common) -> None:
     s.add_argument("--eval-seeds", type=int, help="held-out seeds per family")
     s.add_argument("--updates", type=int, help="PPO updates")
     s.add_argument("--workers", type=int, help="rollout worker processes")
+    s.add_argument("--engine", choices=("local", "ray"), help="PPO's rollout workers: local processes or Ray actors")
+    s.add_argument("--ray-address", help="with --engine ray: the cluster to join (default: a local Ray)")
     s.add_argument("--envs", type=int, help="sandbox environments per rollout worker (one batched generation per round)")
     s.add_argument("--sft-epochs", type=float, help="SFT epochs over the demonstrations")
     s.add_argument("--sft-lr", type=float, help="SFT learning rate (default 2e-3)")
@@ -98,6 +129,24 @@ def register(sub, common) -> None:
     s.add_argument("--seed", type=int, default=0)
     _add_device_arg(s)
     s.set_defaults(func=cmd_default)
+
+
+def _add_scale_args(s) -> None:
+    """The flags of README "Scaling out": learner processes and memory for real-sized models."""
+    s.add_argument("--nproc", type=int, default=1,
+                   help="learner processes (torch.distributed: gloo on the CPU, NCCL with one GPU each); the global "
+                        "batch and the result do not depend on it")
+    s.add_argument("--shard", choices=("ddp", "fsdp"), default="ddp",
+                   help="with --nproc > 1: ddp (a replica per process) or fsdp (FSDP2: weights, gradients and "
+                        "optimizer states sharded across processes)")
+    s.add_argument("--bf16", action="store_true",
+                   help="bf16 autocast (float32 master weights and AdamW states); with --lora the frozen base is bf16")
+    s.add_argument("--grad-checkpointing", action="store_true",
+                   help="recompute each decoder layer in backward instead of keeping its activations")
+    s.add_argument("--lora", type=int, metavar="R", help="train rank-R LoRA adapters (peft) instead of every weight")
+    s.add_argument("--lora-alpha", type=float, help="LoRA alpha (default 2R)")
+    s.add_argument("--lora-save", choices=("adapter", "merged"), default="adapter",
+                   help="a LoRA run saves its adapter (default) or the weights with it merged in")
 
 
 def _add_device_arg(s) -> None:
@@ -159,14 +208,71 @@ def _plot(log, out_dir, phase, keys):
 
 
 def cmd_sft(args) -> int:
+    from trainer.distributed import DistributedError, check_nproc
+    from trainer.lora import FSDP_LORA, LoRAError, check_lora
+
+    try:
+        check_nproc(args.nproc, args.device)
+        check_lora(args.lora, args.lora_alpha, args.lora_save)
+        if args.nproc > 1 and args.shard == "fsdp" and args.lora:
+            raise LoRAError(FSDP_LORA)
+    except (DistributedError, LoRAError) as e:
+        return _fail(str(e))
+    res = _run_job(sft_job, args)
+    if "error" in res:
+        return _fail(res["error"])
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+def _run_job(fn, args, *extra) -> dict:
+    """fn(rank, world, job, result_path, *extra) in args.nproc learner processes
+    (trainer.distributed.launch); what rank 0 wrote to result_path: the result or {"error": ...}."""
+    import tempfile
+    from pathlib import Path
+
+    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+    from trainer.distributed import launch
+
+    job = {k: v for k, v in vars(args).items() if k != "func"}
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        try:
+            launch(fn, args.nproc, job, str(result), *extra)
+        except (ProcessRaisedException, ProcessExitedException) as e:  # a rank failed; spawn ended the others
+            if not result.is_file():
+                return {"error": f"a learner process failed: {str(e).strip().splitlines()[-1]}"}
+        return json.loads(result.read_text(encoding="utf-8"))
+
+
+def cmd_plan(args) -> int:
+    from trainer.memory_plan import PlanError, format_plan, plan_memory
+
+    try:
+        plan = plan_memory(args.model, nproc=args.nproc, shard=args.shard, bf16=args.bf16, lora=args.lora,
+                           grad_checkpointing=args.grad_checkpointing, seq_len=args.seq, image_tokens=args.image_tokens,
+                           target_tokens=args.target_tokens, gpu=args.gpu)
+    except PlanError as e:
+        return _fail(str(e))
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))
+    return 0
+
+
+def sft_job(rank: int, world: int, job: dict, result_path: str) -> None:
+    """One learner process of `train sft|ct` (all of them when --nproc is 1): load, train its
+    share, and (rank 0) log, save and write the result (or {"error": ...}) to result_path."""
+    import argparse
     from pathlib import Path
 
     from agent.vlm import VLMError
+    from trainer.distributed import rank_device
     from trainer.metrics import MetricsLog
     from trainer.sft import SFTConfig, SFTError, jsonl_samples, load_for_training, store_samples, train_sft
 
+    args = argparse.Namespace(**job)
     try:
-        model, processor = load_for_training(args.model, args.device)
+        model, processor = load_for_training(args.model, rank_device(args.device, rank, world))
         if args.jsonl:
             samples = jsonl_samples(args.jsonl)
         else:
@@ -175,28 +281,27 @@ def cmd_sft(args) -> int:
             with (Store(args.data) if args.data else Store()) as store:
                 samples = store_samples(store, route=args.route, fmt=args.format)
         if not samples:
-            return _fail(f"no training samples: no episodes routed {args.route!r} in the store" if not args.jsonl
-                         else f"{args.jsonl} holds no samples")
+            raise SFTError(f"no training samples: no episodes routed {args.route!r} in the store" if not args.jsonl
+                           else f"{args.jsonl} holds no samples")
         out = Path(args.out)
-        log = MetricsLog(out.parent / (out.name + "-logs"))
+        log = MetricsLog(out.parent / (out.name + "-logs")) if rank == 0 else None
         cfg = SFTConfig(lr=args.lr, epochs=args.epochs, batch_size=args.batch, max_steps=args.max_steps,
-                        schedule=args.schedule, grad_clip=args.clip, seed=args.seed)
+                        schedule=args.schedule, grad_clip=args.clip, seed=args.seed, bf16=args.bf16,
+                        grad_checkpointing=args.grad_checkpointing, lora_r=args.lora, lora_alpha=args.lora_alpha,
+                        lora_save=args.lora_save, shard=args.shard)
         res = train_sft(model, processor, samples, cfg, out, log=log, phase=args.phase)
-        log.close()
-        res["plot"] = _plot(log, log.dir, args.phase, ["loss", "grad_norm", "lr"])
+        if log is not None:
+            log.close()
+            res["plot"] = _plot(log, log.dir, args.phase, ["loss", "grad_norm", "lr"])
     except (VLMError, SFTError, OSError) as e:
-        return _fail(str(e))
-    print(json.dumps(res, indent=2))
-    return 0
+        res = {"error": str(e)}
+    if rank == 0:
+        Path(result_path).write_text(json.dumps(res, default=str), encoding="utf-8")
 
 
 def cmd_ppo(args) -> int:
-    from pathlib import Path
-
-    from agent.vlm import VLMError
-    from trainer.metrics import MetricsLog
-    from trainer.ppo import PPOConfig, shaping_checks, train_ppo
-    from trainer.sft import load_for_training, save_checkpoint
+    from trainer.distributed import DistributedError, check_nproc
+    from trainer.ppo import shaping_checks
 
     from trainer.sandbox.families import parse_families
     from trainer.sandbox.screen import SandboxError
@@ -215,12 +320,48 @@ def cmd_ppo(args) -> int:
         if not ok:
             return _fail(f"{msg}, got {value}")
     try:
-        model, processor = load_for_training(args.model, args.device)
-    except VLMError as e:
+        check_nproc(args.nproc, args.device)
+    except DistributedError as e:
         return _fail(str(e))
+    if args.engine == "ray":
+        if args.workers < 1:
+            return _fail(f"--engine ray needs --workers of at least 1 (Ray actors), got {args.workers}")
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            return _fail("--engine ray needs Ray: pip install 'ray==2.60.0' (the [scale] extra)")
+    elif args.ray_address:
+        return _fail("--ray-address is for --engine ray")
+    res = _run_job(ppo_job, args, families)
+    if "error" in res:
+        return _fail(res["error"])
+    print(json.dumps(res, indent=2, default=str))
+    return 0
+
+
+def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> None:
+    """One learner process of `train ppo` (the only one with --nproc 1); rank 0 runs the
+    rollouts, logs, saves and writes the summary (or {"error": ...}) to result_path."""
+    import argparse
+    from pathlib import Path
+
+    from agent.vlm import VLMError
+    from trainer.distributed import rank_device
+    from trainer.metrics import MetricsLog
+    from trainer.ppo import PPOConfig, train_ppo
+    from trainer.rollout import RolloutError
+    from trainer.sft import load_for_training, save_checkpoint
+
+    args = argparse.Namespace(**job)
+    try:
+        model, processor = load_for_training(args.model, rank_device(args.device, rank, world))
+    except VLMError as e:
+        if rank == 0:
+            Path(result_path).write_text(json.dumps({"error": str(e)}), encoding="utf-8")
+        return
     out = Path(args.out)
     work = out.parent / (out.name + "-logs")
-    log = MetricsLog(work)
+    log = MetricsLog(work) if rank == 0 else None
     cfg = PPOConfig(updates=args.updates, batch_episodes=args.batch, n_workers=args.workers, n_envs=args.envs, mode=args.mode,
                     max_staleness=args.max_staleness, staleness_decay=args.staleness_decay,
                     value_pretrain_iters=args.value_pretrain, lr=args.lr, epochs=args.epochs,
@@ -230,21 +371,31 @@ def cmd_ppo(args) -> int:
                     target_kl=args.target_kl, dual_clip=args.dual_clip, progress_reward=args.progress_reward,
                     click_reward=args.click_reward,
                     kl_coef=args.kl_coef, end_on_parse_error=args.end_on_parse_error,
-                    no_effect_penalty=args.no_effect_penalty)
+                    no_effect_penalty=args.no_effect_penalty, engine=args.engine, ray_address=args.ray_address)
     env_kw = {"width": args.width, "height": args.height}
     if args.max_steps:
         env_kw["max_steps"] = args.max_steps
-    res = train_ppo(model, processor, cfg, model_dir=args.model, work_dir=work, env_kw=env_kw, families=families, log=log)
+    try:
+        res = train_ppo(model, processor, cfg, model_dir=args.model, work_dir=work, env_kw=env_kw, families=families,
+                        log=log)
+    except RolloutError as e:  # the rollout side (rank 0): a worker died, Ray could not start or be reached
+        Path(result_path).write_text(json.dumps({"error": str(e)}), encoding="utf-8")
+        if world > 1:
+            raise  # torch.multiprocessing.spawn then ends the ranks waiting for the next batch
+        return
+    if rank > 0:
+        return
     log.close()
-    save_checkpoint(model, processor, out, {"ppo": res["config"], "last": res["history"][-1] if res["history"] else None})
+    save_checkpoint(model, processor, out, {"ppo": res["config"], "last": res["history"][-1] if res["history"] else None,
+                                            "processes": world})
     res["critic"].save(work / "critic")
     plot = _plot(log, work, "ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "clipfrac_dual",
                                      "explained_variance",
                                      "value_loss", "think_length", "episode_length", "click_score",
                                      "no_effect_rate"])
-    print(json.dumps({"out": str(out), "updates": res["updates"], "last": res["history"][-1] if res["history"] else None,
-                      "plot": plot}, indent=2, default=str))
-    return 0
+    summary = {"out": str(out), "updates": res["updates"], "processes": world,
+               "last": res["history"][-1] if res["history"] else None, "plot": plot}
+    Path(result_path).write_text(json.dumps(summary, default=str), encoding="utf-8")
 
 
 def recipe_config(args):
@@ -266,7 +417,8 @@ def recipe_config(args):
                       ("click_reward", "ppo_click_reward"), ("kl_coef", "ppo_kl_coef"),
                       ("no_effect_penalty", "ppo_no_effect_penalty"),
                       ("arch", "arch"), ("hidden", "hidden"), ("layers", "layers"), ("vision_depth", "vision_depth"),
-                      ("rope_theta", "rope_theta"), ("mrope", "mrope")):
+                      ("rope_theta", "rope_theta"), ("mrope", "mrope"), ("engine", "ppo_engine"),
+                      ("ray_address", "ray_address")):
         if getattr(args, arg) is not None:
             setattr(cfg, attr, getattr(args, arg))
     return cfg

@@ -32,7 +32,7 @@ class Turn:
     logprobs: list[float]  # their log-probs under the behaviour policy
     text: str
     reward: float = 0.0  # the env's reward for this turn (shaping is the learner's business)
-    parse_error: str | None = None
+    parse_error: str | None = None  # the reply did not parse (charged the format penalty)
     progress: float = 0.0  # the verifier's partial progress after this turn (0..1)
     point: tuple | None = None  # the turn's first click (start_box), normalized; None if none
     expert_point: tuple | None = None  # where the task's expert would have clicked in that state
@@ -44,6 +44,7 @@ class Turn:
     version: int = 0  # the policy version that generated this turn
     space: str = "smart_resize"  # the coordinate space of the reply (the env's)
     t: tuple = (0.0, 0.0)  # monotonic times: the reply asked for, the env's answer in
+    action_error: str | None = None  # it parsed, but the env could not perform it: an agent mistake, not format
 
     @property
     def frame(self) -> Frame | None:
@@ -226,9 +227,8 @@ class EpisodeRunner:
         """Record the turn from the env's answer; True when the episode ended."""
         env, traj = slot.env, slot.traj
         obs, reward, terminated, truncated, info = result if result is not None else env.recv_step()
-        error = info.get("parse_error") or info.get("action_error")
-        turn = Turn(messages, list(gen.ids), list(gen.logprobs), gen.text, float(reward), error,
-                    float(info.get("progress", 0.0)), expert_point=expert, changed=info.get("screen_changed"),
+        turn = Turn(messages, list(gen.ids), list(gen.logprobs), gen.text, float(reward), info.get("parse_error"),
+                    float(info.get("progress", 0.0)), action_error=info.get("action_error"), expert_point=expert, changed=info.get("screen_changed"),
                     hit=hit, version=self.version, space=env.coords_space, t=(self._asked, monotonic()))
         traj.turns.append(turn)
         if info.get("parse_error"):

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from trainer import distributed as D
 from trainer.ppo_batch import (  # noqa: F401  (TurnBatch, ImageBank, build_turns, micro_batches are re-exported)
     ImageBank, Pack, PrefixKV, TurnBatch, build_turns, forward_kwargs, micro_batches, pack_logprobs, packs, prefix_kv,
     prepare_turns, suffix_target,
@@ -65,7 +66,10 @@ class PPOConfig:
     kl_coef: float = 0.0  # k3 KL penalty to the frozen start policy, per token; 0 turns it off (no reference kept)
     gamma: float = 1.0
     critic_lambda: float = 1.0
-    policy_alpha: float = 0.05  # length-adaptive lambda = 1 - 1/(alpha * l)
+    # length-adaptive lambda = 1 - 1/(alpha * l), clamped to [0.9, 0.9999]: at 0.05 every episode under 200
+    # generated tokens gets the floor 0.9 (most GUI episodes here: see "lambda_at_floor" in the metrics);
+    # 0.2 makes it vary over 50-5,000 tokens
+    policy_alpha: float = 0.05
     value_pretrain_iters: int = 2
     value_pretrain_epochs: int = 4
     temperature: float = 1.0
@@ -85,6 +89,8 @@ class PPOConfig:
     end_on_parse_error: bool = False  # rollouts end at an unparseable output (no retries to stall for)
     max_grad_norm: float = 1.0
     n_workers: int = 2  # 0: rollouts in the learner's process
+    engine: str = "local"  # rollout workers: "local" processes (trainer.rollout) or "ray" actors (trainer.ray_rollout)
+    ray_address: str | None = None  # with engine "ray": a cluster's address ("auto", "HOST:6379"); None: a local Ray
     # sandbox envs per rollout worker (or in the learner's process), each in a process of its own,
     # stepped together with one batched generation per round (trainer.episodes.EpisodeRunner)
     n_envs: int = 16
@@ -223,22 +229,19 @@ def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConf
     for tb in turns:
         if tb.behaviour_lp is not None:
             tb.behaviour_lp = tb.behaviour_lp.to(dev)
-    stats = {"returns": [], "values": []}
+    stats = {"returns": [], "values": [], "lambdas": []}
     for i, tr in enumerate(trajs):
         mine = [tb for tb in turns if tb.traj == i]
         if not mine:
             continue
         lengths = [tb.tokens for tb in mine]
         # GAE runs on the CPU: a loop over tokens, cheaper there than as a GPU kernel launch per token
-        rewards = torch.zeros(sum(lengths))
-        ends = torch.tensor(lengths).cumsum(0) - 1
-        rewards[ends] = torch.tensor(shaped_turn_rewards(tr, cfg), dtype=torch.float32)
+        rewards = rl_gae.place_turn_rewards(shaped_turn_rewards(tr, cfg), lengths)
         values = torch.cat([tb.values for tb in mine]).cpu()
-        last = bootstrap_value(critic, tr, processor)
-        adv_p, _ = rl_gae.gae(rewards, values, gamma=cfg.gamma, lam=rl_gae.adaptive_lambda(len(rewards), cfg.policy_alpha),
-                              last_value=last, terminated=tr.terminated)
-        _, ret_c = rl_gae.gae(rewards, values, gamma=cfg.gamma, lam=cfg.critic_lambda, last_value=last,
-                              terminated=tr.terminated)
+        lam = rl_gae.adaptive_lambda(len(rewards), cfg.policy_alpha)
+        stats["lambdas"].append(lam)
+        adv_p, ret_c = rl_gae.decoupled_gae(rewards, values, gamma=cfg.gamma, lam_policy=lam, lam_critic=cfg.critic_lambda,
+                                            last_value=bootstrap_value(critic, tr, processor), terminated=tr.terminated)
         for tb, a, r in zip(mine, adv_p.split(lengths), ret_c.split(lengths)):
             tb.adv, tb.ret = a.to(dev), r.to(dev)
         stats["returns"].append(ret_c)
@@ -248,33 +251,46 @@ def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConf
     for tb in turns:  # whiten over the batch
         tb.adv = (tb.adv - mean) / std
     ret, val = torch.cat(stats["returns"]), torch.cat(stats["values"])
-    return {"explained_variance": float(rl_losses.explained_variance(val, ret))}
+    # the policy's lambda as used: at alpha 0.05 it sits on its floor (0.9) below 200 tokens an episode,
+    # so "length-adaptive" is constant for short GUI episodes; logged so a run shows which regime it is in
+    return {"explained_variance": float(rl_losses.explained_variance(val, ret)),
+            "lambda_policy": sum(stats["lambdas"]) / max(1, len(stats["lambdas"])),
+            "lambda_at_floor": sum(x <= rl_gae.LAMBDA_MIN for x in stats["lambdas"]) / max(1, len(stats["lambdas"]))}
 
 
 # ---------------------------------------------------------------- the updates
 
 
-def critic_step(critic, opt, turns, cfg: PPOConfig, clip: bool = True) -> float:
+def critic_step(critic, opt, turns, cfg: PPOConfig, clip: bool = True) -> tuple[float, float]:
     """One pass of value regression over `turns` in minibatches (gradients accumulated over
-    their micro-batches); returns the mean loss."""
-    losses = []
+    their micro-batches); returns (mean loss, share of tokens where value clipping held the
+    critic back: high means value_clip is too tight for how far the returns moved)."""
+    losses, clipped, counted = [], 0.0, 0
     for mb in _minibatches(turns, cfg.minibatch_turns):
         n = sum(tb.tokens for tb in mb)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         kv = prefix_kv(critic.backbone, mb, cfg.share_prefix, grad=True)  # once per minibatch
-        for p in packs(mb, critic.backbone.config, critic.head.weight.device, cfg.micro_batch_tokens):
+        # with several learner processes each takes its share of the micro-batches (trainer.distributed)
+        for p in D.my_share(packs(mb, critic.backbone.config, critic.head.weight.device, cfg.micro_batch_tokens)):
             v = turn_values(critic, p, kv)
-            loss = rl_losses.value_loss(v, p.cat("ret"), p.cat("values"), clip=cfg.value_clip if clip else None,
-                                        reduction="sum") / n
+            ret, old = p.cat("ret"), p.cat("values")
+            use_clip = cfg.value_clip if clip else None
+            loss = rl_losses.value_loss(v, ret, old, clip=use_clip, reduction="sum") / n
             loss.backward()
             total += float(loss.detach())
+            if use_clip:
+                clipped += float(rl_losses.value_clipfrac(v.detach(), ret, old, clip=use_clip)) * v.numel()
+                counted += v.numel()
         if kv is not None:
             kv.backward()  # the micro-batches' gradients through the shared prefix, once
+        D.all_reduce_grads(critic.parameters())  # summed over learner processes (none with one)
         nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
         opt.step()
         losses.append(total)
-    return sum(losses) / max(1, len(losses))
+    part = D.all_sum_dict({"loss": sum(losses), "clipped": clipped, "counted": counted})  # over learner processes
+    clipped, counted = part["clipped"], part["counted"]
+    return part["loss"] / max(1, len(losses)), (clipped / counted if counted else 0.0)
 
 
 def _policy_loss(policy, p: Pack, cfg: PPOConfig, prefix: PrefixKV | None = None) -> tuple[torch.Tensor, dict]:
@@ -322,7 +338,7 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
         opt.zero_grad(set_to_none=True)
         mb_kl = 0.0
         kv = prefix_kv(policy, mb, cfg.share_prefix, grad=True)  # once per minibatch
-        for p in packs(mb, policy.config, policy.device, cfg.micro_batch_tokens):
+        for p in D.my_share(packs(mb, policy.config, policy.device, cfg.micro_batch_tokens)):
             loss, m = _policy_loss(policy, p, cfg, kv)
             (loss / n).backward()
             mb_kl += m["approx_kl"] / n
@@ -330,12 +346,15 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
                 sums[k] = sums.get(k, 0.0) + v
         if kv is not None:
             kv.backward()  # the micro-batches' gradients through the shared prefix, once
+        mb_kl = D.all_sum_dict({"kl": mb_kl})["kl"]  # every process takes the same stop decision
+        D.all_reduce_grads(policy.parameters())
         if cfg.target_kl is not None and mb_kl > cfg.target_kl:
             opt.zero_grad(set_to_none=True)  # this minibatch's step is not taken, nor any after it
             stopped = True
             break
         nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
         opt.step()
+    sums = D.all_sum_dict(sums)
     kept = sums.pop("imp_kept", None)
     out = {k: v / max(1, tokens) for k, v in sums.items()}
     if kept is not None:  # a mean over the tokens the cap kept, not over all
@@ -400,24 +419,24 @@ class Learner:
         self.opt_c = torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=cfg.critic_lr,
                                        weight_decay=0.0)
 
-    def _scored(self, trajs, with_ref: bool = True) -> tuple[list[TurnBatch], float]:
+    def _scored(self, trajs, with_ref: bool = True) -> tuple[list[TurnBatch], dict]:
         """The batch's turns with proximal log-probs (and the start policy's, for the policy's
         KL penalty), values and advantages; explained variance."""
         self.policy.eval()
         turns = prepare_turns(trajs, self.processor, self.policy, self.cfg)
         ref = self.ref if with_ref else None
-        return turns, score(self.policy, self.critic, trajs, turns, self.processor, self.cfg, ref)["explained_variance"]
+        return turns, score(self.policy, self.critic, trajs, turns, self.processor, self.cfg, ref)
 
     def value_pretrain(self, trajs) -> dict:
         cfg = self.cfg
-        turns, ev = self._scored(trajs, with_ref=False)  # the critic alone: no policy loss, no penalty
-        vl = [critic_step(self.critic, self.opt_c, turns, cfg, clip=False) for _ in range(cfg.value_pretrain_epochs)]
-        return {"value_loss": vl[-1], "explained_variance": ev}
+        turns, sc = self._scored(trajs, with_ref=False)  # the critic alone: no policy loss, no penalty
+        vl = [critic_step(self.critic, self.opt_c, turns, cfg, clip=False)[0] for _ in range(cfg.value_pretrain_epochs)]
+        return {"value_loss": vl[-1], **sc}
 
     def update(self, trajs) -> dict:
         cfg, policy = self.cfg, self.policy
         t0 = time.perf_counter()
-        turns, ev = self._scored(trajs)
+        turns, sc = self._scored(trajs)
         policy.train()
         stopped_at, policy_tokens = None, 0
         for epoch in range(cfg.epochs):
@@ -426,11 +445,11 @@ class Learner:
                 policy_tokens += pm.pop("tokens")
                 if pm.pop("kl_stopped"):
                     stopped_at = epoch
-            vl = critic_step(self.critic, self.opt_c, turns, cfg)
+            vl, vclip = critic_step(self.critic, self.opt_c, turns, cfg)
         policy.eval()
         n_tok = sum(int(tb.target.sum()) for tb in turns)
         seconds = time.perf_counter() - t0  # scoring included: all the learner's work on this batch
-        return {**pm, "value_loss": vl, "explained_variance": ev, "learner_seconds": seconds,
+        return {**pm, "value_loss": vl, "value_clipfrac": vclip, **sc, "learner_seconds": seconds,
                 "policy_epochs": cfg.epochs if stopped_at is None else stopped_at,  # full passes taken
                 "learner_tokens": n_tok,  # the batch's generated tokens
                 "policy_tokens": policy_tokens,  # of those, times the passes they went through (fewer once KL stops)
@@ -447,7 +466,15 @@ class Learner:
 
 def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw: dict, families=None, log=None,
               memory_kw=None, progress: bool = True, on_update=None) -> dict:
-    """Value pretraining, then `cfg.updates` PPO updates. Returns the critic and a summary."""
+    """Value pretraining, then `cfg.updates` PPO updates. Returns the critic and a summary.
+
+    Inside a torch.distributed process group (trainer.distributed.launch), rank 0 alone runs the
+    rollouts, publishes weights and logs; every batch (and rank 0's Python RNG state, which
+    shuffles the minibatches) is broadcast, each rank runs its share of every minibatch's
+    micro-batches, and gradients are summed before each optimizer step, so all ranks keep equal
+    weights. Scoring (old log-probs, values, GAE) is repeated on every rank."""
+    import random
+
     from tqdm import tqdm
 
     from trainer.actor import VLMActor
@@ -457,15 +484,25 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
     torch.manual_seed(cfg.seed)
     work_dir = Path(work_dir)
     actor_kw = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
+    rank, world = D.rank_world()
+    progress = progress and rank == 0
 
     # -- rollouts: worker processes, or this process; either way `n_envs` envs per batched generation
-    pool = None
-    if cfg.n_workers > 0:
+    pool, envs = None, []
+    if rank > 0:
+        collect = None  # batches come from rank 0
+    elif cfg.n_workers > 0:
         spec = WorkerSpec(str(model_dir), str(work_dir / "weights"), env_kw=dict(env_kw), memory_kw=dict(memory_kw or {}),
                           actor_kw=actor_kw, episode_kw={"end_on_parse_error": cfg.end_on_parse_error},
                           n_envs=cfg.n_envs)
-        pool = RolloutPool(spec, cfg.n_workers, mode=cfg.mode, max_staleness=cfg.max_staleness,
-                           staleness_decay=cfg.staleness_decay, seed_start=cfg.seed * 100_000, families=families).start(policy)
+        pool_kw = {"mode": cfg.mode, "max_staleness": cfg.max_staleness, "staleness_decay": cfg.staleness_decay,
+                   "seed_start": cfg.seed * 100_000, "families": families}
+        if cfg.engine == "ray":
+            from trainer.ray_rollout import RayRolloutPool
+
+            pool = RayRolloutPool(spec, cfg.n_workers, address=cfg.ray_address, **pool_kw).start(policy)
+        else:
+            pool = RolloutPool(spec, cfg.n_workers, **pool_kw).start(policy)
         collect = lambda: pool.collect(cfg.batch_episodes)  # noqa: E731
     else:
         from trainer.sandbox.env_process import make_envs
@@ -481,6 +518,12 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
             fams = families or [None]
             return runner.run_all([(s, fams[s % len(fams)]) for s in (next(seeds) for _ in range(cfg.batch_episodes))])
 
+    def batch():
+        """The next batch of trajectories, the same on every rank."""
+        trajs, state = D.broadcast_object((collect(), random.getstate()) if rank == 0 else None)
+        random.setstate(state)
+        return trajs
+
     learner = Learner(policy, processor, cfg)  # after the rollout side is up: close() is in the finally
     history = []
     step = 0
@@ -488,7 +531,7 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
     try:
         # -- value pretraining: fit the critic to lambda=1 returns of the frozen policy
         for k in tqdm(range(cfg.value_pretrain_iters), desc="value pretraining", disable=not progress or None):
-            trajs = collect()
+            trajs = batch()
             row = {**learner.value_pretrain(trajs), **batch_metrics(trajs)}
             if log is not None:
                 log.log(k, "value_pretrain", **row)
@@ -497,7 +540,7 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
         # -- PPO updates
         for update in tqdm(range(cfg.updates), desc="ppo", disable=not progress or None):
             t0 = time.perf_counter()
-            trajs = collect()
+            trajs = batch()
             t_roll = time.perf_counter() - t0
             row = {**batch_metrics(trajs), **learner.update(trajs), "rollout_seconds": t_roll}
             if pool is not None:
@@ -511,13 +554,12 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
             history.append({"phase": "ppo", **row})
             if on_update is not None:
                 on_update(update, row)
-            if cfg.max_seconds is not None and time.perf_counter() - t_start > cfg.max_seconds:
+            if D.broadcast_object(cfg.max_seconds is not None and time.perf_counter() - t_start > cfg.max_seconds):
                 break
     finally:
         learner.close()
         if pool is not None:
             pool.close()
-        else:
-            for env in envs:
-                env.close()
+        for env in envs:
+            env.close()
     return {"critic": learner.critic, "history": history, "updates": step + 1, "config": asdict(cfg)}

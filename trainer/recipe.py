@@ -1,5 +1,6 @@
 """The default small model, end to end: build a tiny Qwen2.5-VL, SFT on the sandbox expert's
-demonstrations, evaluate on held-out seeds, PPO on the sandbox, evaluate again, save.
+demonstrations, evaluate on held-out seeds, PPO on the sandbox, evaluate again, save. (Over 500
+lines: the recipe's stages and its resumable checkpoints read as one script, top to bottom.)
 
     python main.py train default --out assets/default_model [--work DIR] [--ppo-minutes 14] [--resume]
 
@@ -78,6 +79,8 @@ class RecipeConfig:
     ppo_end_on_parse_error: bool = False  # see PPOConfig.end_on_parse_error
     ppo_train_vision: bool = False  # frozen, the vision tower is encoded once per screenshot (learner ~2x faster)
     n_workers: int = 2
+    ppo_engine: str = "local"  # rollout workers: local processes or Ray actors (PPOConfig.engine)
+    ray_address: str | None = None  # with ppo_engine "ray": the cluster (None: a local Ray)
     n_envs: int = 16  # sandbox envs per rollout worker, one batched generation per round (PPOConfig.n_envs)
     threads: int = 1  # torch threads of the PPO learner beside its rollout workers (they take the other cores)
     # torch threads of SFT and the held-out evaluations, when nothing else runs (None: all cores). Measured on
@@ -115,6 +118,9 @@ class RecipeConfig:
                   (self.ppo_batch >= 1 and self.ppo_updates >= 1, "--ppo-batch and --updates must be at least 1",
                    (self.ppo_batch, self.ppo_updates)),
                   (self.n_envs >= 1, "--envs must be at least 1", self.n_envs),
+                  (self.ppo_engine in ("local", "ray"), "--engine must be local or ray", self.ppo_engine),
+                  (self.ppo_engine != "ray" or self.n_workers >= 1, "--engine ray needs --workers of at least 1",
+                   self.n_workers),
                   *shaping_checks(format_penalty=self.ppo_format_penalty, click_reward=self.ppo_click_reward,
                                   kl_coef=self.ppo_kl_coef, no_effect_penalty=self.ppo_no_effect_penalty,
                                   target_kl=self.ppo_target_kl, dual_clip=self.ppo_dual_clip)]
@@ -229,7 +235,9 @@ def build_default_model(out_dir, cfg: RecipeConfig, demo_texts: list[str]) -> Pa
     ip = proc.image_processor
     ip.size = {"shortest_edge": coords.MIN_PIXELS, "longest_edge": max(side * side, coords.MIN_PIXELS)}
     proc.save_pretrained(str(out))
-    from agent.vlm import resized_image_size
+    from agent.vlm import name_stock_processor, resized_image_size
+
+    name_stock_processor(out)  # the configs stock tools read follow the new size too
 
     rw, rh = resized_image_size(load_processor(out), cfg.width, cfg.height)
     if (rh, rw) != (h, w):
@@ -337,7 +345,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
                         click_reward=cfg.ppo_click_reward, kl_coef=cfg.ppo_kl_coef,
                         no_effect_penalty=cfg.ppo_no_effect_penalty,
                         end_on_parse_error=cfg.ppo_end_on_parse_error, value_pretrain_iters=1, value_pretrain_epochs=3,
-                        seed=cfg.seed,
+                        seed=cfg.seed, engine=cfg.ppo_engine, ray_address=cfg.ray_address,
                         max_seconds=cfg.ppo_max_minutes * 60 if cfg.ppo_max_minutes else None)
     torch.set_num_threads(cfg.threads)
     res = train_ppo(model, processor, ppo_cfg, model_dir=work / "sft", work_dir=work / "ppo",
@@ -427,7 +435,8 @@ CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "d
              "ppo_target_kl": "--target-kl", "ppo_dual_clip": "--dual-clip", "ppo_progress_reward": "--progress-reward", "ppo_click_reward": "--click-reward",
              "ppo_kl_coef": "--kl-coef", "ppo_no_effect_penalty": "--no-effect-penalty",
              "ppo_end_on_parse_error": "--end-on-parse-error", "arch": "--arch", "hidden": "--hidden", "layers": "--layers",
-             "vision_depth": "--vision-depth", "rope_theta": "--rope-theta", "mrope": "--mrope", "seed": "--seed"}
+             "vision_depth": "--vision-depth", "rope_theta": "--rope-theta", "mrope": "--mrope",
+             "ppo_engine": "--engine", "ray_address": "--ray-address", "seed": "--seed"}
 
 
 def reproduce_command(config: dict) -> str:

@@ -53,6 +53,16 @@ def staleness(traj_version: int, learner_version: int, max_staleness: int, decay
     return float(decay) ** lag
 
 
+def check_pool(mode: str, n_workers: int, max_staleness: int, staleness_decay: float) -> None:
+    """Raise RolloutError naming the first setting a rollout pool (local or Ray) cannot use."""
+    if mode not in MODES:
+        raise RolloutError(f"mode must be one of {MODES}, got {mode!r}")
+    if n_workers < 1:
+        raise RolloutError(f"n_workers must be at least 1, got {n_workers}")
+    if max_staleness < 0 or not 0 < staleness_decay <= 1:
+        raise RolloutError(f"need max_staleness >= 0 and 0 < staleness_decay <= 1, got {max_staleness}, {staleness_decay}")
+
+
 # ---------------------------------------------------------------- weights
 
 
@@ -190,12 +200,7 @@ class RolloutPool:
                  prefetch: int = 2):
         import multiprocessing as mp
 
-        if mode not in MODES:
-            raise RolloutError(f"mode must be one of {MODES}, got {mode!r}")
-        if n_workers < 1:
-            raise RolloutError(f"n_workers must be at least 1, got {n_workers}")
-        if max_staleness < 0 or not 0 < staleness_decay <= 1:
-            raise RolloutError(f"need max_staleness >= 0 and 0 < staleness_decay <= 1, got {max_staleness}, {staleness_decay}")
+        check_pool(mode, n_workers, max_staleness, staleness_decay)
         self.spec, self.n_workers, self.mode = spec, n_workers, mode
         self.max_staleness, self.staleness_decay = max_staleness, staleness_decay
         self.families = list(families) if families else None

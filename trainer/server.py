@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ from websockets.exceptions import ConnectionClosed
 
 from agent import protocol as P
 from trainer.backend_store import BackendError, BackendStore, User
+from trainer.model_shelf import ModelShelf
 
 log = logging.getLogger("tandem.backend")
 SERVER_NAME = "tandem-backend/1"
@@ -61,8 +61,10 @@ class Run:
 
 class BackendServer:
     def __init__(self, data_dir, host: str = "127.0.0.1", port: int = 8765, *, limits: P.Limits = P.Limits(),
-                 ssl_context=None, out_queue: int = 64, max_queue: int = 4):
+                 ssl_context=None, out_queue: int = 64, max_queue: int = 4, models: dict | None = None):
         self.store = BackendStore(data_dir)
+        self.models = ModelShelf(self.store, **(models or {}))  # readers, max_bytes, endpoint
+        self._announced: str | None = None  # the latest model version the sweep has told clients about
         self.host, self.port, self.limits, self.ssl = host, port, limits, ssl_context
         self.out_queue, self.max_queue = out_queue, max_queue
         self.sessions: set[Session] = set()
@@ -82,6 +84,8 @@ class BackendServer:
             max_size=PRE_AUTH_MAX_FRAME, max_queue=self.max_queue, close_timeout=3,
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        latest = await self._io(self.store.latest_model)
+        self._announced = latest[0] if latest else None
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return self.port
 
@@ -92,6 +96,7 @@ class BackendServer:
         never said hello."""
         while True:
             await asyncio.sleep(REVOCATION_CHECK_S)
+            await self._tell_new_model()
             now = time.monotonic()
             for s in [s for s in self.sessions if s.user is None and not s.dropped and now - s.opened > HELLO_TIMEOUT_S]:
                 s.dropped = True
@@ -107,6 +112,17 @@ class BackendServer:
             for s, ok in zip(authed, valid):
                 if not ok:
                     self._cut(s, f"the token of user {s.user.name!r} was revoked")
+
+    async def _tell_new_model(self) -> None:
+        """A model recorded in the store by another process (a flywheel run on this data folder)
+        is pushed to the connected clients, as one announced over the wire is."""
+        try:
+            latest = await self._io(self.store.latest_model)
+        except Exception as e:  # noqa: BLE001 - a store hiccup must not end the sweeper
+            log.error("model check failed: %s", e)
+            return
+        if latest and latest[0] != self._announced:
+            self.announce_model(*latest)
 
     def _cut(self, s: Session, reason: str) -> None:
         """End another session now: tell it why, then close."""
@@ -285,10 +301,7 @@ class BackendServer:
             await self._ingest(s, m.episode, m.content_hash, m.ref)
 
     def _log_only(self, m: P.ManifestReceived, user: User, status: str) -> None:
-        with self.store.store.transaction():
-            self.store.db["ingest_log"].insert(
-                {"t": time.time(), "user": user.name, "episode_id": m.episode_id, "revision": m.revision,
-                 "content_hash": m.content_hash, "status": status})
+        self.store.log_ingest(user, m.episode_id, m.revision, m.content_hash, status)
 
     def _ingest_soon(self, s: Session, episode: dict, digest: str, ref) -> None:
         """Store and ack in a task, so the handler reads the next frames meanwhile (the writer
@@ -324,6 +337,15 @@ class BackendServer:
         elif t == "get_blob":
             try:
                 data = await self._io(self.store.get_blob, b["hash"], s.user)
+            except BackendError as e:  # the client waits on the hash, so name it
+                s.conn.error(e.code, str(e), ref=ref, detail={"hash": b["hash"]})
+                return
+            s.conn.send_blob(b["hash"], data)
+        elif t == "get_model":
+            s.conn.send("model", **await self._io(self.models.describe, b.get("version"), s.user), ref=ref)
+        elif t == "get_model_chunk":
+            try:
+                data = await self._io(self.models.chunk, b["version"], b["hash"], s.user)
             except BackendError as e:  # the client waits on the hash, so name it
                 s.conn.error(e.code, str(e), ref=ref, detail={"hash": b["hash"]})
                 return
@@ -450,80 +472,8 @@ class BackendServer:
 
     def announce_model(self, version: str, info: dict | None = None) -> None:
         """Tell every connected client about a new model version (call on the server's loop)."""
+        self._announced = version
         for other in list(self.sessions):
             if other.user and not other.dropped:
                 other.conn.send("model_version", version=version, info=info or {})
                 self._push(other)
-
-
-class BackendThread:
-    """A backend running on its own event loop in a background thread (the app's embedded
-    backend, tests). `port` is the bound port, `url` the ws:// address."""
-
-    def __init__(self, data_dir, host: str = "127.0.0.1", port: int = 0, **kw):
-        self.server = BackendServer(data_dir, host, port, **kw)
-        self.loop = asyncio.new_event_loop()
-        self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self.thread = threading.Thread(target=self._main, name="tandem-backend", daemon=True)
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self._serve())
-        except BaseException as e:  # reported to start()'s caller
-            self._error = e
-            self._ready.set()
-        finally:
-            self.loop.close()
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        await self.server.start()
-        self._ready.set()
-        try:
-            await self._stop.wait()
-        finally:
-            await self.server.stop()
-
-    def start(self, timeout: float = 10.0) -> "BackendThread":
-        self.thread.start()
-        if not self._ready.wait(timeout):
-            raise RuntimeError(f"the backend did not start within {timeout} s")
-        if self._error:
-            raise RuntimeError(f"the backend failed to start: {self._error}") from self._error
-        return self
-
-    @property
-    def port(self) -> int:
-        return self.server.port
-
-    @property
-    def url(self) -> str:
-        scheme = "wss" if self.server.ssl else "ws"
-        return f"{scheme}://{self.server.host}:{self.port}"
-
-    @property
-    def store(self) -> BackendStore:
-        return self.server.store
-
-    def call(self, fn, *args):
-        """Run fn(*args) on the server's loop and return its result (thread-safe)."""
-        async def run():
-            return fn(*args)
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
-
-    def announce_model(self, version: str, info: dict | None = None) -> None:
-        self.server.store.announce_model(version, info or {})
-        self.call(self.server.announce_model, version, info)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        if self.thread.is_alive() and self._stop is not None:
-            self.loop.call_soon_threadsafe(self._stop.set)
-            self.thread.join(timeout)
-
-
-def start_in_thread(data_dir, host: str = "127.0.0.1", port: int = 0, **kw) -> BackendThread:
-    """Start a backend on a background thread; returns once it listens (port 0: any free port)."""
-    return BackendThread(data_dir, host, port, **kw).start()

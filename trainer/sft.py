@@ -195,6 +195,13 @@ class SFTConfig:
     seed: int = 0
     log_every: int = 1
     save_every: int | None = None  # optimizer steps between checkpoints (None: only at the end)
+    # memory for real-sized models (README "Scaling out"); all off: float32 everything, every parameter trained
+    bf16: bool = False  # bf16 autocast of the forward; master weights, gradients and AdamW states stay float32
+    grad_checkpointing: bool = False  # keep each decoder layer's input only, recompute the rest in backward
+    lora_r: int | None = None  # LoRA rank (trainer.lora): train adapters only; with bf16 the frozen base is bf16
+    lora_alpha: float | None = None  # LoRA scale numerator (default 2 * rank)
+    lora_save: str = "adapter"  # a LoRA run saves its adapter or the merged weights
+    shard: str = "ddp"  # with several processes (trainer.distributed): ddp or fsdp (FSDP2 fully_shard)
 
 
 SCHEDULES = ("linear", "constant")
@@ -234,11 +241,12 @@ def load_for_training(model_dir, device: str | None = "auto"):
     return model, processor
 
 
-def save_checkpoint(model, processor, out_dir, extra: dict | None = None) -> Path:
-    """A standard transformers directory: config, safetensors weights, tokenizer, processor."""
+def save_checkpoint(model, processor, out_dir, extra: dict | None = None, *, state_dict=None) -> Path:
+    """A standard transformers directory: config, safetensors weights, tokenizer, processor.
+    state_dict: the weights to write instead of the model's own (e.g. gathered from FSDP2 shards)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=True)
+    model.save_pretrained(str(out), safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
     processor.save_pretrained(str(out))
     from agent.vlm import name_stock_processor
 
@@ -248,14 +256,53 @@ def save_checkpoint(model, processor, out_dir, extra: dict | None = None) -> Pat
     return out
 
 
+def next_batch(order: list, n: int, size: int, rng) -> list[int]:
+    """`size` indices of 0..n-1 (at most n), drawn from `order`, which is refilled with a fresh
+    shuffle of all n whenever it runs out: every item once per epoch, epochs running on."""
+    out = []
+    for _ in range(min(size, n)):
+        if not order:
+            order.extend(range(n))
+            rng.shuffle(order)
+        out.append(order.pop())
+    return out
+
+
+def prepare_model(model, cfg: SFTConfig):
+    """The model to train under cfg's memory settings: gradient checkpointing switched on, LoRA
+    adapters put on (a peft model sharing the base's modules), or the model itself."""
+    import torch
+
+    if cfg.grad_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.lora_r:
+        from trainer.lora import apply_lora
+
+        model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, base_dtype=torch.bfloat16 if cfg.bf16 else None)
+    return model
+
+
+def autocast(model, cfg: SFTConfig):
+    """bf16 autocast on the model's device when cfg.bf16 (else a no-op context)."""
+    import torch
+
+    return torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
+
+
 def train_sft(model, processor, samples: list[Sample], cfg: SFTConfig, out_dir=None, *, log=None, phase: str = "sft",
               progress: bool = True) -> dict:
     """Train on samples; returns {"steps", "first_loss", "last_loss", "tokens", "seconds"}.
-    log: a trainer.metrics.MetricsLog (optional). Saves to out_dir when given."""
+    log: a trainer.metrics.MetricsLog (optional). Saves to out_dir when given.
+
+    Inside a torch.distributed process group (trainer.distributed.launch) every rank runs this
+    with the same samples and seed: each takes its share of every global batch, gradients are
+    synced by DDP or FSDP2 (cfg.shard), and rank 0 saves; the result does not depend on the
+    number of processes. With LoRA (cfg.lora_r) `model` ends with the adapter merged in."""
     import torch
     from tqdm import tqdm
 
     from agent.vlm import sft_loss
+    from trainer import distributed as D
 
     if not samples:
         raise SFTError("no training samples")
@@ -263,36 +310,50 @@ def train_sft(model, processor, samples: list[Sample], cfg: SFTConfig, out_dir=N
         raise SFTError(f"batch_size must be >= 1 and lr > 0, got {cfg.batch_size} and {cfg.lr}")
     if cfg.schedule not in SCHEDULES:
         raise SFTError(f"schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
+    rank, world = D.rank_world()
+    if world > 1 and cfg.shard == "fsdp" and cfg.lora_r:
+        from trainer.lora import FSDP_LORA
+
+        raise SFTError(FSDP_LORA)
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
     encoded = [encode(processor, s) for s in samples]  # tokenize once; errors surface before training
     steps_per_epoch = math.ceil(len(encoded) / cfg.batch_size)
     total = cfg.max_steps or max(1, math.ceil(steps_per_epoch * cfg.epochs))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay)
+    base_dir = getattr(model, "name_or_path", None)  # where LoRA's adapter says its base is
+    if cfg.lora_r and out_dir and not (base_dir and Path(base_dir).is_dir()):
+        raise SFTError(f"LoRA needs the model loaded from its directory (an adapter names its base); got {base_dir!r}")
+    trained = prepare_model(model, cfg)
+    step_model = D.wrap(trained, cfg.shard) if world > 1 else trained  # what forward and backward run on
+    opt = torch.optim.AdamW([p for p in trained.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, cfg.warmup_steps, cfg.schedule))
-    model.train()
+    step_model.train()
     order: list[int] = []
     first = last = None
     tokens = 0
     t0 = time.perf_counter()
-    bar = tqdm(range(total), desc=phase, unit="step", disable=not progress or None)
+    bar = tqdm(range(total), desc=phase, unit="step", disable=not progress or rank > 0 or None)
     for step in bar:
-        # -- one batch: a token-mean over its samples (each weighted by its target tokens)
-        batch = []
-        for _ in range(min(cfg.batch_size, len(encoded))):
-            if not order:
-                order = list(range(len(encoded)))
-                rng.shuffle(order)
-            batch.append(encoded[order.pop()])
+        # -- one global batch: a token-mean over its samples (each weighted by its target tokens);
+        # this rank does its share, padded with zero-weight steps to the ranks' common count
+        batch = [encoded[i] for i in next_batch(order, len(encoded), cfg.batch_size, rng)]
         n_tok = sum(int(b["assistant_mask"].sum()) for b in batch)
+        mine = D.share(batch, rank, world)
+        micro = math.ceil(len(batch) / world)
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
-        for b in batch:
+        for k in range(micro):
+            b = mine[k] if k < len(mine) else batch[0]
             mask = b["assistant_mask"]
-            loss = sft_loss(model, b, mask) * (int(mask.sum()) / n_tok)
-            loss.backward()
-            loss_sum += float(loss.detach())
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+            weight = int(mask.sum()) / n_tok * world if k < len(mine) else 0.0  # DDP/FSDP average over ranks
+            with D.sync_context(step_model, cfg.shard, world, last=k == micro - 1):
+                with autocast(trained, cfg):
+                    loss = sft_loss(step_model, b, mask) * weight
+                loss.backward()
+            loss_sum += float(loss.detach()) / world
+        loss_sum = D.all_sum(loss_sum)
+        gnorm = torch.nn.utils.clip_grad_norm_(trained.parameters(), cfg.grad_clip or float("inf"))
+        gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm  # FSDP2: a DTensor
         opt.step()
         sched.step()
         tokens += n_tok
@@ -302,11 +363,31 @@ def train_sft(model, processor, samples: list[Sample], cfg: SFTConfig, out_dir=N
         if log is not None and (step % cfg.log_every == 0 or step == total - 1):
             log.log(step, phase, loss=loss_sum, grad_norm=float(gnorm), lr=sched.get_last_lr()[0], tokens=tokens)
         if out_dir and cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total:
-            save_checkpoint(model, processor, out_dir)
+            _save(trained, processor, out_dir, cfg, base_dir)
     bar.close()
-    model.eval()
+    step_model.eval()
     result = {"phase": phase, "steps": total, "samples": len(samples), "first_loss": first, "last_loss": last,
-              "tokens": tokens, "seconds": round(time.perf_counter() - t0, 2), "config": asdict(cfg)}
+              "tokens": tokens, "seconds": round(time.perf_counter() - t0, 2), "config": asdict(cfg), "processes": world}
     if out_dir:
-        save_checkpoint(model, processor, out_dir, {"last": result})
+        _save(trained, processor, out_dir, cfg, base_dir, {"last": result})
+    if cfg.grad_checkpointing:
+        model.activation_checkpointing_disable()
+    if cfg.lora_r:  # the caller's model, with the adapter merged in, float32 again
+        trained.merge_and_unload().float()
     return result
+
+
+def _save(trained, processor, out_dir, cfg: SFTConfig, base_dir, extra: dict | None = None) -> None:
+    """A checkpoint of the model being trained, written by rank 0 (FSDP2 gathers the whole
+    state dict first, on every rank): a transformers directory, or LoRA's adapter / merged form."""
+    from trainer import distributed as D
+
+    state = D.full_state_dict(trained, cfg.shard)
+    if D.rank_world()[0] == 0:
+        if cfg.lora_r:
+            from trainer.lora import save_lora
+
+            save_lora(trained, processor, out_dir, base_dir, cfg.lora_save, extra)
+        else:
+            save_checkpoint(trained, processor, out_dir, extra, state_dict=state)
+    D.barrier()

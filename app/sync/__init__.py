@@ -1,5 +1,5 @@
-"""Sync between the app and a backend: the outbox (local store), the asyncio client, the
-embedded backend, and (only in qt_bridge and status_widget) the Qt side. Importing this package
-imports nothing heavy."""
-SERVER_URL_KEY = "sync.server_url"  # settings: a configured server; absent -> embedded backend
-TOKEN_KEY = "sync.token"
+"""The app's side of sync: the embedded backend, the command line (submit, sync, models), and
+(only in qt_bridge and status_widget) the Qt side. The Qt-free core is agent.sync. Importing this
+package imports nothing heavy."""
+from agent.sync import SERVER_URL_KEY, TOKEN_KEY  # noqa: F401 - the settings keys, where the app reads them
+__all__ = ["SERVER_URL_KEY", "TOKEN_KEY"]

@@ -14,17 +14,7 @@ def _store(args):
     return Store(args.data) if getattr(args, "data", None) else Store()
 
 
-def publish_run(url: str, token: str, run_id: str | None, decision_timeout: float | None):
-    """`agent --publish`: a started RunPublisher, whose supervisor is answered by remote supervisors."""
-    from app.live_link import RunPublisher
-
-    return RunPublisher(url, token, run_id, timeout=decision_timeout).start()
-
-
 def register(sub, common) -> None:
-    import agent.cli_agent
-
-    agent.cli_agent.publish_hook = publish_run
     p = sub.add_parser("submit", parents=[common], help="queue episodes for upload to the sync server",
                        description="Queues the episodes' current versions in the outbox; `sync` sends them.")
     p.add_argument("episodes", nargs="*", metavar="EPISODE_ID")
@@ -46,7 +36,7 @@ def register(sub, common) -> None:
 
 def cmd_submit(args) -> int:
     from agent.store import NotFound
-    from app.sync.outbox import Outbox
+    from agent.sync.outbox import Outbox
 
     if not args.episodes and not args.all:
         print("submit: give EPISODE_ID(s) or --all", file=sys.stderr)
@@ -84,10 +74,10 @@ def cmd_sync(args) -> int:
     from tqdm import tqdm
 
     from app.sync import SERVER_URL_KEY, TOKEN_KEY
-    from app.sync.client import SyncClient
+    from agent.sync.client import SyncClient
 
     store = _store(args)
-    from app.sync.outbox import Outbox
+    from agent.sync.outbox import Outbox
 
     outbox = Outbox(store)
     if args.status:

@@ -14,7 +14,7 @@ def start_embedded_backend(store: Store, host: str = "127.0.0.1", port: int = 0)
     reads and supervises on this machine); its token is kept in the local settings and
     re-issued if the backend no longer accepts it."""
     from trainer.backend_store import BackendError
-    from trainer.server import start_in_thread
+    from trainer.server_thread import start_in_thread
 
     from agent.secret_store import SecretStore
 

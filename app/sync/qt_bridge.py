@@ -8,8 +8,8 @@ import threading
 from PySide6.QtCore import QObject, Signal
 
 from agent.store import Store
-from app.sync.client import SyncClient
-from app.sync.outbox import OutboxEntry
+from agent.sync.client import SyncClient
+from agent.sync.outbox import OutboxEntry
 
 
 class SyncBridge(QObject):

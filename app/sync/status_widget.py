@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QHeaderView, QLabel, QProgressBar, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
-from app.sync.outbox import Outbox, OutboxEntry
+from agent.sync.outbox import Outbox, OutboxEntry
 
 COLUMNS = ("Episode", "State", "Progress", "Details")
 

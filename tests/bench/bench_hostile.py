@@ -91,7 +91,7 @@ async def anonymous(url: str, n: int, frame_mb: int) -> str:
 
 
 async def proposals(url: str, token: str, n: int) -> str:
-    from app.sync.session import Session
+    from agent.sync.session import Session
 
     s = await Session.open(url, token)
     shot = os.urandom(1 << 20)
@@ -103,7 +103,7 @@ async def proposals(url: str, token: str, n: int) -> str:
 
 
 async def subscribe(url: str, token: str, rounds: int) -> str:
-    from app.sync.session import Session
+    from agent.sync.session import Session
 
     s = await Session.open(url, token)
     for k in range(rounds):

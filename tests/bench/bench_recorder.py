@@ -110,8 +110,8 @@ def main() -> int:
             ep = store.load_episode(episode_id)
             raw = store.raw_events(episode_id)
         got = sum(1 for e in raw if e["kind"] in ("key_down", "key_up", "mouse_down", "mouse_up"))
-        ages = sorted(s.info["frame_age_s"] for s in ep.steps if "frame_age_s" in s.info)
-        p95 = ages[min(len(ages) - 1, int(0.95 * len(ages)))] if ages else float("nan")
+        ages = [s.info["frame_age_s"] for s in ep.steps if "frame_age_s" in s.info]
+        p95 = statistics.quantiles(ages, n=20, method="inclusive")[-1] if len(ages) > 1 else (ages or [float("nan")])[0]
         size = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
         rec_meta = ep.meta["recording"]
         period = 1.0 / args.fps

@@ -61,11 +61,6 @@ def request_for(frame, i: int):
     return GateRequest("bench", i, p, frame, "every step is reviewed")
 
 
-def pct(xs, q):
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
-
-
 def run_local(app, frame, n: int) -> list[float]:
     from app.proposal_panel import ProposalPanel
     from app.qt_supervisor import QtSupervisor
@@ -96,10 +91,10 @@ def run_local(app, frame, n: int) -> list[float]:
 
 
 def run_loopback(app, frame, n: int) -> list[float]:
-    from app.live_link import RunPublisher
+    from agent.sync.live_link import RunPublisher
     from app.supervise_view import SupervisePage
     from agent.store import Store
-    from trainer.server import start_in_thread
+    from trainer.server_thread import start_in_thread
 
     d = tempfile.mkdtemp()
     b = start_in_thread(Path(d) / "backend")
@@ -155,7 +150,7 @@ def main() -> None:
         for name, frame in frames.items():
             fn(app, frame, 5)  # warm up: fonts, first paint, connections
             lat = [x * 1000 for x in fn(app, frame, args.n)]
-            print(f"{path:<22}{name:<18}{pct(lat, 0.5):>8.1f}{pct(lat, 0.99):>8.1f}{max(lat):>8.1f}{statistics.fmean(lat):>8.1f}")
+            print(f"{path:<22}{name:<18}{statistics.median(lat):>8.1f}{statistics.quantiles(lat, n=100, method='inclusive')[98]:>8.1f}{max(lat):>8.1f}{statistics.fmean(lat):>8.1f}")
 
 
 if __name__ == "__main__":

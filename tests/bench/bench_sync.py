@@ -29,9 +29,9 @@ from websockets.asyncio.client import connect  # noqa: E402
 from agent import protocol as P  # noqa: E402
 from agent.schema import Action, Episode, Observation, ScreenGeometry, Step  # noqa: E402
 from agent.store import Store  # noqa: E402
-from app.sync.client import SyncClient  # noqa: E402
-from app.sync.outbox import Outbox  # noqa: E402
-from app.sync.session import Session  # noqa: E402
+from agent.sync.client import SyncClient  # noqa: E402
+from agent.sync.outbox import Outbox  # noqa: E402
+from agent.sync.session import Session  # noqa: E402
 from trainer.backend_store import BackendStore  # noqa: E402
 
 RAW_SERVER = """

@@ -8,6 +8,7 @@ intra-op threads spin-wait, so on a busy 2-core machine one thread is often the 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -73,8 +74,8 @@ def main(argv=None) -> int:
                 fb.append(t1 - t0)
                 full.append(time.perf_counter() - t0)
             model.eval()
-            med = lambda xs: sorted(xs)[len(xs) // 2] * 1000  # noqa: E731
-            print(f"{n:>7} | {g.tokens_per_second:>14.0f} | {med(fb):>17.1f} | {med(full):>9.1f}")
+            print(f"{n:>7} | {g.tokens_per_second:>14.0f} | {statistics.median(fb) * 1000:>17.1f} | "
+                  f"{statistics.median(full) * 1000:>9.1f}")
         torch.set_num_threads(old)
     return 0
 

@@ -5,7 +5,9 @@ server store the version and push `model_version` to every connected client (app
 from there). With no running backend but its data directory at hand, the announcement is
 written to the backend's store and every client hears it on its next connection.
 Where the backend is comes from arguments, the store's settings ("flywheel.backend_url",
-"flywheel.backend_token", "flywheel.backend_data") or $TANDEM_BACKEND_URL / $TANDEM_BACKEND_TOKEN.
+"flywheel.backend_token", "flywheel.backend_data") or $TANDEM_BACKEND_URL / $TANDEM_BACKEND_TOKEN;
+a flywheel that runs on a backend's own data folder (`flywheel run --data B`) records its models
+there, and the backend serving B pushes them to its clients within a second.
 """
 from __future__ import annotations
 
@@ -23,7 +25,13 @@ def backend_target(store=None, url: str | None = None, token: str | None = None,
                                (os.environ.get("TANDEM_BACKEND_URL"), os.environ.get("TANDEM_BACKEND_TOKEN"))):
         if src_url:
             return {"url": src_url, "token": token or src_token, "data": data or get("flywheel.backend_data")}
-    return {"url": None, "token": token, "data": data or get("flywheel.backend_data")}
+    own = str(store.root) if store is not None and is_backend_store(store) else None
+    return {"url": None, "token": token, "data": data or get("flywheel.backend_data") or own}
+
+
+def is_backend_store(store) -> bool:
+    """Is this data folder a backend's (it has the backend's users and announced models)?"""
+    return store.has_table("users") and store.has_table("models")
 
 
 async def announce_over_wire(url: str, token: str, version: str, info: dict, timeout: float = 15.0) -> None:

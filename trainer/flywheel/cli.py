@@ -20,11 +20,15 @@ def register(sub, common) -> None:
     r = fs.add_parser("run", parents=[common], help="run flywheel iterations")
     r.add_argument("--iterations", type=int, default=1)
     for name, typ, help_ in (
-        ("eval-seeds", int, "held-out seeds per family"), ("rollouts", int, "on-policy episodes per iteration"),
+        ("eval-episodes", int, "held-out episodes each model plays per iteration, on fresh seeds (default 200)"),
+        ("miniwob-episodes", int, "MiniWoB++ episodes per task for the candidate (0: skip; never part of promotion)"),
+        ("rollouts", int, "on-policy episodes per iteration"),
         ("ct-steps", int, "CT optimizer steps"), ("sft-steps", int, "SFT optimizer steps"),
+        ("dpo-steps", int, "DPO steps on supervisors' corrections (0: skip)"), ("dpo-beta", float, "DPO beta"),
         ("ppo-updates", int, "PPO updates"), ("ppo-batch", int, "episodes per PPO update"),
         ("ppo-workers", int, "PPO rollout processes (0: in-process)"), ("batch", int, "samples per CT/SFT step"),
-        ("min-gain", float, "promote only if held-out success rises by this much"), ("seed", int, "random seed"),
+        ("min-gain", float, "promote only if the paired 95%% interval of the gain lies above this (default 0)"),
+        ("seed", int, "random seed"),
         ("threads", int, "torch threads"),
     ):
         r.add_argument(f"--{name}", type=typ, help=help_)
@@ -51,7 +55,7 @@ def register(sub, common) -> None:
     m.add_argument("--alphas", nargs="+", required=True, help="one weight per model, >= 0, summing to 1")
     m.add_argument("--out", help="output directory (default: <data>/flywheel/models/<new version>)")
     m.add_argument("--no-eval", action="store_true", help="skip evaluating the merge and its parents")
-    m.add_argument("--eval-seeds", type=int, help="held-out seeds per family (default: the flywheel config's)")
+    m.add_argument("--eval-episodes", type=int, help="held-out episodes per model (default: the flywheel config's)")
     m.set_defaults(func=cmd_merge)
 
     u = fs.add_parser("undo", parents=[common], help="undo one iteration's routing decisions")
@@ -105,7 +109,7 @@ def cmd_run(args) -> int:
 
     if args.iterations < 1:
         return _fail(f"--iterations must be at least 1, got {args.iterations}")
-    keys = ("eval_seeds", "rollouts", "ct_steps", "sft_steps", "ppo_updates", "ppo_batch", "ppo_workers", "batch",
+    keys = ("eval_episodes", "miniwob_episodes", "dpo_steps", "dpo_beta", "rollouts", "ct_steps", "sft_steps", "ppo_updates", "ppo_batch", "ppo_workers", "batch",
             "min_gain", "seed", "threads", "base")
     over = {k: getattr(args, k) for k in keys}
     if args.families:
@@ -145,7 +149,9 @@ def cmd_run(args) -> int:
             m = rep.get("metrics") or {}
             line = {"iteration": rep["iteration"], "candidate": rep["candidate"], "promoted": rep["promoted"],
                     "current": rep["current"], "candidate_success": m.get("mean_success"),
-                    "parent_success": rep["parent_metrics"].get("mean_success"), "routed": rep["routed"],
+                    "parent_success": rep["parent_metrics"].get("mean_success"),
+                    "comparison": m.get("comparison"),
+                    "routed": rep["routed"],
                     "pools": rep["pools"], "seconds": rep["seconds"], "decision": rep["decision"],
                     "announce": rep.get("announce"), "candidate_miniwob": miniwob_summary(m)}
             print(json.dumps({"result": line} if args.progress_json else line, default=str), flush=True)
@@ -166,6 +172,7 @@ def cmd_status(args) -> int:
     from trainer.flywheel import FlywheelError
     from trainer.flywheel.iteration import FlywheelConfig, first_model
 
+    from trainer.flywheel.registry import eval_summary
     from trainer.flywheel.routing import Router
 
     store = _store(args)
@@ -184,7 +191,7 @@ def cmd_status(args) -> int:
         store.close()
     if args.json:
         print(json.dumps({"pools": s["pools"], "current": s["current"], "growth": s["growth"],
-                          "versions": [v.__dict__ for v in s["versions"]], "first_model": first,
+                          "versions": [version_record(v) for v in s["versions"]], "first_model": first,
                           "store": str(store.root), "routing": {"iteration": last, "decisions": routing}}, default=str))
         return 0
     print("pools: " + ", ".join(f"{k} {v}" for k, v in s["pools"].items()))
@@ -195,24 +202,31 @@ def cmd_status(args) -> int:
         for r in routing:
             print(f"  {r['route']:<8} {(r['instruction'] or '?')[:40]:<40}  {r['why'][0] if r['why'] else ''}")
     print(f"current model: {s['current'] or 'none yet; the first iteration starts from ' + first}")
-    fams = sorted({f for v in s["versions"] for f in (v.metrics.get("families") or {})})
-    print(f"{'version':<8} {'it':>3} {'status':<9} {'parent':<7} {'mean':>5} " + " ".join(f"{f[:10]:>10}" for f in fams))
+    print(f"{'version':<8} {'it':>3} {'status':<9} {'parent':<7} {'held-out success':<26} decision")
     for v in s["versions"]:
-        fs = v.family_success()
-        mean = f"{v.mean_success:.2f}" if v.mean_success is not None else "-"
-        print(f"{v.version:<8} {v.iteration:>3} {v.status:<9} {v.parent or '-':<7} {mean:>5} "
-              + " ".join(f"{fs[f]:>10.2f}" if fs.get(f) is not None else f"{'-':>10}" for f in fams))
+        ev = eval_summary(v.metrics)
+        rate = f"{ev['success']:.2f} [{ev['ci95'][0]:.2f}, {ev['ci95'][1]:.2f}] n={ev['episodes']}" if ev else "-"
+        print(f"{v.version:<8} {v.iteration:>3} {v.status:<9} {v.parent or '-':<7} {rate:<26} {v.decision or v.note}")
     return 0
+
+
+def version_record(v) -> dict:
+    """One registry version for `flywheel status --json`: its id, evaluation in brief, whether it
+    was promoted and why, and the full row (metrics with every outcome, lineage)."""
+    from trainer.flywheel.registry import eval_summary
+
+    return {"id": v.version, "eval": eval_summary(v.metrics), "promoted": v.status in ("current", "retired"),
+            "decision": v.decision or v.note, "comparison": v.metrics.get("comparison"), **v.__dict__}
 
 
 def cmd_merge(args) -> int:
     from pathlib import Path
 
     from trainer.flywheel import FlywheelError
-    from trainer.flywheel.evaluation import evaluate_model
+    from trainer.flywheel.evaluation import evaluate_model, reserve_eval_seeds
     from trainer.flywheel.iteration import FlywheelConfig, flywheel_dir
     from trainer.flywheel.merge import check_alphas, merge_models
-    from trainer.flywheel.registry import Registry
+    from trainer.flywheel.registry import Registry, eval_summary, paired_comparison
 
     store = _store(args)
     try:
@@ -233,16 +247,16 @@ def cmd_merge(args) -> int:
         result = {"out": str(out), "alphas": [float(a) for a in args.alphas], "models": args.models}
         metrics = {}
         if not args.no_eval:
-            cfg = FlywheelConfig.load(store, eval_seeds=args.eval_seeds)
-            kw = dict(env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens)
+            cfg = FlywheelConfig.load(store, eval_episodes=args.eval_episodes)
+            start = reserve_eval_seeds(store, cfg.eval_seeds)  # the merge and its parents on one fresh block
+            kw = dict(env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens, seed_start=start)
             metrics = evaluate_model(out, cfg.families, cfg.eval_seeds, **kw)
-            result["merged"] = {"mean_success": metrics["mean_success"],
-                                "families": {k: v["success"] for k, v in metrics["families"].items()}}
+            result["merged"] = {**eval_summary(metrics), "families": {k: v["success"] for k, v in metrics["families"].items()}}
             result["parents"] = {}
             for name, d in zip(args.models, dirs):
                 pm = evaluate_model(d, cfg.families, cfg.eval_seeds, **kw)
-                result["parents"][name] = {"mean_success": pm["mean_success"],
-                                           "families": {k: v["success"] for k, v in pm["families"].items()}}
+                result["parents"][name] = {**eval_summary(pm), "families": {k: v["success"] for k, v in pm["families"].items()},
+                                           "merged_minus_parent": paired_comparison(pm, metrics)}
         known = [p for p in parents if p]
         mv = reg.register(out, parent=known[0] if known else None, version=version if not args.out else None,
                           iteration=max([reg.get(p).iteration for p in known] + [0]), metrics=metrics,

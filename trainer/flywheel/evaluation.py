@@ -1,6 +1,8 @@
-"""Held-out evaluation of a checkpoint: greedy episodes on the sandbox's held-out seeds (the same
-seeds for every model, so versions compare), per family: success, the verifier's progress, and
-the share of outputs that parse.
+"""Held-out evaluation of a checkpoint: greedy episodes on a block of the sandbox's held-out seeds,
+per family: success, the verifier's progress, the share of outputs that parse, and every episode's
+outcome, so two models evaluated on the same block compare pair by pair. The flywheel draws a
+fresh block for every iteration (`reserve_eval_seeds`): a block that chose a model is never used
+to choose again, so the numbers it reports are not inflated by repeated selection.
 
 MiniWoB++ joins when asked for (the flywheel asks for its candidates) and it can run here (the
 `miniwob` package, Chromium and chromedriver): the same greedy episodes on MINIWOB_TASKS, reported
@@ -13,49 +15,77 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
 from trainer.sandbox.miniwob_eval import DEFAULT_TASKS as MINIWOB_TASKS
 # MiniWoB's own clock is 10 s an episode in most tasks; a model on a CPU thinks for seconds a step
 MINIWOB_EPISODE_SECONDS = 120.0
+MINIWOB_EPISODES_PER_TASK = 5  # a transfer check, not a decision: a browser episode costs seconds
+# the flywheel's evaluation blocks start here, away from `sandbox eval` and the recipe (HELDOUT_START + 0..)
+FLYWHEEL_EVAL_OFFSET = 100_000
+NEXT_SEEDS_KEY = "flywheel.eval_seed_next"
 
 
-def eval_signature(families, seeds_per_family: int, env_kw: dict, max_new_tokens: int) -> str:
+def eval_signature(families, seeds_per_family: int, env_kw: dict, max_new_tokens: int, seed_start: int | None = None) -> str:
     """Two evaluations compare only when this matches (same tasks, seeds, screen, budget)."""
-    key = json.dumps({"families": list(families), "seeds": seeds_per_family, "env": env_kw, "tokens": max_new_tokens},
-                     sort_keys=True)
+    key = json.dumps({"families": list(families), "seeds": seeds_per_family, "env": env_kw, "tokens": max_new_tokens,
+                      **({"seed_start": seed_start} if seed_start is not None else {})}, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def seeds_per_family(episodes: int, families) -> int:
+    """Held-out seeds per family so that all families together play at least `episodes`."""
+    return max(1, math.ceil(int(episodes) / max(1, len(families))))
+
+
+def reserve_eval_seeds(store, per_family: int) -> int:
+    """The first seed of a block of `per_family` held-out seeds no earlier evaluation of this
+    store used; the block is taken before anything is played, so a crash never reuses it."""
+    from trainer.sandbox.task import HELDOUT_START
+
+    with store.transaction():
+        offset = int(store.get_setting(NEXT_SEEDS_KEY) or FLYWHEEL_EVAL_OFFSET)
+        store.set_setting(NEXT_SEEDS_KEY, offset + int(per_family))
+    return HELDOUT_START + offset
+
+
 def evaluate_model(model_dir, families: list[str], seeds_per_family: int, *, env_kw: dict, max_new_tokens: int = 48,
-                   progress=None, miniwob: bool = False) -> dict:
-    """Metrics of the checkpoint in model_dir on held-out seeds. progress(done, total)."""
+                   progress=None, miniwob: bool = False, seed_start: int | None = None,
+                   miniwob_episodes: int = MINIWOB_EPISODES_PER_TASK) -> dict:
+    """Metrics of the checkpoint in model_dir on held-out seeds (from seed_start, default the
+    split's first). progress(done, total)."""
     from agent.vlm import load_vlm
     from trainer.actor import VLMActor
 
     model, processor = load_vlm(model_dir, device="cpu")
     return evaluate_actor(VLMActor(model, processor, max_new_tokens=max_new_tokens), families, seeds_per_family,
-                          env_kw=env_kw, max_new_tokens=max_new_tokens, progress=progress, miniwob=miniwob)
+                          env_kw=env_kw, max_new_tokens=max_new_tokens, progress=progress, miniwob=miniwob,
+                          seed_start=seed_start, miniwob_episodes=miniwob_episodes)
 
 
 def evaluate_actor(actor, families: list[str], seeds_per_family: int, *, env_kw: dict, max_new_tokens: int = 48,
-                   progress=None, miniwob: bool = False, n_envs: int = 16) -> dict:
+                   progress=None, miniwob: bool = False, n_envs: int = 16, seed_start: int | None = None,
+                   miniwob_episodes: int = MINIWOB_EPISODES_PER_TASK) -> dict:
     """trainer.episodes.evaluate (batched, the one runner), plus the signature that says which
     evaluations compare. progress(done, total)."""
     from trainer.episodes import evaluate
 
     missing = miniwob_missing() if miniwob else "not asked for"
     total, done = len(families) * seeds_per_family, [0]
-    total += 0 if missing else len(MINIWOB_TASKS) * seeds_per_family
+    total += 0 if missing else len(MINIWOB_TASKS) * miniwob_episodes
 
     def tick(*_):
         done[0] += 1
         progress(done[0], total)
 
-    out = evaluate(actor, families, seeds_per_family, env_kw=env_kw, n_envs=n_envs, progress=tick if progress else None)
-    out["eval_signature"] = eval_signature(families, seeds_per_family, env_kw, max_new_tokens)
+    out = evaluate(actor, families, seeds_per_family, env_kw=env_kw, n_envs=n_envs, seed_start=seed_start,
+                   progress=tick if progress else None)
+    out["eval_signature"] = eval_signature(families, seeds_per_family, env_kw, max_new_tokens, seed_start)
+    if seed_start is not None:
+        out.update(seed_start=seed_start, seeds_per_family=seeds_per_family)
     if miniwob:
         out["miniwob"] = {"skipped": f"MiniWoB++ cannot run here: {missing}"} if missing else evaluate_on_miniwob(
-            actor, seeds_per_family, max_steps=env_kw.get("max_steps"), progress=tick if progress else None)
+            actor, miniwob_episodes, max_steps=env_kw.get("max_steps"), progress=tick if progress else None)
     return out
 
 

@@ -5,9 +5,12 @@
   1. new on-policy data: the current model plays training-seed sandbox tasks, stored as episodes;
   2. score and route every unscored episode (recorded, reversible); export corrections;
   3. train from the current model: CT on the CT pool -> SFT on the SFT pool and the corrected
-     steps -> PPO on the sandbox, each stage with a small, configurable budget;
-  4. evaluate the candidate on held-out seeds, register it with metrics and lineage, promote it
-     only when it beats the current model (a failed or worse one is kept as "rejected");
+     steps -> DPO on supervisors' corrections (edit chosen over the agent's proposal) -> PPO on
+     the sandbox, each stage with a small, configurable budget;
+  4. evaluate the candidate and the current model on the same fresh block of held-out seeds
+     (`eval_episodes`, 200 by default), register the candidate with metrics and lineage, promote
+     it only when the paired 95% interval of the difference lies above `min_gain` (a failed,
+     worse or not clearly better one is kept as "rejected");
   5. announce a promoted model through the backend, when one is configured.
 
 Progress goes to `progress(done, total, stage, detail)` (0..100 over the whole iteration; the
@@ -30,11 +33,12 @@ from trainer.flywheel.routing import Router, RoutingConfig, correction_samples, 
 CONFIG_KEY = "flywheel.config"
 ROLLOUT_SEED_BASE = 500_000  # on-policy data uses training seeds far from `sandbox generate`'s
 # share of the iteration's progress bar per stage
-STAGES = {"start": 6, "collect": 8, "route": 4, "ct": 8, "sft": 26, "ppo": 28, "eval": 20}
+STAGES = {"start": 4, "collect": 8, "route": 4, "ct": 8, "sft": 20, "dpo": 4, "ppo": 22, "eval": 30}
 STAGE_TEXT = {  # what each stage is doing, for people (the CLI's bar, the Train page)
     "start": "preparing the model to start from", "collect": "playing on-policy episodes",
     "route": "scoring and routing new episodes", "ct": "continual training on the CT pool",
-    "sft": "fine-tuning on the SFT pool", "ppo": "PPO on sandbox tasks", "eval": "evaluating on held-out tasks",
+    "sft": "fine-tuning on the SFT pool", "dpo": "preference training on supervisors' corrections",
+    "ppo": "PPO on sandbox tasks", "eval": "evaluating both models on fresh held-out tasks",
 }
 SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "assets" / "default_model"
 
@@ -50,7 +54,8 @@ class FlywheelConfig:
     width: int = 320
     height: int = 240
     families: list[str] = field(default_factory=default_families)
-    eval_seeds: int = 5  # held-out seeds per family
+    eval_episodes: int = 200  # held-out episodes per model per iteration (rounded up to whole seeds per family)
+    miniwob_episodes: int = 5  # per MiniWoB++ task, for the candidate: a transfer check, never a decision (0: skip)
     rollouts: int = 12  # on-policy episodes the current model plays per iteration
     rollout_temperature: float = 1.0
     ct_steps: int = 15
@@ -58,23 +63,26 @@ class FlywheelConfig:
     sft_steps: int = 100
     sft_lr: float = 2e-3
     batch: int = 8  # samples per optimizer step (CT and SFT)
+    dpo_steps: int = 20  # optimizer steps on preference pairs from corrections (0: skip)
+    dpo_beta: float = 0.1
+    dpo_lr: float = 2e-4
     ppo_updates: int = 3
     ppo_batch: int = 6
     ppo_lr: float = 2e-4
     ppo_workers: int = 0  # rollout processes for PPO (0: in this process; best on 2 cores)
     max_new_tokens: int = 48
     max_steps: int | None = None  # cap on an episode's steps (None: each family's own limit)
-    min_gain: float = 0.0  # >0: promote only when held-out success rises by this much
+    min_gain: float = 0.0  # promote only when the paired 95% interval of the gain lies above this
     base: str = "default"  # first model: "default" (the shipped one, when it fits the screen size) | "scratch"
     threads: int = 1  # torch threads (tiny models lose to thread wake-ups on 2 busy cores)
     seed: int = 0
     routing: dict = field(default_factory=dict)  # RoutingConfig fields
 
     def __post_init__(self):
-        for name in ("eval_seeds", "batch"):
+        for name in ("eval_episodes", "batch"):
             if int(getattr(self, name)) < 1:
                 raise FlywheelError(f"flywheel config: {name} must be at least 1, got {getattr(self, name)!r}")
-        for name in ("rollouts", "ct_steps", "sft_steps", "ppo_updates", "ppo_workers"):
+        for name in ("miniwob_episodes", "dpo_steps", "rollouts", "ct_steps", "sft_steps", "ppo_updates", "ppo_workers"):
             if int(getattr(self, name)) < 0:
                 raise FlywheelError(f"flywheel config: {name} must be >= 0, got {getattr(self, name)!r}")
         if not self.families:
@@ -89,6 +97,13 @@ class FlywheelConfig:
         RoutingConfig.from_dict(self.routing)
 
     @property
+    def eval_seeds(self) -> int:
+        """Held-out seeds per family in one evaluation."""
+        from trainer.flywheel.evaluation import seeds_per_family
+
+        return seeds_per_family(self.eval_episodes, self.families)
+
+    @property
     def env_kw(self) -> dict:
         kw = {"width": self.width, "height": self.height}
         if self.max_steps:
@@ -99,6 +114,8 @@ class FlywheelConfig:
     def load(cls, store, **overrides) -> "FlywheelConfig":
         """The store's saved config (setting "flywheel.config") with overrides applied."""
         d = dict(store.get_setting(CONFIG_KEY) or {})
+        if "eval_seeds" in d:  # configs saved before evaluations were counted in episodes
+            d.setdefault("eval_episodes", int(d.pop("eval_seeds")) * len(d.get("families") or default_families()))
         d.update({k: v for k, v in overrides.items() if v is not None})
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
@@ -176,13 +193,12 @@ def first_model(cfg: FlywheelConfig) -> str:
     return "a new model with random weights (base: scratch)"
 
 
-def bootstrap_model(store, cfg: FlywheelConfig, registry: Registry, *, progress=None):
-    """The first current model (v0000), evaluated on the held-out seeds; only when the registry
-    has no model at all. The shipped default model when it fits (cfg.base "default"), else a tiny
+def bootstrap_model(store, cfg: FlywheelConfig, registry: Registry):
+    """The first current model (v0000), measured later beside the first candidate; only when the
+    registry has no model at all. The shipped default model when it fits (cfg.base "default"), else a tiny
     Qwen2.5-VL with random weights whose tokenizer learned the store's texts."""
     from agent import coords
     from agent.grammar import format_normalized
-    from trainer.flywheel.evaluation import evaluate_model
     from trainer.recipe import RecipeConfig, build_default_model
 
     version = registry.next_version()
@@ -205,10 +221,8 @@ def bootstrap_model(store, cfg: FlywheelConfig, registry: Registry, *, progress=
         build_default_model(out, RecipeConfig(width=cfg.width, height=cfg.height, seed=cfg.seed), texts)
         lineage = {"parents": [], "built_from": "trainer.recipe.build_default_model", "tokenizer_texts": len(texts)}
         note = f"base model (random weights): {why}"
-    metrics = evaluate_model(out, cfg.families, cfg.eval_seeds, env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens,
-                             progress=progress)
-    mv = registry.register(out, iteration=0, metrics=metrics, version=version, lineage=lineage, note=note)
-    registry.decide(mv.version)
+    mv = registry.register(out, iteration=0, version=version, lineage=lineage, note=note)
+    registry.make_first(mv.version, "first model: nothing to compare with")
     return registry.get(mv.version)
 
 
@@ -248,7 +262,8 @@ def collect_rollouts(store, model_dir, version: str, cfg: FlywheelConfig, iterat
 
 
 def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _StageLog, prog: _Progress) -> list[dict]:
-    """CT -> SFT -> PPO from the parent checkpoint; saves the candidate; returns stage summaries."""
+    """CT -> SFT -> DPO -> PPO from the parent checkpoint; saves the candidate; returns stage summaries."""
+    from trainer.dpo import DPOConfig, correction_pairs, train_dpo
     from trainer.ppo import PPOConfig, train_ppo
     from trainer.sft import SFTConfig, load_for_training, save_checkpoint, train_sft
 
@@ -259,8 +274,8 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
     ppo_rounds = 1 + cfg.ppo_updates  # value pretraining (value_pretrain_iters=1 below), then the updates
 
     def on_row(step, phase):
-        if phase in ("ct", "sft"):
-            prog.stage(phase, step + 1, {"ct": cfg.ct_steps, "sft": cfg.sft_steps}[phase], "steps")
+        if phase in ("ct", "sft", "dpo"):
+            prog.stage(phase, step + 1, {"ct": cfg.ct_steps, "sft": cfg.sft_steps, "dpo": cfg.dpo_steps}[phase], "steps")
         elif phase == "value_pretrain":
             prog.stage("ppo", 1, ppo_rounds, "rounds (critic warm-up, then updates)")
         elif phase == "ppo":
@@ -288,6 +303,17 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
         stages.append({"phase": "sft", "skipped": "no SFT data" if cfg.sft_steps else "sft_steps is 0"})
     prog.finish("sft")
 
+    # -- DPO: where a supervisor edited a step, the edit is preferred over the agent's proposal
+    pairs = correction_pairs(store, sft_ids + ct_ids) if cfg.dpo_steps else []
+    if pairs:
+        r = train_dpo(model, processor, pairs, DPOConfig(beta=cfg.dpo_beta, lr=cfg.dpo_lr, batch_size=min(cfg.batch, 4),
+                                                         max_steps=cfg.dpo_steps, seed=cfg.seed),
+                      log=slog, progress=False)
+        stages.append({k: r[k] for k in ("phase", "steps", "pairs", "first_loss", "last_loss", "last_accuracy", "seconds")})
+    else:
+        stages.append({"phase": "dpo", "skipped": "no corrected steps" if cfg.dpo_steps else "dpo_steps is 0"})
+    prog.finish("dpo")
+
     # -- PPO on the sandbox's verifiable tasks
     if cfg.ppo_updates:
         pc = PPOConfig(updates=cfg.ppo_updates, batch_episodes=cfg.ppo_batch, lr=cfg.ppo_lr, n_workers=cfg.ppo_workers,
@@ -310,8 +336,7 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
     """One iteration; returns a report (also written to <data>/flywheel/iteration-N.json)."""
     import torch
 
-    from trainer.flywheel.announce import announce
-    from trainer.flywheel.evaluation import evaluate_model
+    from trainer.flywheel.evaluation import MINIWOB_TASKS, evaluate_model, miniwob_missing, reserve_eval_seeds
     from trainer.metrics import MetricsLog
 
     cfg = cfg or FlywheelConfig.load(store)
@@ -330,8 +355,10 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
     current = registry.current()
     prog.stage("start", 0, 1)
     if current is None:
-        current = bootstrap_model(store, cfg, registry, progress=lambda d, n: prog.stage("start", d, n, "episodes"))
+        current = bootstrap_model(store, cfg, registry)
         report["bootstrapped"] = current.version
+        report["announce_first"] = _announce(current.version, {"path": current.path, "iteration": 0,
+                                                                "note": current.note}, store, announce_target)
     report["parent"] = current.version
     prog.finish("start")
 
@@ -353,52 +380,58 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
                "pools": {"sft": [e.id for e in store.list_episodes(route="sft")],
                          "ct": [e.id for e in store.list_episodes(route="ct")]},
                "new_rollouts": report["rollouts"], "routed": report["routed"]}
-    metrics, note = {}, ""
+    metrics, current_metrics, note = {}, None, ""
     try:
         lineage["stages"] = train_candidate(store, cfg, current.path, out_dir, slog, prog)
-        stale = current.metrics.get("eval_signature") is None or current.metrics.get("eval_signature") != _signature(cfg)
-        runs = 2 if stale else 1  # the current model re-evaluated first when its numbers are not comparable
-        if stale:
-            registry.update(current.version, metrics=evaluate_model(
-                current.path, cfg.families, cfg.eval_seeds, env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens,
-                progress=lambda d, n: prog.stage("eval", d, runs * n, "episodes")))
-        first = (runs - 1) * len(cfg.families) * cfg.eval_seeds
-        metrics = evaluate_model(out_dir, cfg.families, cfg.eval_seeds, env_kw=cfg.env_kw,
-                                 max_new_tokens=cfg.max_new_tokens,
-                                 progress=lambda d, n: prog.stage("eval", first + d, first + n, "episodes"),
-                                 miniwob=True)
+        # both models on one fresh block of held-out seeds: paired, and never used to choose before
+        per_family = cfg.eval_seeds
+        seed_start = reserve_eval_seeds(store, per_family)
+        n = len(cfg.families) * per_family
+        # the candidate also plays MiniWoB++ where it can run: counted in the stage's episodes
+        browser = cfg.miniwob_episodes > 0 and not miniwob_missing()
+        total = 2 * n + (len(MINIWOB_TASKS) * cfg.miniwob_episodes if browser else 0)
+        kw = dict(env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens, seed_start=seed_start)
+        current_metrics = {**evaluate_model(current.path, cfg.families, per_family,
+                                            progress=lambda d, _n: prog.stage("eval", d, total, "episodes"), **kw),
+                           "measured_at_iteration": iteration}
+        registry.update(current.version, metrics=current_metrics)  # its latest, unselected measurement
+        metrics = evaluate_model(out_dir, cfg.families, per_family, miniwob=cfg.miniwob_episodes > 0,
+                                 miniwob_episodes=cfg.miniwob_episodes,
+                                 progress=lambda d, _n: prog.stage("eval", n + min(d, total - n), total, "episodes"),
+                                 **kw)
+        metrics["measured_at_iteration"] = iteration
     except Exception as e:  # a failed iteration is recorded and leaves the current model in place
         note = f"failed: {type(e).__name__}: {e}"
         report["error"] = traceback.format_exc()
     prog.finish("eval")
     registry.register(out_dir, parent=current.version, iteration=iteration, metrics=metrics, lineage=lineage,
                       version=version, note=note)
-    promoted, why = registry.decide(version, min_gain=cfg.min_gain)
+    promoted, why = registry.decide(version, min_gain=cfg.min_gain, current_metrics=current_metrics)
     now = registry.current()
     report.update(candidate=version, promoted=promoted, decision=why, current=now.version if now else None,
-                  metrics=metrics, parent_metrics=registry.get(current.version).metrics)
+                  metrics=registry.get(version).metrics, parent_metrics=registry.get(current.version).metrics)
     slog.log(0, "flywheel", promoted=float(promoted), candidate_success=metrics.get("mean_success", float("nan")),
              current_success=now.mean_success if now else float("nan"),
              **{f"pool_{k}": v for k, v in report["pools"].items()})
 
     # -- 5. tell the apps
     if promoted:
-        from trainer.flywheel.announce import backend_target
-
         info = {"path": str(out_dir), "iteration": iteration, "parent": current.version,
                 "mean_success": metrics.get("mean_success"),
                 "families": {k: v["success"] for k, v in metrics.get("families", {}).items()}}
-        try:
-            report["announce"] = announce(version, info, target=announce_target or backend_target(store))
-        except FlywheelError as e:  # the model is promoted either way; the operator can announce again
-            report["announce"] = f"announcement failed: {e}"
+        report["announce"] = _announce(version, info, store, announce_target)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     log.close()
     (fw / f"iteration-{iteration}.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     return report
 
 
-def _signature(cfg: FlywheelConfig) -> str:
-    from trainer.flywheel.evaluation import eval_signature
+def _announce(version: str, info: dict, store, target) -> str:
+    """Tell the apps through the backend; a failure is reported, never fatal (announce again later)."""
+    from trainer.flywheel.announce import announce, backend_target
 
-    return eval_signature(cfg.families, cfg.eval_seeds, cfg.env_kw, cfg.max_new_tokens)
+    info = {**info, "path": str(Path(info["path"]).resolve())}  # the backend may run from another folder
+    try:
+        return announce(version, info, target=target or backend_target(store))
+    except FlywheelError as e:
+        return f"announcement failed: {e}"

@@ -12,9 +12,15 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from agent.store import AddColumn
 from trainer.flywheel import FlywheelError
 
 MODELS_TABLE = "flywheel_models"
+MIGRATIONS = [  # agent.store.Store.migrate; step 1 is the table every release before migrations made
+    f"""CREATE TABLE IF NOT EXISTS "{MODELS_TABLE}" ("version" TEXT PRIMARY KEY, "path" TEXT, "status" TEXT,
+        "parent" TEXT, "iteration" INTEGER, "metrics" TEXT, "lineage" TEXT, "created_at" REAL, "note" TEXT)""",
+    AddColumn(MODELS_TABLE, "decision", "TEXT"),  # why it was or was not promoted
+]
 CURRENT_KEY = "flywheel.current_model"
 STATUSES = ("candidate", "current", "rejected", "retired")
 
@@ -30,6 +36,7 @@ class ModelVersion:
     lineage: dict = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
     note: str = ""
+    decision: str = ""  # why it was or was not promoted
 
     @property
     def mean_success(self) -> float | None:
@@ -39,70 +46,77 @@ class ModelVersion:
         return {k: v.get("success") for k, v in (self.metrics.get("families") or {}).items()}
 
 
-def compare_key(metrics: dict) -> tuple:
-    """What "better" means: held-out success first; ties broken by the verifier's partial
-    progress, then by the share of outputs that parse (a broken model loses all three)."""
-    return (round(metrics.get("mean_success", 0.0), 6), round(metrics.get("mean_progress", 0.0), 6),
-            round(metrics.get("format_rate", 0.0), 6))
+def eval_summary(metrics: dict) -> dict | None:
+    """A version's evaluation in brief: {"episodes", "success", "ci95", "seed_start",
+    "seeds_per_family", "iteration"} (None when it has none)."""
+    overall = (metrics or {}).get("overall")
+    if not overall:
+        return None
+    return {"episodes": overall["episodes"], "success": overall["success"], "ci95": overall["ci95"],
+            **{k: metrics[k] for k in ("seed_start", "seeds_per_family", "measured_at_iteration") if k in metrics}}
 
 
-def is_better(candidate: dict, current: dict, min_gain: float = 0.0) -> bool:
-    """True when `candidate` beats `current` (metrics dicts of the same evaluation)."""
+def paired_comparison(current: dict, candidate: dict) -> dict:
+    """Candidate minus current on the same episodes (family, seed), with the paired 95% interval
+    (trainer.stats.paired_difference). Refuses evaluations that are not on the same episodes."""
+    from trainer.stats import paired_difference
+
     if candidate.get("eval_signature") != current.get("eval_signature"):
         raise FlywheelError("the two models were evaluated differently "
                             f"({candidate.get('eval_signature')!r} vs {current.get('eval_signature')!r}); re-evaluate")
-    if min_gain > 0:
-        return candidate.get("mean_success", 0.0) >= current.get("mean_success", 0.0) + min_gain
-    return compare_key(candidate) > compare_key(current)
+    mine = {(f, int(s)): bool(ok) for f, s, ok in candidate.get("outcomes") or []}
+    theirs = {(f, int(s)): bool(ok) for f, s, ok in current.get("outcomes") or []}
+    if not mine or mine.keys() != theirs.keys():
+        raise FlywheelError(f"the two evaluations are not on the same episodes ({len(mine)} vs {len(theirs)} "
+                            "outcomes, or different seeds); re-evaluate both on the same seeds")
+    keys = sorted(mine)
+    d = paired_difference([theirs[k] for k in keys], [mine[k] for k in keys])
+    return {"episodes": d["episodes"], "current": d["first"], "candidate": d["second"], "diff": d["diff"],
+            "ci95": d["ci95"], "discordant": d["discordant"]}
 
 
-def explain_decision(cand: "ModelVersion", cur: "ModelVersion", better: bool, min_gain: float = 0.0) -> str:
+def promotes(comparison: dict, min_gain: float = 0.0) -> bool:
+    """Promotion on evidence: the paired interval's lower end is above min_gain, so a gain the
+    noise could explain (a copy of the current model, a lucky few seeds) does not promote."""
+    return comparison["ci95"][0] > min_gain
+
+
+def explain_decision(candidate: str, current: str, comparison: dict, promoted: bool, min_gain: float = 0.0) -> str:
     """Why a candidate was or was not promoted, in words a person reads on the Train page."""
-    c, p = cand.metrics, cur.metrics
-    n = c.get("episodes") or sum(int(f.get("episodes", 0)) for f in (c.get("families") or {}).values())
-    rates = f"held-out success {_pct(c.get('mean_success'))} vs {_pct(p.get('mean_success'))}" + (f" on {n} episodes" if n else "")
-    if min_gain > 0:
-        need = f"needs a gain of at least {_pct(min_gain)}"
-        return f"{'promoted' if better else 'kept ' + cur.version}: {rates} ({need})"
-    if better:
-        if round(c.get("mean_success", 0.0), 6) > round(p.get("mean_success", 0.0), 6):
-            return f"promoted over {cur.version}: {rates}"
-        tie = ("more partial progress" if round(c.get("mean_progress", 0.0), 6) > round(p.get("mean_progress", 0.0), 6)
-               else "more replies that parse")
-        return f"promoted over {cur.version}: {rates}, a tie broken by {tie}"
-    if round(c.get("mean_success", 0.0), 6) < round(p.get("mean_success", 0.0), 6):
-        return f"not promoted, {cur.version} stays: {rates}"
-    return f"not promoted, {cur.version} stays: {rates}, and no more partial progress or parsed replies"
+    c = comparison
+    lo, hi = c["ci95"]
+    evidence = (f"held-out success {_pct(c['candidate'])} vs {_pct(c['current'])} on the same {c['episodes']} fresh "
+                f"episodes; difference {_pts(c['diff'])} points, 95% CI [{_pts(lo)}, {_pts(hi)}]")
+    if promoted:
+        return f"promoted over {current}: {evidence}, above {_pts(min_gain)}"
+    return f"not promoted, {current} stays: {evidence}, not above {_pts(min_gain)}"
 
 
 def _pct(v) -> str:
     return "–" if v is None else f"{100 * v:.1f}%"
 
 
+def _pts(v: float) -> str:
+    return f"{100 * v:+.1f}"
+
+
 class Registry:
     def __init__(self, store):
         self.store = store
-        with store._lock:
-            if MODELS_TABLE not in store.db.table_names():
-                store.db[MODELS_TABLE].create(
-                    {"version": str, "path": str, "status": str, "parent": str, "iteration": int, "metrics": str,
-                     "lineage": str, "created_at": float, "note": str},
-                    pk="version")
+        store.migrate(MODELS_TABLE, MIGRATIONS)
 
     # ------------------------------------------------------------ reading
     @staticmethod
     def _from_row(r: dict) -> ModelVersion:
         return ModelVersion(r["version"], r["path"], r["status"], r["parent"], r["iteration"] or 0,
-                            json.loads(r["metrics"] or "{}"), json.loads(r["lineage"] or "{}"), r["created_at"], r["note"] or "")
+                            json.loads(r["metrics"] or "{}"), json.loads(r["lineage"] or "{}"), r["created_at"], r["note"] or "",
+                            r.get("decision") or "")
 
     def versions(self) -> list[ModelVersion]:
-        with self.store._lock:
-            rows = list(self.store.db.query(f"SELECT * FROM {MODELS_TABLE} ORDER BY created_at, version"))
-        return [self._from_row(r) for r in rows]
+        return [self._from_row(r) for r in self.store.query(f"SELECT * FROM {MODELS_TABLE} ORDER BY created_at, version")]
 
     def get(self, version: str) -> ModelVersion:
-        with self.store._lock:
-            rows = list(self.store.db.query(f"SELECT * FROM {MODELS_TABLE} WHERE version = ?", [version]))
+        rows = self.store.query(f"SELECT * FROM {MODELS_TABLE} WHERE version = ?", [version])
         if not rows:
             known = ", ".join(v.version for v in self.versions()) or "none"
             raise FlywheelError(f"no model version {version!r} in the registry (known: {known})")
@@ -124,29 +138,27 @@ class Registry:
             self.get(parent)  # names a version that exists
         mv = ModelVersion(version or self.next_version(), str(path), "candidate", parent, int(iteration),
                           dict(metrics or {}), dict(lineage or {}), note=note)
-        with self.store._lock:
-            if list(self.store.db.query(f"SELECT 1 FROM {MODELS_TABLE} WHERE version = ?", [mv.version])):
+        with self.store.transaction():
+            if self.store.query(f"SELECT 1 FROM {MODELS_TABLE} WHERE version = ?", [mv.version]):
                 raise FlywheelError(f"model version {mv.version!r} is already registered")
-            with self.store.transaction():
-                self.store.db[MODELS_TABLE].insert(self._row(mv), pk="version")
+            self.store.insert(MODELS_TABLE, self._row(mv))
         return mv
 
     @staticmethod
     def _row(mv: ModelVersion) -> dict:
         return {"version": mv.version, "path": mv.path, "status": mv.status, "parent": mv.parent,
                 "iteration": mv.iteration, "metrics": json.dumps(mv.metrics), "lineage": json.dumps(mv.lineage),
-                "created_at": mv.created_at, "note": mv.note}
+                "created_at": mv.created_at, "note": mv.note, "decision": mv.decision}
 
     def update(self, version: str, **fields) -> ModelVersion:
         mv = self.get(version)
         for k, v in fields.items():
-            if k not in ("status", "metrics", "lineage", "note", "path"):
+            if k not in ("status", "metrics", "lineage", "note", "path", "decision"):
                 raise FlywheelError(f"a model version's {k!r} cannot be changed")
             if k == "status" and v not in STATUSES:
                 raise FlywheelError(f"status must be one of {STATUSES}, got {v!r}")
             setattr(mv, k, v)
-        with self.store._lock, self.store.transaction():
-            self.store.db[MODELS_TABLE].upsert(self._row(mv), pk="version")
+        self.store.upsert(MODELS_TABLE, self._row(mv), pk="version")
         return mv
 
     def promote(self, version: str) -> ModelVersion:
@@ -163,27 +175,40 @@ class Registry:
         return self.get(version)
 
     def reject(self, version: str, reason: str) -> ModelVersion:
-        return self.update(version, status="rejected", note=reason)
+        return self.update(version, status="rejected", note=reason, decision=reason)
 
-    def decide(self, candidate: str, *, min_gain: float = 0.0) -> tuple[bool, str]:
-        """Promote the candidate if it beats the current model on the same evaluation, else
-        reject it. Returns (promoted, why). A candidate with no metrics (its evaluation failed)
-        is rejected; with no current model, any evaluated candidate becomes current."""
+    def decide(self, candidate: str, *, min_gain: float = 0.0, current_metrics: dict | None = None) -> tuple[bool, str]:
+        """Promote the candidate when the paired 95% interval of its held-out success minus the
+        current model's, on the same episodes, lies above min_gain; else reject it. The current
+        model's evaluation is `current_metrics` (measured beside the candidate's on fresh seeds)
+        or its stored one. The comparison is kept in the candidate's metrics ("comparison").
+        A candidate with no evaluation (its iteration failed) is rejected; with no current model,
+        the candidate becomes current. Returns (promoted, why)."""
         cand = self.get(candidate)
-        if not cand.metrics or "mean_success" not in cand.metrics:
+        if not cand.metrics or "outcomes" not in cand.metrics:
             why = cand.note or "no evaluation: the iteration failed"
             self.reject(candidate, why)
             return False, why
         cur = self.current()
         if cur is None:
-            self.promote(candidate)
-            return True, "first model: nothing to compare with"
-        better = is_better(cand.metrics, cur.metrics, min_gain)
-        why = explain_decision(cand, cur, better, min_gain)
-        if better:
-            if not cand.note:
-                self.update(candidate, note=why)
+            why = "first model: nothing to compare with"
+            self.update(candidate, decision=why)
             self.promote(candidate)
             return True, why
-        self.reject(candidate, why)
+        comparison = paired_comparison(current_metrics or cur.metrics, cand.metrics)
+        better = promotes(comparison, min_gain)
+        why = explain_decision(cand.version, cur.version, comparison, better, min_gain)
+        self.update(candidate, metrics={**cand.metrics, "comparison": {"against": cur.version, "min_gain": min_gain,
+                                                                       **comparison}}, decision=why)
+        if better:
+            self.promote(candidate)
+            return True, why
+        self.update(candidate, status="rejected", decision=why)
         return False, why
+
+    def make_first(self, version: str, why: str) -> ModelVersion:
+        """The registry's first model becomes current without an evaluation to compare."""
+        if self.current() is not None:
+            raise FlywheelError(f"the registry already has a current model ({self.current().version})")
+        self.update(version, decision=why)
+        return self.promote(version)

@@ -20,6 +20,13 @@ from trainer.flywheel import FlywheelError
 from trainer.flywheel.scoring import Score, score_episode
 
 ROUTES_TABLE = "flywheel_routes"
+ROUTES_MIGRATIONS = [  # agent.store.Store.migrate; step 1 is the table every release before migrations made
+    f"""CREATE TABLE IF NOT EXISTS "{ROUTES_TABLE}" ("id" INTEGER PRIMARY KEY, "episode_id" TEXT, "iteration" INTEGER,
+        "route" TEXT, "previous_route" TEXT, "outcome" TEXT, "previous_outcome" TEXT, "quality" REAL, "reasons" TEXT,
+        "time" REAL, "undone_at" REAL);
+    CREATE INDEX IF NOT EXISTS "idx_{ROUTES_TABLE}_iteration" ON "{ROUTES_TABLE}" ("iteration");
+    CREATE INDEX IF NOT EXISTS "idx_{ROUTES_TABLE}_episode_id" ON "{ROUTES_TABLE}" ("episode_id")""",
+]
 HUMAN_KINDS = ("recording", "supervised")
 
 
@@ -83,15 +90,7 @@ class Router:
 
     def __init__(self, store, cfg: RoutingConfig | None = None, *, orm=None):
         self.store, self.cfg, self.orm = store, cfg or RoutingConfig(), orm
-        with store._lock:
-            if ROUTES_TABLE not in store.db.table_names():
-                store.db[ROUTES_TABLE].create(
-                    {"id": int, "episode_id": str, "iteration": int, "route": str, "previous_route": str,
-                     "outcome": str, "previous_outcome": str, "quality": float, "reasons": str, "time": float,
-                     "undone_at": float},
-                    pk="id")
-                store.db[ROUTES_TABLE].create_index(["iteration"])
-                store.db[ROUTES_TABLE].create_index(["episode_id"])
+        store.migrate(ROUTES_TABLE, ROUTES_MIGRATIONS)
 
     def unscored(self) -> list[str]:
         return [e.id for e in reversed(self.store.list_episodes(route="unscored"))]  # oldest first
@@ -117,7 +116,7 @@ class Router:
         meta = {**ep.meta, "routing": {"iteration": int(iteration), "route": route, "why": why}}  # shown in the Library
         with self.store.transaction():  # the episode and its decision change together
             self.store.update_episode_fields(ep.id, route=route, outcome=score.outcome, meta=meta)
-            self.store.db[ROUTES_TABLE].insert(row, pk="id")
+            self.store.insert(ROUTES_TABLE, row)
 
     def decisions(self, iteration: int | None = None, *, include_undone: bool = False) -> list[dict]:
         sql, params = f"SELECT * FROM {ROUTES_TABLE}", []
@@ -127,8 +126,7 @@ class Router:
             params.append(int(iteration))
         if where:
             sql += " WHERE " + " AND ".join(where)
-        with self.store._lock:
-            rows = list(self.store.db.query(sql + " ORDER BY id", params))
+        rows = self.store.query(sql + " ORDER BY id", params)
         for r in rows:
             r["reasons"] = json.loads(r["reasons"] or "[]")
             r["outcome"], r["previous_outcome"] = json.loads(r["outcome"]), json.loads(r["previous_outcome"])
@@ -146,7 +144,7 @@ class Router:
                     meta.pop("routing", None)  # the reason went with the decision
                     self.store.update_episode_fields(r["episode_id"], route=r["previous_route"],
                                                      outcome=Outcome.from_dict(r["previous_outcome"]), meta=meta)
-                self.store.db.execute(f"UPDATE {ROUTES_TABLE} SET undone_at = ? WHERE id = ?", [now, r["id"]])
+                self.store.execute(f"UPDATE {ROUTES_TABLE} SET undone_at = ? WHERE id = ?", [now, r["id"]])
         return len(rows)
 
     def pools(self) -> dict:
@@ -156,10 +154,8 @@ class Router:
 
     def growth(self) -> list[dict]:
         """Per iteration, how many episodes it routed where (not undone): the pools' growth."""
-        with self.store._lock:
-            rows = list(self.store.db.query(
-                f"SELECT iteration, route, COUNT(*) AS n FROM {ROUTES_TABLE} WHERE undone_at IS NULL "
-                "GROUP BY iteration, route ORDER BY iteration"))
+        rows = self.store.query(f"SELECT iteration, route, COUNT(*) AS n FROM {ROUTES_TABLE} WHERE undone_at IS NULL "
+                                "GROUP BY iteration, route ORDER BY iteration")
         out: dict[int, dict] = {}
         for r in rows:
             out.setdefault(r["iteration"], {"iteration": r["iteration"], "sft": 0, "ct": 0, "rejected": 0})[r["route"]] = r["n"]

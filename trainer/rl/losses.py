@@ -203,20 +203,6 @@ def value_clipfrac(values: Tensor, returns: Tensor, old_values: Tensor, mask: Te
     return masked_mean(active.float(), _mask_for(values, mask))
 
 
-def token_entropy(logits: Tensor) -> Tensor:
-    """Entropy of each categorical distribution in logits [..., V] -> [...], in nats.
-    Logits of -inf (banned tokens) contribute 0, not NaN."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    p = logp.exp()
-    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
-
-
-def entropy_from_logits(logits: Tensor, mask: Tensor | None = None, reduction: str = "token-mean") -> Tensor:
-    """Entropy of logits [..., V] aggregated over the masked positions (mask shaped logits[..., 0])."""
-    ent = token_entropy(logits)
-    return aggregate(ent, mask, reduction)
-
-
 def kl_estimate(log_q: Tensor, log_p: Tensor, kind: str = "k3") -> Tensor:
     """Per-token estimate of KL(q || p) from tokens sampled from q (Schulman, "Approximating KL
     divergence"), with log r = log_p - log_q:

@@ -258,7 +258,7 @@ def _results(trajs) -> list[dict]:
     """Trajectories (trainer.episodes) as run_episode-style result dicts, with their traces."""
     return [{"family": t.family, "seed": t.seed, "instruction": t.instruction, "success": t.success,
              "trace": [{"action": u.action, "point": u.point if u.action == "click" else None, "hit": u.hit,
-                        "changed": u.changed, "error": u.parse_error} for u in t.turns]} for t in trajs]
+                        "changed": u.changed, "error": u.parse_error or u.action_error} for u in t.turns]} for t in trajs]
 
 
 def _grounding(args, families) -> int:

@@ -21,6 +21,7 @@ from agent import coords
 from agent.actions import SCROLL_DIRECTIONS, validate
 from agent.schema import Action, ScreenGeometry
 from trainer.sandbox.task import HELDOUT_START, RUNNING, SEED_LIMIT, SUCCESS, split_of
+from trainer.sandbox.screen import SandboxError
 
 ENV_ID = "Tandem/Sandbox-v0"
 SPLITS = ("train", "heldout")
@@ -157,7 +158,7 @@ class SandboxEnv(gym.Env):
                 break
             try:
                 self.screen.perform(a)
-            except Exception as e:  # a bad action is the agent's mistake, not a crash
+            except SandboxError as e:  # what cannot be done is the agent's mistake; any other error is a bug
                 extra["action_error"] = f"{a.name}: {e}"
                 break
             if self.task.verdict().status != RUNNING:

@@ -181,7 +181,7 @@ def trajectory_to_episode(traj, store, producer: str, policy_version: str | None
         steps.append({"png": encode_pixels(frame.pixels, "image/png"), "thought": parsed.thought if parsed else "",
                       "actions": [a.to_dict() for a in parsed.actions] if parsed else [], "reward": turn.reward,
                       "terminated": last and traj.terminated, "truncated": last and traj.truncated,
-                      "progress": turn.progress, "raw": turn.text, "t": turn.t, "error": turn.parse_error})
+                      "progress": turn.progress, "raw": turn.text, "t": turn.t, "error": turn.parse_error or turn.action_error})
     result = {"family": traj.family, "seed": traj.seed, "instruction": traj.instruction, "success": traj.success,
               "reward": total, "progress": traj.progress, "status": traj.status, "level": traj.level,
               "split": split_of(traj.seed),

@@ -1,0 +1,192 @@
+"""A model checkpoint as content-addressed chunks: what the backend ships to apps, and how an app
+puts a download back together, resumably and verified.
+
+A checkpoint folder (config.json, weights, tokenizer and processor files) is described by a
+*manifest*: every regular file with its size, SHA-256 and the SHA-256 of each CHUNK_BYTES piece,
+plus one `hash` for the whole model (over the sorted (path, size, sha256) list), which is what
+`models list` prints and what two machines compare. A download keeps each verified chunk under
+`<dest>.partial/` as it arrives, so an interrupted one resumes with what is missing; the files
+are assembled and checked against their SHA-256 before the folder takes its final name.
+Nothing here does I/O beyond the local disk: the transport asks for chunks by hash.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path, PurePosixPath
+
+CHUNK_BYTES = 8 * 2**20  # well under the protocol's 64 MiB blob limit; the unit of resume
+MANIFEST_FILE = ".tandem_model.json"  # written beside a pulled model's files (not part of the model)
+_HASH = re.compile(r"^[0-9a-f]{64}$")
+
+
+class ModelFilesError(Exception):
+    """A folder that is not a checkpoint, a manifest that does not validate, a chunk or file
+    whose content does not match its hash."""
+
+
+def _sha256_file(path: Path, chunk_bytes: int) -> tuple[str, list[str]]:
+    whole, chunks = hashlib.sha256(), []
+    with open(path, "rb") as f:
+        while True:
+            piece = f.read(chunk_bytes)
+            if not piece:
+                break
+            whole.update(piece)
+            chunks.append(hashlib.sha256(piece).hexdigest())
+    return whole.hexdigest(), chunks
+
+
+def model_hash(files: list[dict]) -> str:
+    """The whole model's identity: SHA-256 over its sorted (path, size, sha256) list."""
+    key = json.dumps(sorted([f["path"], f["size"], f["sha256"]] for f in files), separators=(",", ":"))
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def model_manifest(model_dir, chunk_bytes: int = CHUNK_BYTES) -> dict:
+    """{"files": [{"path", "size", "sha256", "chunks"}], "bytes", "hash", "chunk_bytes"} of a
+    checkpoint folder. Hidden files (ours among them) are not part of the model; a link that
+    leads out of the folder is refused."""
+    root = Path(model_dir)
+    if not (root / "config.json").is_file():
+        raise ModelFilesError(f"{root} is not a model folder (no config.json)")
+    real_root = root.resolve()
+    files = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts) or p.is_dir():
+            continue
+        if not p.resolve().is_relative_to(real_root):
+            raise ModelFilesError(f"{rel} links outside the model folder {root}")
+        if not p.is_file():
+            continue
+        sha, chunks = _sha256_file(p, chunk_bytes)
+        files.append({"path": rel.as_posix(), "size": p.stat().st_size, "sha256": sha, "chunks": chunks})
+    return {"files": files, "bytes": sum(f["size"] for f in files), "hash": model_hash(files), "chunk_bytes": chunk_bytes}
+
+
+def chunk_locations(manifest: dict) -> dict[str, tuple[str, int, int]]:
+    """chunk hash -> (file path, offset, length): where the server reads a requested chunk."""
+    out, step = {}, manifest["chunk_bytes"]
+    for f in manifest["files"]:
+        for k, h in enumerate(f["chunks"]):
+            out.setdefault(h, (f["path"], k * step, min(step, f["size"] - k * step)))
+    return out
+
+
+def check_manifest(manifest) -> dict:
+    """The manifest a server sent, validated before anything is written: relative paths inside
+    the folder, hashes that are hashes, chunk counts that fit the sizes, the model hash right."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+        raise ModelFilesError("the model manifest must be an object with a list of files")
+    step = manifest.get("chunk_bytes")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 < step <= 64 * 2**20:
+        raise ModelFilesError(f"the model manifest's chunk_bytes must be 1..{64 * 2**20}, got {step!r}")
+    seen = set()
+    for f in manifest["files"]:
+        if not isinstance(f, dict):
+            raise ModelFilesError(f"a file entry must be an object, got {f!r:.60}")
+        path = f.get("path")
+        pp = PurePosixPath(path) if isinstance(path, str) else None
+        if (pp is None or not path or pp.is_absolute() or ".." in pp.parts or "\\" in path
+                or any(part.startswith(".") for part in pp.parts) or path in seen):
+            raise ModelFilesError(f"unsafe or repeated file path in the model manifest: {path!r:.80}")
+        seen.add(path)
+        size, sha, chunks = f.get("size"), f.get("sha256"), f.get("chunks")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ModelFilesError(f"{path}: size must be a non-negative integer, got {size!r}")
+        if not isinstance(sha, str) or not _HASH.match(sha):
+            raise ModelFilesError(f"{path}: sha256 is not a SHA-256 hex digest")
+        if (not isinstance(chunks, list) or len(chunks) != -(-size // step)
+                or not all(isinstance(h, str) and _HASH.match(h) for h in chunks)):
+            raise ModelFilesError(f"{path}: needs {-(-size // step)} chunk hashes for {size} bytes")
+    if manifest.get("hash") != model_hash(manifest["files"]):
+        raise ModelFilesError("the model manifest's hash does not match its files")
+    if "config.json" not in seen:
+        raise ModelFilesError("the model manifest has no config.json")
+    return manifest
+
+
+class ModelDownload:
+    """Putting one model back together in `dest` from chunks fetched by hash.
+
+        dl = ModelDownload(manifest, dest)       # resumes what an earlier try left in dest.partial
+        for h in dl.missing():
+            dl.add(h, fetch(h))                  # verified on arrival
+        dl.finish(meta)                          # files checked, dest appears atomically
+    """
+
+    def __init__(self, manifest: dict, dest):
+        self.manifest = check_manifest(manifest)
+        self.dest = Path(dest)
+        self.partial = self.dest.with_name(self.dest.name + ".partial")
+        self.chunk_dir = self.partial / "chunks"
+        self.chunk_dir.mkdir(parents=True, exist_ok=True)
+        self.sizes = {h: n for h, (_, _, n) in chunk_locations(self.manifest).items()}
+        self.resumed = 0
+        for p in self.chunk_dir.iterdir():  # what an interrupted try kept, checked again
+            ok = p.name in self.sizes and p.stat().st_size == self.sizes[p.name] and _sha256(p.read_bytes()) == p.name
+            if ok:
+                self.resumed += 1
+            else:
+                p.unlink()
+
+    @property
+    def total(self) -> int:
+        return len(self.sizes)
+
+    def missing(self) -> list[str]:
+        return [h for h in self.sizes if not (self.chunk_dir / h).exists()]
+
+    def bytes_done(self) -> int:
+        return sum(n for h, n in self.sizes.items() if (self.chunk_dir / h).exists())
+
+    def add(self, digest: str, data: bytes) -> None:
+        if digest not in self.sizes:
+            raise ModelFilesError(f"chunk {digest} is not part of this model")
+        if len(data) != self.sizes[digest] or _sha256(data) != digest:
+            raise ModelFilesError(f"chunk {digest} is corrupt: its {len(data)} bytes do not match its hash")
+        tmp = self.chunk_dir / (digest + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, self.chunk_dir / digest)
+
+    def finish(self, meta: dict | None = None) -> Path:
+        """Assemble every file from its chunks, check it, and move the folder into place."""
+        if self.missing():
+            raise ModelFilesError(f"{len(self.missing())} of {self.total} chunks are still missing")
+        staging = self.partial / "files"
+        shutil.rmtree(staging, ignore_errors=True)
+        for f in self.manifest["files"]:
+            out = staging / f["path"]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            whole = hashlib.sha256()
+            with open(out, "wb") as w:
+                for h in f["chunks"]:
+                    piece = (self.chunk_dir / h).read_bytes()
+                    whole.update(piece)
+                    w.write(piece)
+            if whole.hexdigest() != f["sha256"] or out.stat().st_size != f["size"]:
+                raise ModelFilesError(f"{f['path']} does not match its hash after assembly")
+        record = {"hash": self.manifest["hash"], "bytes": sum(f["size"] for f in self.manifest["files"]), **(meta or {})}
+        (staging / MANIFEST_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        if self.dest.exists():
+            shutil.rmtree(self.dest)
+        os.replace(staging, self.dest)
+        shutil.rmtree(self.partial, ignore_errors=True)
+        return self.dest
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def pulled_record(model_dir) -> dict | None:
+    """What `models pull` wrote beside a model's files (version, source, hash), or None."""
+    p = Path(model_dir) / MANIFEST_FILE
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

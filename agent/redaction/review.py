@@ -1,0 +1,274 @@
+"""Scan an episode for personal data, approve what will be blurred and masked, and build the
+redacted version that leaves the machine.
+
+    scan(store, id)            OCR every frame not scanned yet, find personal data in every text
+                               field, keep it in the episode's plan (status 'scanned')
+    approve(store, id, by)     write the blurred frames as new blobs beside the originals; with
+                               keep_originals off, the episode itself becomes the redacted one
+                               and the originals are deleted
+    upload_view(store, ep)     what sync sends: redacted frames, masked text, and a record of
+                               each decision (what, where, by whom) in meta['redaction']
+
+All of it runs after recording stops, in a worker (the app) or the CLI, never on the capture
+path. Recordings made by the recorder are not uploaded before their review is approved, unless
+the store's setting privacy.require_review is false.
+"""
+from __future__ import annotations
+
+import time
+
+from agent.redaction import RedactionError
+from agent.redaction.frames import blur_rects, decode, find_regions
+from agent.redaction.patterns import Span, find_pii, mask
+from agent.redaction.plan import DETECTOR, META_KEY, empty_plan, new_box, plan_of, text_sha
+from agent.schema import Episode
+
+REQUIRE_REVIEW_KEY = "privacy.require_review"  # default True
+KEEP_ORIGINALS_KEY = "privacy.keep_originals"  # default True
+_SECRET = "\u2022"  # what the recorder stores for a masked keystroke (agent.recorder.reduce.MASK_CHAR)
+
+
+# ---------------------------------------------------------------- text fields
+def text_fields(ep: Episode) -> list[tuple[str, str]]:
+    """(key, text) of every piece of free text in the episode that could hold personal data."""
+    out = [("instruction", ep.instruction)]
+    for s in ep.steps:
+        p = f"step/{s.index}"
+        out.append((f"{p}/thought", s.thought))
+        out += [(f"{p}/action/{k}", v) for k, v in s.action.args.items() if isinstance(v, str)]
+        for k in ("spoken", "notes"):
+            v = s.info.get(k)
+            if isinstance(v, str):
+                out.append((f"{p}/info/{k}", v))
+            elif isinstance(v, list):
+                out += [(f"{p}/info/{k}/{j}", t) for j, t in enumerate(v) if isinstance(t, str)]
+    return [(k, t) for k, t in out if t]
+
+
+def _set_text(ep: Episode, key: str, text: str) -> None:
+    parts = key.split("/")
+    if parts == ["instruction"]:
+        ep.instruction = text
+        return
+    step = next(s for s in ep.steps if s.index == int(parts[1]))
+    if parts[2] == "thought":
+        step.thought = text
+    elif parts[2] == "action":
+        step.action = type(step.action)(step.action.name, {**step.action.args, parts[3]: text})
+    elif len(parts) == 4:
+        step.info[parts[3]] = text
+    else:
+        step.info[parts[3]][int(parts[4])] = text
+
+
+def _spans_for(plan: dict, key: str, text: str) -> list[dict]:
+    """The plan's spans for a field whose text is unchanged; else the detector's, all masked."""
+    entry = plan["texts"].get(key)
+    if entry is not None and entry["sha"] == text_sha(text):
+        return entry["spans"]
+    return [_detected_span(s) for s in find_pii(text)]
+
+
+def _detected_span(s: Span) -> dict:
+    return {**s.to_dict(), "by": DETECTOR, "blur": True, "decided_by": DETECTOR}
+
+
+# ---------------------------------------------------------------- scan
+def _frames(ep: Episode) -> list[tuple[str, int, str]]:
+    """(blob hash, step index, 'pre' | 'post') of each distinct frame, in step order."""
+    seen, out = set(), []
+    for s in ep.steps:
+        for which, h in (("pre", s.observation.screenshot), ("post", s.observation.post_screenshot)):
+            if h and h not in seen:
+                seen.add(h)
+                out.append((h, s.index, which))
+    return out
+
+
+def pending_frames(store, episode_id: str) -> int:
+    """How many frames of the episode its plan has not scanned yet."""
+    ep = store.load_episode(episode_id)
+    plan = plan_of(ep) or {"frames": {}}
+    return sum(h not in plan["frames"] for h, _, _ in _frames(ep))
+
+
+def scan(store, episode_id: str, *, engine=None, progress=None, cancel=None) -> dict:
+    """Find personal data in frames the plan has not seen and in changed text; saves the plan
+    and returns it. progress(done, total, text) is told after each frame; cancel() -> True stops
+    early (what was scanned is kept)."""
+    from agent.redaction.ocr import shared_engine
+
+    engine = engine or shared_engine()
+    ep = store.load_episode(episode_id)
+    plan = plan_of(ep) or empty_plan(engine.version())
+    todo = [f for f in _frames(ep) if f[0] not in plan["frames"]]
+    found = {}
+    for n, (h, index, which) in enumerate(todo):
+        if cancel is not None and cancel():
+            break
+        if progress:
+            progress(n, len(todo), f"Reading step {index + 1}'s {'screenshot' if which == 'pre' else 'after-action frame'} ({n + 1} of {len(todo)})")
+        regions = find_regions(decode(store.get_blob(h)), engine)
+        found[h] = {"boxes": [new_box(r.rect, r.kind, DETECTOR, r.score) for r in regions], "redacted": None}
+    if progress:
+        progress(len(found), len(todo), "Saving what was found")
+    # merge into the latest version of the episode: it may have been edited meanwhile
+    ep = store.load_episode(episode_id)
+    latest = plan_of(ep) or plan
+    latest["frames"].update(found)
+    live = {h for h, _, _ in _frames(ep)}
+    latest["frames"] = {h: e for h, e in latest["frames"].items() if h in live}
+    fields = dict(text_fields(ep))
+    texts = {}
+    for key, text in fields.items():
+        entry = latest["texts"].get(key)
+        if entry is not None and entry["sha"] == text_sha(text):
+            texts[key] = entry
+        else:
+            spans = [_detected_span(s) for s in find_pii(text)]
+            if spans:
+                texts[key] = {"sha": text_sha(text), "spans": spans}
+    latest["texts"] = texts
+    if found or latest.get("status") != "approved" or any(f not in latest["frames"] for f in live):
+        latest["status"] = "scanned"
+    ep.meta[META_KEY] = latest
+    store.save_episode(ep, bump_revision=True)
+    return latest
+
+
+def save_plan(store, episode_id: str, plan: dict) -> None:
+    """Keep a plan edited in review (boxes added, removed, kept clear)."""
+    ep = store.load_episode(episode_id)
+    ep.meta[META_KEY] = plan
+    store.save_episode(ep, bump_revision=True)
+
+
+# ---------------------------------------------------------------- approve
+def approve(store, episode_id: str, by: str, *, plan: dict | None = None, keep_originals: bool | None = None,
+            progress=None) -> dict:
+    """Approve the plan (the one given, else the stored one): blurred frames are written as new
+    blobs. keep_originals (default: the store's setting, else True) False replaces the episode's
+    frames and text with the redacted ones and deletes the originals."""
+    if not by or not str(by).strip():
+        raise RedactionError("approving a redaction needs the reviewer's name")
+    ep = store.load_episode(episode_id)
+    plan = plan if plan is not None else plan_of(ep)
+    if plan is None:
+        raise RedactionError(f"episode {episode_id} has not been scanned for personal data yet")
+    unscanned = [f"step {i + 1}" for h, i, _ in _frames(ep) if h not in plan["frames"]]
+    if unscanned:
+        raise RedactionError(f"episode {episode_id}: frames of {', '.join(unscanned[:3])} were not scanned yet")
+    for n, (h, entry) in enumerate(sorted(plan["frames"].items())):
+        if progress:
+            progress(n, len(plan["frames"]), f"Blurring frame {n + 1} of {len(plan['frames'])}")
+        rects = [b["rect"] for b in entry["boxes"] if b["blur"]]
+        entry["redacted"] = store.put_blob(blur_rects(store.get_blob(h), rects)) if rects else h
+    plan.update(status="approved", approved_by=str(by).strip(), approved_at=time.time())
+    ep.meta[META_KEY] = plan
+    store.save_episode(ep, bump_revision=True)
+    if keep_originals is None:
+        keep_originals = bool(store.get_setting(KEEP_ORIGINALS_KEY, True))
+    if not keep_originals:
+        apply_in_place(store, episode_id)
+    return plan
+
+
+def apply_in_place(store, episode_id: str) -> Episode:
+    """Make the stored episode its redacted version and delete the original frames and typed keys
+    (consented to by the keep-originals setting being off)."""
+    ep = store.load_episode(episode_id)
+    plan = plan_of(ep)
+    if plan is None or plan["status"] != "approved":
+        raise RedactionError(f"episode {episode_id}: only an approved redaction can replace the originals")
+    red = upload_view(store, ep)
+    red.meta = {**ep.meta, META_KEY: {**plan, "in_place": True, "record": red.meta[META_KEY]["decisions"],
+                                      "frames": {}, "texts": {}}}
+    for h, entry in list(plan["frames"].items()):  # the redacted frames are now the frames
+        red.meta[META_KEY]["frames"][entry["redacted"]] = {"boxes": entry["boxes"], "redacted": entry["redacted"]}
+    masked_steps = {int(k.split("/")[1]) for k, e in plan["texts"].items()
+                    if k.startswith("step/") and "/action/" in k and any(s["blur"] for s in e["spans"])}
+    old = ep.blob_hashes() - red.blob_hashes()
+    with store.transaction():
+        store.save_episode(red, bump_revision=True)
+        for h, entry in plan["frames"].items():
+            if entry["redacted"] != h:
+                store.execute("UPDATE raw_events SET data = replace(data, ?, ?) WHERE episode_id = ? AND kind = 'frame'",
+                              [h, entry["redacted"], episode_id])
+        for s in ep.steps:  # the typed keys behind masked text: kept as the recorder keeps secret keys
+            if s.index in masked_steps:
+                store.execute(
+                    "UPDATE raw_events SET data = json_set(data, '$.key', ?, '$.secret', json('true')) "
+                    "WHERE episode_id = ? AND kind IN ('key_down', 'key_up') AND t >= ? AND t <= ? "
+                    "AND length(json_extract(data, '$.key')) = 1", [_SECRET, episode_id, s.t_start - 1.0, s.t_end])
+    store.remove_unreferenced(old)
+    return red
+
+
+# ---------------------------------------------------------------- upload
+def needs_review(store, ep: Episode) -> bool:
+    return "recording" in ep.meta and bool(store.get_setting(REQUIRE_REVIEW_KEY, True))
+
+
+def upload_view(store, ep: Episode) -> Episode:
+    """The version of `ep` that may leave the machine (a new object; the store is not changed)."""
+    plan = plan_of(ep)
+    if plan is None or plan["status"] != "approved":
+        if needs_review(store, ep):
+            state = "its review is not approved yet" if plan else "it has not been reviewed yet"
+            raise RedactionError(
+                f"not sent: personal data check needed ({state}). Open the recording in the app and "
+                f"choose Review privacy, or run `python main.py redact approve {ep.id} --by NAME`")
+        return ep
+    out = Episode.from_dict(ep.to_dict())
+    decisions = []
+    for s in out.steps:
+        for which in ("pre", "post"):
+            attr = "screenshot" if which == "pre" else "post_screenshot"
+            h = getattr(s.observation, attr)
+            if not h:
+                continue
+            entry = plan["frames"].get(h)
+            if entry is None or not entry.get("redacted") or not store.has_blob(entry["redacted"]):
+                raise RedactionError(
+                    f"not sent: step {s.index + 1} changed after its privacy review was approved; review it again")
+            setattr(s.observation, attr, entry["redacted"])
+            decisions += [{"where": {"step": s.index, "frame": which, "rect": b["rect"]}, "kind": b["kind"],
+                           "found_by": b["by"], "decision": "blurred" if b["blur"] else "kept",
+                           "decided_by": b["decided_by"]} for b in entry["boxes"]]
+    for key, text in text_fields(out):
+        spans = _spans_for(plan, key, text)
+        chosen = [Span(sp["kind"], sp["start"], sp["end"], "") for sp in spans if sp["blur"]]
+        if chosen:
+            _set_text(out, key, mask(text, chosen))
+        decisions += [{"where": {"field": key, "span": [sp["start"], sp["end"]]}, "kind": sp["kind"],
+                       "found_by": sp["by"], "decision": "masked" if sp["blur"] else "kept",
+                       "decided_by": sp["decided_by"]} for sp in spans]
+    decisions += plan.get("record", [])
+    spoken = _mask_transcript(out)
+    if spoken and out.meta.get("audio_blobs"):
+        out.meta.pop("audio_blobs", None)
+        out.meta.pop("audio", None)
+        decisions.append({"where": {"field": "audio"}, "kind": "spoken", "found_by": DETECTOR,
+                          "decision": "withheld", "decided_by": DETECTOR})
+    out.meta[META_KEY] = {"version": plan["version"], "engine": plan["engine"], "approved_by": plan["approved_by"],
+                          "approved_at": plan["approved_at"], "decisions": decisions}
+    return out
+
+
+def _mask_transcript(ep: Episode) -> int:
+    """Mask transcript words that are part of personal data; returns how many spans were found."""
+    words = ep.meta.get("transcript")
+    if not isinstance(words, list) or not words:
+        return 0
+    texts = [str(w.get("word", w.get("text", ""))) if isinstance(w, dict) else str(w) for w in words]
+    joined, starts = "", []
+    for t in texts:
+        starts.append(len(joined))
+        joined += t + " "
+    spans = find_pii(joined)
+    for sp in spans:
+        for i, st in enumerate(starts):
+            if st < sp.end and st + len(texts[i]) > sp.start and isinstance(words[i], dict):
+                key = "word" if "word" in words[i] else "text"
+                words[i] = {**words[i], key: f"<{sp.kind}>"}
+    return len(spans)

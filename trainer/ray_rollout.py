@@ -1,0 +1,184 @@
+"""Ray as the rollout engine (`train ppo --engine ray`): rollout workers are Ray actors, on this
+machine or across a cluster (`ray start --head` on one machine, `ray start --address HEAD:6379`
+on the others, then `--ray-address auto` or `HEAD:6379`).
+
+`RayRolloutPool` is trainer.rollout.RolloutPool's interface (start, collect, publish, stats,
+close) over Ray: each actor owns its own policy copy (trainer.actor.VLMActor) and `spec.n_envs`
+sandbox environments played together by one EpisodeRunner (one batched generation per round).
+The learner puts every new version's weights into Ray's object store once (`ray.put`); an actor
+fetches them at the start of its next call, so weights cross the network once per actor and
+version. The unit of work is one call: a list of tickets (seed, family) played to the end with
+the weights of one version, whose trajectories come back together.
+  - "async": every actor always has a call in flight; the learner takes trajectories as calls
+    finish and gives that actor new tickets with the newest weights at once. Trajectories are
+    judged by the same staleness rule as the local pool (trainer.rollout.staleness); any beyond
+    the batch wait for the next one.
+  - "sync": one call per actor with the batch's tickets, all waited for.
+Ray is imported only here, when the engine is asked for: the rest of Tandem runs without it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from trainer.rollout import RolloutError, WorkerSpec, check_pool, staleness
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Worker:
+    """The body of a rollout actor (wrapped by ray.remote in RayRolloutPool.start)."""
+
+    def __init__(self, rank: int, spec: WorkerSpec):
+        import torch
+
+        from trainer.actor import VLMActor
+        from trainer.episodes import EpisodeRunner
+        from trainer.sandbox.env_process import make_envs
+
+        torch.set_num_threads(spec.threads)
+        self.actor = VLMActor.load(spec.model_dir, **spec.actor_kw)
+        self.envs = make_envs(spec.n_envs, **spec.env_kw)
+        self.runner = EpisodeRunner(self.actor, self.envs, memory_kw=spec.memory_kw, worker=rank, version=-1,
+                                    **spec.episode_kw)
+
+    def play(self, tickets: list, version: int, weights: list) -> list:
+        """Play `tickets` with the weights of `version` (weights: [ObjectRef], fetched only when the
+        version changed: a bare ref would be fetched by Ray on every call)."""
+        if version != self.runner.version:
+            import ray
+
+            self.actor.load_state(ray.get(weights[0]), f"weights of version {version}")
+            self.runner.version = version
+        return self.runner.run_all(tickets)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class RayRolloutPool:
+    """Rollout workers as Ray actors; see the module doc. Use as a context manager."""
+
+    def __init__(self, spec: WorkerSpec, n_workers: int = 2, *, mode: str = "async", max_staleness: int = 1,
+                 staleness_decay: float = 1.0, seed_start: int = 0, families: list[str] | None = None,
+                 address: str | None = None):
+        check_pool(mode, n_workers, max_staleness, staleness_decay)
+        self.spec, self.n_workers, self.mode, self.address = spec, n_workers, mode, address
+        self.max_staleness, self.staleness_decay = max_staleness, staleness_decay
+        self.families = list(families) if families else None
+        self.next_seed = int(seed_start)
+        self.version = 0
+        self.workers: list = []
+        self.inflight: dict = {}  # ObjectRef of a play call -> worker index
+        self.spare: list = []  # trajectories that came back beyond a batch
+        self.stats = {"received": 0, "dropped": 0, "lags": []}
+        self._weights = None
+        self._started_ray = False
+
+    # -- life cycle
+    def start(self, model) -> "RayRolloutPool":
+        import ray
+
+        if not ray.is_initialized():
+            env = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+                   "QT_QPA_PLATFORM": os.environ.get("QT_QPA_PLATFORM", "offscreen")}
+            kw = {} if self.address else {"num_cpus": max(os.cpu_count() or 1, self.n_workers * self.spec.threads)}
+            try:
+                ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                         runtime_env={"env_vars": env}, **kw)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise RolloutError(f"could not start or reach Ray at {self.address or 'a new local instance'}: {e}") from e
+            self._started_ray = True
+        actor_cls = ray.remote(num_cpus=self.spec.threads)(_Worker)
+        self._weights = ray.put(_state(model))
+        self.workers = [actor_cls.remote(rank, self.spec) for rank in range(self.n_workers)]
+        return self
+
+    def close(self) -> None:
+        import ray
+
+        for w in self.workers:
+            try:
+                ray.get(w.close.remote(), timeout=30)
+            except Exception:  # a dead actor has nothing left to close
+                pass
+            ray.kill(w)
+        self.workers, self.inflight = [], {}
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- the learner's side
+    def publish(self, model) -> int:
+        """Put new weights into the object store; returns the new policy version."""
+        import ray
+
+        self._weights = ray.put(_state(model))
+        self.version += 1
+        return self.version
+
+    def _tickets(self, n: int) -> list:
+        out = []
+        for _ in range(n):
+            fam = self.families[self.next_seed % len(self.families)] if self.families else None
+            out.append((self.next_seed, fam))
+            self.next_seed += 1
+        return out
+
+    def _play(self, k: int, n: int) -> None:
+        ref = self.workers[k].play.remote(self._tickets(n), self.version, [self._weights])
+        self.inflight[ref] = k
+
+    def _wait(self, timeout: float) -> list:
+        """The trajectories of the next finished call."""
+        import ray
+
+        ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=timeout)
+        if not ready:
+            raise RolloutError(f"nothing from the Ray rollout actors within {timeout:.0f} s")
+        k = self.inflight.pop(ready[0])
+        try:
+            return k, ray.get(ready[0])
+        except ray.exceptions.RayError as e:
+            raise RolloutError(f"Ray rollout actor {k} failed: {e}") from e
+
+    def collect(self, batch_size: int, timeout: float = 600.0) -> list:
+        """The next `batch_size` usable trajectories for the learner's current version."""
+        learner_version = self.version
+        pending, self.spare = self.spare, []
+        if self.mode == "sync":  # the batch's tickets shared out, one call per actor
+            per = -(-batch_size // self.n_workers)
+            for k in range(self.n_workers):
+                if batch_size > k * per:
+                    self._play(k, min(per, batch_size - k * per))
+        batch: list = []
+        while len(batch) < batch_size:
+            if self.mode == "async":  # every actor busy with a call of n_envs tickets
+                for k in set(range(self.n_workers)) - set(self.inflight.values()):
+                    self._play(k, self.spec.n_envs)
+            elif not pending and not self.inflight:  # cannot happen in sync mode, but never hang if it does
+                self._play(0, batch_size - len(batch))
+            if not pending:
+                _, pending = self._wait(timeout)
+            traj = pending.pop(0)
+            self.stats["received"] += 1
+            w = staleness(traj.version, learner_version, self.max_staleness, self.staleness_decay)
+            if w is None:
+                self.stats["dropped"] += 1
+                continue
+            traj.weight = w
+            self.stats["lags"].append(learner_version - traj.version)
+            batch.append(traj)
+        self.spare = pending
+        return batch
+
+
+def _state(model) -> dict:
+    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}

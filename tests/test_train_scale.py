@@ -221,7 +221,7 @@ def test_ppo_with_ray_actors_as_rollout_workers(tiny_vlm_dir, tmp_path, capsys):
     assert all(r["episode_length"] > 0 for r in rows)
 
 
-def test_ray_flags_are_checked_by_name(capsys):
+def test_ray_flags_are_checked_by_name(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811
     from main import main
 
     argv = ["train", "ppo", "--model", "m", "--out", "o"]
@@ -229,6 +229,10 @@ def test_ray_flags_are_checked_by_name(capsys):
     assert "--engine ray needs --workers of at least 1" in capsys.readouterr().err
     assert main(argv + ["--ray-address", "auto"]) == 2
     assert "--ray-address is for --engine ray" in capsys.readouterr().err
+    # a cluster address where nothing listens: named at once (Ray itself retries for minutes)
+    assert main(["--data", str(tmp_path / "data"), "train", "ppo", "--model", str(tiny_vlm_dir), "--out",
+                 str(tmp_path / "o"), "--engine", "ray", "--workers", "1", "--ray-address", "127.0.0.1:1"]) == 2
+    assert "nothing answers at --ray-address 127.0.0.1:1" in capsys.readouterr().err
 
 
 def _grads_job(rank: int, world: int, out: str) -> None:

@@ -124,12 +124,17 @@ def wrap(model, strategy: str = "ddp"):
 def _decoder_layers(model):
     """The transformer blocks of a Qwen-VL model (language layers and vision blocks), the units
     FSDP2 gathers one at a time."""
-    return [m for name, m in model.named_modules() if _is_block(name)]
+    return [m for name, m in model.named_modules() if name and block_of(name) == name]
 
 
-def _is_block(name: str) -> bool:
+def block_of(name: str) -> str | None:
+    """The qualified name of the decoder layer or vision block (`...layers.N`, `...blocks.N`) a
+    module of this name is in, or None outside them."""
     parts = name.split(".")
-    return len(parts) >= 2 and parts[-1].isdigit() and parts[-2] in ("layers", "blocks")
+    for k in range(len(parts) - 1, 0, -1):
+        if parts[k].isdigit() and parts[k - 1] in ("layers", "blocks"):
+            return ".".join(parts[: k + 1])
+    return None
 
 
 def sync_context(wrapped, strategy: str, world: int, last: bool):

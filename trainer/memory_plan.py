@@ -139,22 +139,27 @@ def meta_model(config):
         return cls._from_config(config)
 
 
-def count_params(model, lora: int | None = None) -> tuple[int, int, int, int]:
-    """(all parameters, vision tower's, trainable, trained weights of linear layers (what autocast
-    casts to bf16)): trainable is all of them, or the adapters rank `lora` puts on trainer.lora's
-    targets (all linear: LoRA's A and B)."""
+def count_params(model, lora: int | None = None) -> dict:
+    """{"total", "vision" (the vision tower's), "trainable" (all, or the adapters rank `lora` puts
+    on trainer.lora's targets), "linear" (trained weights of linear layers: what autocast casts to
+    bf16), "linear_outside" (those outside the decoder layers and vision blocks), "linear_block"
+    (the largest block's)}."""
     import torch
 
+    from trainer.distributed import block_of
     from trainer.lora import is_lora_target
 
     total = sum(p.numel() for p in model.parameters())
     vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
-    if not lora:
-        linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-        return total, vision, total, linear
-    adapters = sum(lora * (m.in_features + m.out_features) for n, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear) and is_lora_target(n))
-    return total, vision, adapters, adapters
+    per_block: dict = {}
+    for n, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and (not lora or is_lora_target(n)):
+            size = lora * (m.in_features + m.out_features) if lora else m.weight.numel()
+            per_block[block_of(n)] = per_block.get(block_of(n), 0) + size
+    linear = sum(per_block.values())
+    outside = per_block.get(None, 0)
+    return {"total": total, "vision": vision, "trainable": linear if lora else total, "linear": linear,
+            "linear_outside": outside, "linear_block": max([v for k, v in per_block.items() if k] or [0])}
 
 
 def plan_memory(model: str, *, nproc: int = 1, shard: str = "ddp", bf16: bool = False, lora: int | None = None,
@@ -172,7 +177,8 @@ def plan_memory(model: str, *, nproc: int = 1, shard: str = "ddp", bf16: bool = 
         raise PlanError(FSDP_LORA)
     gpu_gb = gpu_capacity(gpu)
     name, config = model_config(model)
-    total, vision, trainable, linear = count_params(meta_model(config), lora)
+    counts = count_params(meta_model(config), lora)
+    total, vision, trainable = counts["total"], counts["vision"], counts["trainable"]
     plan = Plan(name, total, vision, trainable, nproc, shard, bf16, lora, grad_checkpointing, seq_len, image_tokens,
                 min(target_tokens, seq_len), gpu=gpu, gpu_gb=gpu_gb)
     split = nproc if shard == "fsdp" else 1
@@ -180,7 +186,9 @@ def plan_memory(model: str, *, nproc: int = 1, shard: str = "ddp", bf16: bool = 
         plan.parts["weights"] = (total * (2 if bf16 else 4) + 4 * trainable) // split
     else:
         plan.parts["weights"] = 4 * total // split
-    plan.parts["bf16 weight copies"] = 2 * linear if bf16 else 0
+    # a block under checkpointing casts its weights again in its recompute: only one block's copies at a time
+    copies = counts["linear_outside"] + counts["linear_block"] if grad_checkpointing else counts["linear"]
+    plan.parts["bf16 weight copies"] = 2 * copies if bf16 else 0
     plan.parts["gradients"] = 4 * trainable // split
     plan.parts["optimizer (AdamW)"] = 8 * trainable // split
     kept, recompute = activation_bytes(config, seq_len, image_tokens, plan.target_tokens, bf16=bf16,

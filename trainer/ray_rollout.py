@@ -81,6 +81,7 @@ class RayRolloutPool:
         import ray
 
         if not ray.is_initialized():
+            _check_reachable(self.address)
             env = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
                    "QT_QPA_PLATFORM": os.environ.get("QT_QPA_PLATFORM", "offscreen")}
             kw = {} if self.address else {"num_cpus": max(os.cpu_count() or 1, self.n_workers * self.spec.threads)}
@@ -178,6 +179,24 @@ class RayRolloutPool:
             batch.append(traj)
         self.spare = pending
         return batch
+
+
+def _check_reachable(address: str | None, timeout: float = 5.0) -> None:
+    """Raise RolloutError when a HOST:PORT address has nothing listening (Ray itself would retry
+    for minutes); "auto", ray:// addresses and None are left to Ray."""
+    import socket
+
+    if not address or address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return
+    except ValueError:
+        raise RolloutError(f"--ray-address {address!r} is not HOST:PORT, auto or ray://...") from None
+    except OSError as e:
+        raise RolloutError(f"nothing answers at --ray-address {address} ({e}); start the cluster with "
+                           "`ray start --head` there first") from None
 
 
 def _state(model) -> dict:

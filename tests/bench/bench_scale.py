@@ -3,7 +3,9 @@ costs in step time, and 1 vs 2 learner processes (DDP, FSDP2 on gloo) with the s
 
     python tests/bench/bench_scale.py [--model assets/default_model --steps 4 --batch 4]
 
-Table 1: per setting, the plan's bytes next to the measured ones of one real step
+Table 1: per setting, the plan's bytes next to the measured ones of one real step, for --model
+and for a 101.6M-parameter model of the same class built here (hidden 768, 12 language layers, 4
+vision blocks; trainer.tiny_model, random weights)
 (trainer.memory_plan.measure_step: tensors of weights, gradients, AdamW states; what autograd
 saved for backward; the growth of the process's peak RSS, which also holds transients and is
 noisy at this size). Table 2: `train sft --max-steps S --batch B --seed 0` through the CLI with
@@ -154,13 +156,17 @@ def main_(argv=None) -> None:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # the sandboxes of the PPO runs
     with tempfile.TemporaryDirectory() as tmp:
         jsonl = make_jsonl(Path(tmp))
-        print(f"== plan vs one measured step ({args.model}; MB)")
-        print_table(plan_vs_measured(args.model, jsonl), [
-            ("setting", "setting", ""), ("tokens", "tokens", "d"), ("weights plan", "w_plan", ".2f"),
-            ("measured", "w_meas", ".2f"), ("grads+adam plan", "opt", ".2f"), ("measured", "opt_meas", ".2f"),
-            ("activations plan", "act_plan", ".2f"), ("measured", "act_meas", ".2f"),
-            ("recompute plan", "recompute", ".2f"), ("total plan", "total_plan", ".2f"),
-            ("measured", "total_meas", ".2f"), ("peak RSS growth", "rss", ".1f")])
+        from trainer.tiny_model import build_tiny_model
+
+        mid = str(build_tiny_model(Path(tmp) / "mid", hidden=768, layers=12, vision_depth=4))
+        columns = [("setting", "setting", ""), ("tokens", "tokens", "d"), ("weights plan", "w_plan", ".2f"),
+                   ("measured", "w_meas", ".2f"), ("grads+adam plan", "opt", ".2f"), ("measured", "opt_meas", ".2f"),
+                   ("activations plan", "act_plan", ".2f"), ("measured", "act_meas", ".2f"),
+                   ("recompute plan", "recompute", ".2f"), ("total plan", "total_plan", ".2f"),
+                   ("measured", "total_meas", ".2f"), ("peak RSS growth", "rss", ".1f")]
+        for model_dir in (args.model, mid):
+            print(f"== plan vs one measured step ({model_dir}; MB)")
+            print_table(plan_vs_measured(model_dir, jsonl), columns)
         print(f"\n== train sft --max-steps {args.steps} --batch {args.batch} --seed 0")
         print_table(cli_runs(args.model, jsonl, args.steps, args.batch, Path(tmp) / "runs"), [
             ("run", "run", ""), ("s/step", "step_s", ".3f"), ("wall s", "wall_s", ".1f"), ("last loss", "loss", ".4f"),

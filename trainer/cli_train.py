@@ -69,6 +69,7 @@ def register(sub, common) -> None:
     s.add_argument("--nproc", type=int, default=1,
                    help="learner processes (torch.distributed, gloo on the CPU, NCCL with one GPU each): rank 0 runs "
                         "the rollouts, every rank a share of each minibatch, gradients summed")
+    _add_memory_args(s)
     s.set_defaults(func=cmd_ppo)
 
     s = ts.add_parser("plan", parents=[common], help="memory per learner process of a model and settings, and whether it fits a GPU",
@@ -139,6 +140,11 @@ def _add_scale_args(s) -> None:
     s.add_argument("--shard", choices=("ddp", "fsdp"), default="ddp",
                    help="with --nproc > 1: ddp (a replica per process) or fsdp (FSDP2: weights, gradients and "
                         "optimizer states sharded across processes)")
+    _add_memory_args(s)
+
+
+def _add_memory_args(s) -> None:
+    """bf16, gradient checkpointing and LoRA: `train sft|ct` and `train ppo` share them."""
     s.add_argument("--bf16", action="store_true",
                    help="bf16 autocast (float32 master weights and AdamW states); with --lora the frozen base is bf16")
     s.add_argument("--grad-checkpointing", action="store_true",
@@ -319,10 +325,17 @@ def cmd_ppo(args) -> int:
                                          target_kl=args.target_kl, dual_clip=args.dual_clip):
         if not ok:
             return _fail(f"{msg}, got {value}")
+    from trainer.lora import LoRAError, check_lora
+
     try:
         check_nproc(args.nproc, args.device)
-    except DistributedError as e:
+        check_lora(args.lora, args.lora_alpha, args.lora_save)
+    except (DistributedError, LoRAError) as e:
         return _fail(str(e))
+    from pathlib import Path
+
+    if args.lora and not Path(args.model).is_dir():
+        return _fail(f"--lora needs --model to be a model directory (the adapter names its base), got {args.model!r}")
     if args.engine == "ray":
         if args.workers < 1:
             return _fail(f"--engine ray needs --workers of at least 1 (Ray actors), got {args.workers}")
@@ -371,7 +384,9 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
                     target_kl=args.target_kl, dual_clip=args.dual_clip, progress_reward=args.progress_reward,
                     click_reward=args.click_reward,
                     kl_coef=args.kl_coef, end_on_parse_error=args.end_on_parse_error,
-                    no_effect_penalty=args.no_effect_penalty, engine=args.engine, ray_address=args.ray_address)
+                    no_effect_penalty=args.no_effect_penalty, engine=args.engine, ray_address=args.ray_address,
+                    bf16=args.bf16, grad_checkpointing=args.grad_checkpointing, lora_r=args.lora,
+                    lora_alpha=args.lora_alpha)
     env_kw = {"width": args.width, "height": args.height}
     if args.max_steps:
         env_kw["max_steps"] = args.max_steps
@@ -386,8 +401,13 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
     if rank > 0:
         return
     log.close()
-    save_checkpoint(model, processor, out, {"ppo": res["config"], "last": res["history"][-1] if res["history"] else None,
-                                            "processes": world})
+    extra = {"ppo": res["config"], "last": res["history"][-1] if res["history"] else None, "processes": world}
+    if res["peft"] is not None:
+        from trainer.lora import save_lora
+
+        save_lora(res["peft"], processor, out, args.model, args.lora_save, extra)
+    else:
+        save_checkpoint(model, processor, out, extra)
     res["critic"].save(work / "critic")
     plot = _plot(log, work, "ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "clipfrac_dual",
                                      "explained_variance",

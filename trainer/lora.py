@@ -60,6 +60,33 @@ def apply_lora(model, r: int, alpha: float | None = None, base_dtype=None):
     return peft_model
 
 
+def plain_state_dict(model) -> dict:
+    """The weights, on the CPU, that an adapter-free copy of `model` loads: its own state dict, or,
+    where peft put LoRA layers into it, the base weights under the base's names with each adapter's
+    delta added, in float32 (a rollout worker's copy). The model itself is not touched: merging
+    into a bf16 base and unmerging again would drift the frozen weights a little every time."""
+    import sys
+
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    layers = {}
+    if "peft" in sys.modules:  # no adapters without peft
+        from peft.tuners.lora import LoraLayer
+
+        layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    if not layers:
+        return {k: v.contiguous().cpu() for k, v in state.items()}
+    plain = {k.replace(".base_layer.", "."): (v.float() if v.is_floating_point() else v)
+             for k, v in state.items() if ".lora_" not in k}
+    for name, layer in layers.items():
+        if layer.merged:
+            continue  # the base weight already holds the delta
+        w = plain[f"{name}.weight"]
+        for adapter in layer.active_adapters:
+            w = w + layer.get_delta_weight(adapter).float()
+        plain[f"{name}.weight"] = w
+    return {k: v.contiguous().cpu() for k, v in plain.items()}
+
+
 def save_lora(peft_model, processor, out_dir, base_dir, form: str = "adapter", extra: dict | None = None) -> Path:
     """Save a trained LoRA model as its adapter or merged into the base (see the module doc).
     base_dir: the directory the base weights came from."""

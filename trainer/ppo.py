@@ -1,4 +1,6 @@
 """Multi-turn PPO for a Qwen2.5-VL-class policy with a separate critic, read top to bottom.
+(Over 500 lines: the critic, scoring, the two steps, the learner and the loop are one algorithm
+read in order; the tensor plumbing is in trainer.ppo_batch, the losses and GAE in trainer.rl.)
 
 An episode is a list of turns; each turn is a prompt (screenshot + history, never trained on)
 and the tokens the policy generated. Per trajectory the generated tokens of all its turns form one
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -118,6 +120,15 @@ class PPOConfig:
     # the token (rl.losses.behaviour_weights). Off: the ratio's reference is the proximal policy alone.
     behaviour_correction: bool = True
     imp_weight_cap: float | None = 2.0
+    # memory for real-sized models (README "Scaling out"), as `train sft` has them:
+    bf16: bool = False  # bf16 autocast of every forward; master weights, gradients and AdamW states stay float32
+    # recompute each decoder layer in backward; turns share_prefix off (transformers drops the cache a
+    # shared prefix needs while checkpointing)
+    grad_checkpointing: bool = False
+    # rank-r LoRA adapters (trainer.lora) on the policy and on the critic's copy of the backbone; with
+    # bf16 the frozen base is bf16. Rollout workers get the merged weights (trainer.lora.plain_state_dict)
+    lora_r: int | None = None
+    lora_alpha: float | None = None
 
 
 KL_REF_CAP = 10.0  # per-token cap of the KL-to-start penalty's k3 estimate
@@ -153,7 +164,8 @@ class Critic(nn.Module):
         """Values [B, T]: V at position t is the value of the context up to and including t (with
         a shared prefix, T covers what follows it)."""
         out = self.backbone(**forward_kwargs(self.backbone, inputs, prefix), use_cache=False)
-        return self.head(out.last_hidden_state.float()).squeeze(-1)
+        with torch.autocast(self.head.weight.device.type, enabled=False):  # values are regression targets: float32
+            return self.head(out.last_hidden_state.float()).squeeze(-1)
 
     def save(self, out_dir) -> Path:
         from safetensors.torch import save_file
@@ -270,10 +282,12 @@ def critic_step(critic, opt, turns, cfg: PPOConfig, clip: bool = True) -> tuple[
         n = sum(tb.tokens for tb in mb)
         opt.zero_grad(set_to_none=True)
         total = 0.0
-        kv = prefix_kv(critic.backbone, mb, cfg.share_prefix, grad=True)  # once per minibatch
+        with _amp(critic.head.weight.device, cfg):
+            kv = prefix_kv(critic.backbone, mb, cfg.share_prefix, grad=True)  # once per minibatch
         # with several learner processes each takes its share of the micro-batches (trainer.distributed)
         for p in D.my_share(packs(mb, critic.backbone.config, critic.head.weight.device, cfg.micro_batch_tokens)):
-            v = turn_values(critic, p, kv)
+            with _amp(critic.head.weight.device, cfg):
+                v = turn_values(critic, p, kv)
             ret, old = p.cat("ret"), p.cat("values")
             use_clip = cfg.value_clip if clip else None
             loss = rl_losses.value_loss(v, ret, old, clip=use_clip, reduction="sum") / n
@@ -337,9 +351,11 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
         tokens += n  # forward and backward were paid for, even when the step is not taken
         opt.zero_grad(set_to_none=True)
         mb_kl = 0.0
-        kv = prefix_kv(policy, mb, cfg.share_prefix, grad=True)  # once per minibatch
+        with _amp(policy.device, cfg):
+            kv = prefix_kv(policy, mb, cfg.share_prefix, grad=True)  # once per minibatch
         for p in D.my_share(packs(mb, policy.config, policy.device, cfg.micro_batch_tokens)):
-            loss, m = _policy_loss(policy, p, cfg, kv)
+            with _amp(policy.device, cfg):
+                loss, m = _policy_loss(policy, p, cfg, kv)
             (loss / n).backward()
             mb_kl += m["approx_kl"] / n
             for k, v in m.items():
@@ -360,6 +376,11 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
     if kept is not None:  # a mean over the tokens the cap kept, not over all
         out["imp_weight_mean"] = sums["imp_weight_mean"] / kept if kept else 1.0
     return {**out, "kl_stopped": stopped, "tokens": tokens}
+
+
+def _amp(device, cfg: PPOConfig):
+    """bf16 autocast on `device` when cfg.bf16 (else a no-op context); backward runs outside it."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=cfg.bf16)
 
 
 def _minibatches(items, size):
@@ -423,9 +444,10 @@ class Learner:
         """The batch's turns with proximal log-probs (and the start policy's, for the policy's
         KL penalty), values and advantages; explained variance."""
         self.policy.eval()
-        turns = prepare_turns(trajs, self.processor, self.policy, self.cfg)
-        ref = self.ref if with_ref else None
-        return turns, score(self.policy, self.critic, trajs, turns, self.processor, self.cfg, ref)
+        with _amp(self.policy.device, self.cfg):
+            turns = prepare_turns(trajs, self.processor, self.policy, self.cfg)
+            ref = self.ref if with_ref else None
+            return turns, score(self.policy, self.critic, trajs, turns, self.processor, self.cfg, ref)
 
     def value_pretrain(self, trajs) -> dict:
         cfg = self.cfg
@@ -466,7 +488,9 @@ class Learner:
 
 def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw: dict, families=None, log=None,
               memory_kw=None, progress: bool = True, on_update=None) -> dict:
-    """Value pretraining, then `cfg.updates` PPO updates. Returns the critic and a summary.
+    """Value pretraining, then `cfg.updates` PPO updates. Returns the critic and a summary; with
+    LoRA (cfg.lora_r) `policy` ends with its adapters in place, unmerged, and "peft" is the
+    wrapper that saves them.
 
     Inside a torch.distributed process group (trainer.distributed.launch), rank 0 alone runs the
     rollouts, publishes weights and logs; every batch (and rank 0's Python RNG state, which
@@ -482,6 +506,17 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
     from trainer.rollout import RolloutPool, WorkerSpec
 
     torch.manual_seed(cfg.seed)
+    peft_model = None  # with LoRA: peft's wrapper of `policy`, which saves the adapter (trainer.lora.save_lora)
+    if cfg.grad_checkpointing:
+        # transformers drops the cache a shared prefix needs while it checkpoints: every row forwards whole
+        cfg = replace(cfg, share_prefix=False)
+        policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.lora_r:
+        from trainer.lora import apply_lora
+
+        # the adapters go into `policy` itself (base frozen), so everything below trains them through it
+        peft_model = apply_lora(policy, cfg.lora_r, cfg.lora_alpha, base_dtype=torch.bfloat16 if cfg.bf16 else None)
+        assert peft_model.get_base_model() is policy
     work_dir = Path(work_dir)
     actor_kw = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
     rank, world = D.rank_world()
@@ -562,4 +597,7 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
             pool.close()
         for env in envs:
             env.close()
-    return {"critic": learner.critic, "history": history, "updates": step + 1, "config": asdict(cfg)}
+        if cfg.grad_checkpointing:
+            policy.activation_checkpointing_disable()
+    return {"critic": learner.critic, "history": history, "updates": step + 1, "config": asdict(cfg),
+            "peft": peft_model}

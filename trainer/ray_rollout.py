@@ -200,4 +200,6 @@ def _check_reachable(address: str | None, timeout: float = 5.0) -> None:
 
 
 def _state(model) -> dict:
-    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    from trainer.lora import plain_state_dict
+
+    return plain_state_dict(model)  # with LoRA: the adapters merged in

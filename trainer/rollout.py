@@ -77,8 +77,9 @@ def publish_weights(model, weights_dir, version: int, keep: int = 4) -> Path:
     path = weights_path(weights_dir, version)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp))
+    from trainer.lora import plain_state_dict
+
+    save_file(plain_state_dict(model), str(tmp))  # with LoRA: the adapters merged in
     os.replace(tmp, path)
     for old in Path(weights_dir).glob("policy-v*.safetensors"):
         try:

@@ -113,10 +113,16 @@ def ppo_runs(model_dir: str, work: Path) -> list[dict]:
               "--max-new-tokens", "16", "--max-steps", "2", "--families", "click_button", "--width", "224",
               "--height", "168", "--device", "cpu"]
     runs = {"in learner, 1 proc": ["--workers", "0"], "in learner, 2 procs": ["--workers", "0", "--nproc", "2"],
-            "2 local workers": ["--workers", "2"], "2 Ray actors": ["--workers", "2", "--engine", "ray"]}
+            "in learner, --bf16": ["--workers", "0", "--bf16"],
+            "in learner, --grad-checkpointing": ["--workers", "0", "--grad-checkpointing"],
+            "in learner, --lora 8": ["--workers", "0", "--lora", "8", "--lora-save", "merged"],
+            "in learner, --lora 8 --bf16": ["--workers", "0", "--lora", "8", "--bf16", "--lora-save", "merged"],
+            "2 local workers": ["--workers", "2"], "2 Ray actors": ["--workers", "2", "--engine", "ray"],
+            "2 Ray actors, --lora 8 --bf16": ["--workers", "2", "--engine", "ray", "--lora", "8", "--bf16",
+                                              "--lora-save", "merged"]}
     rows, ref = [], None
     for name, flags in runs.items():
-        out = work / name.replace(" ", "_").replace(",", "")
+        out = work / "".join(c if c.isalnum() else "_" for c in name)
         t0 = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):
             rc = main(["--data", str(work / "data"), "train", "ppo", "--model", model_dir, "--out", str(out), *common, *flags])
@@ -150,6 +156,7 @@ def main_(argv=None) -> None:
     ap.add_argument("--model", default=str(ROOT / "assets" / "default_model"))
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--part", choices=("all", "plan", "sft", "ppo"), default="all", help="run one table group only")
     args = ap.parse_args(argv)
     import os
 
@@ -158,23 +165,28 @@ def main_(argv=None) -> None:
         jsonl = make_jsonl(Path(tmp))
         from trainer.tiny_model import build_tiny_model
 
-        mid = str(build_tiny_model(Path(tmp) / "mid", hidden=768, layers=12, vision_depth=4))
+        mid = (str(build_tiny_model(Path(tmp) / "mid", hidden=768, layers=12, vision_depth=4))
+               if args.part in ("all", "plan") else None)
         columns = [("setting", "setting", ""), ("tokens", "tokens", "d"), ("weights plan", "w_plan", ".2f"),
                    ("measured", "w_meas", ".2f"), ("grads+adam plan", "opt", ".2f"), ("measured", "opt_meas", ".2f"),
                    ("activations plan", "act_plan", ".2f"), ("measured", "act_meas", ".2f"),
                    ("recompute plan", "recompute", ".2f"), ("total plan", "total_plan", ".2f"),
                    ("measured", "total_meas", ".2f"), ("peak RSS growth", "rss", ".1f")]
-        for model_dir in (args.model, mid):
+        for model_dir in (args.model, mid) if args.part in ("all", "plan") else ():
             print(f"== plan vs one measured step ({model_dir}; MB)")
             print_table(plan_vs_measured(model_dir, jsonl), columns)
-        print(f"\n== train sft --max-steps {args.steps} --batch {args.batch} --seed 0")
-        print_table(cli_runs(args.model, jsonl, args.steps, args.batch, Path(tmp) / "runs"), [
-            ("run", "run", ""), ("s/step", "step_s", ".3f"), ("wall s", "wall_s", ".1f"), ("last loss", "loss", ".4f"),
-            ("max |w - w(float32, 1 proc)|", "diff", ".2e")])
-        print("\n== train ppo, 2 updates x 4 episodes")
-        print_table(ppo_runs(args.model, Path(tmp) / "ppo"), [
-            ("rollouts", "run", ""), ("wall s", "wall_s", ".1f"), ("rollout s/update", "rollout_s", ".2f"),
-            ("learner s/update", "learner_s", ".2f"), ("max |w - w(1 proc)|", "diff", ".2e")])
+        if args.part in ("all", "sft"):
+            print(f"\n== train sft --max-steps {args.steps} --batch {args.batch} --seed 0")
+            print_table(cli_runs(args.model, jsonl, args.steps, args.batch, Path(tmp) / "runs"), [
+                ("run", "run", ""), ("s/step", "step_s", ".3f"), ("wall s", "wall_s", ".1f"),
+                ("last loss", "loss", ".4f"), ("max |w - w(float32, 1 proc)|", "diff", ".2e")])
+        if args.part in ("all", "ppo"):
+            print("\n== train ppo, 2 updates x 4 episodes")
+            print_table(ppo_runs(args.model, Path(tmp) / "ppo"), [
+                ("rollouts", "run", ""), ("wall s", "wall_s", ".1f"), ("rollout s/update", "rollout_s", ".2f"),
+                ("learner s/update", "learner_s", ".2f"), ("max |w - w(1 proc)|", "diff", ".2e")])
+    if args.part not in ("all", "plan"):
+        return
     print("\n== plan: qwen2.5-vl-7b, 1 process unless said, 4096 tokens (GiB)")
     rows = plan_7b()
     print_table(rows, [("setting", "setting", "")] + [(k, k, ".1f") for k in rows[0] if k not in ("setting", "fits")]

@@ -33,6 +33,10 @@ def register(sub, common) -> None:
     ):
         r.add_argument(f"--{name}", type=typ, help=help_)
     r.add_argument("--families", help="comma-separated sandbox families")
+    r.add_argument("--ppo-engine", choices=("local", "ray"),
+                   help="PPO's rollout workers: local processes (default) or Ray actors (needs --ppo-workers >= 1)")
+    r.add_argument("--ray-address", help="with --ppo-engine ray: the cluster to join (auto, or HEAD:6379 after "
+                                         "`ray start --head`); default: start a local Ray")
     r.add_argument("--base", choices=("default", "scratch"),
                    help="the first model: the shipped default model when it fits the screen size (default), "
                         "or random weights")
@@ -110,7 +114,7 @@ def cmd_run(args) -> int:
     if args.iterations < 1:
         return _fail(f"--iterations must be at least 1, got {args.iterations}")
     keys = ("eval_episodes", "miniwob_episodes", "dpo_steps", "dpo_beta", "rollouts", "ct_steps", "sft_steps", "ppo_updates", "ppo_batch", "ppo_workers", "batch",
-            "min_gain", "seed", "threads", "base")
+            "min_gain", "seed", "threads", "base", "ppo_engine", "ray_address")
     over = {k: getattr(args, k) for k in keys}
     if args.families:
         over["families"] = [f.strip() for f in args.families.split(",") if f.strip()]

@@ -70,6 +70,8 @@ class FlywheelConfig:
     ppo_batch: int = 6
     ppo_lr: float = 2e-4
     ppo_workers: int = 0  # rollout processes for PPO (0: in this process; best on 2 cores)
+    ppo_engine: str = "local"  # PPO's rollout workers: "local" processes or "ray" actors (trainer.ray_rollout)
+    ray_address: str | None = None  # with ppo_engine "ray": the cluster to join ("auto", "HOST:6379"); None: a local Ray
     max_new_tokens: int = 48
     max_steps: int | None = None  # cap on an episode's steps (None: each family's own limit)
     min_gain: float = 0.0  # promote only when the paired 95% interval of the gain lies above this
@@ -87,6 +89,13 @@ class FlywheelConfig:
                 raise FlywheelError(f"flywheel config: {name} must be >= 0, got {getattr(self, name)!r}")
         if not self.families:
             raise FlywheelError("flywheel config: families is empty")
+        if self.ppo_engine not in ("local", "ray"):
+            raise FlywheelError(f"flywheel config: ppo_engine must be 'local' or 'ray', got {self.ppo_engine!r}")
+        if self.ppo_engine == "ray" and self.ppo_updates and int(self.ppo_workers) < 1:
+            raise FlywheelError("flywheel config: ppo_engine 'ray' needs ppo_workers of at least 1 (Ray actors), "
+                                f"got {self.ppo_workers!r}")
+        if self.ray_address and self.ppo_engine != "ray":
+            raise FlywheelError("flywheel config: ray_address is for ppo_engine 'ray'")
         if self.base not in ("default", "scratch"):
             raise FlywheelError(f"flywheel config: base must be 'default' or 'scratch', got {self.base!r}")
         from trainer.sandbox.families import FAMILIES
@@ -317,13 +326,15 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
     # -- PPO on the sandbox's verifiable tasks
     if cfg.ppo_updates:
         pc = PPOConfig(updates=cfg.ppo_updates, batch_episodes=cfg.ppo_batch, lr=cfg.ppo_lr, n_workers=cfg.ppo_workers,
-                       value_pretrain_iters=1, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + slog.iteration)
+                       value_pretrain_iters=1, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + slog.iteration,
+                       engine=cfg.ppo_engine, ray_address=cfg.ray_address)
         work = Path(out_dir).parent / (Path(out_dir).name + "-ppo")
         t0 = time.perf_counter()
         res = train_ppo(model, processor, pc, model_dir=parent_dir, work_dir=work, env_kw=cfg.env_kw,
                         families=cfg.families, log=slog, progress=False)
         last = res["history"][-1] if res["history"] else {}
         stages.append({"phase": "ppo", "updates": res["updates"], "seconds": round(time.perf_counter() - t0, 1),
+                       "engine": cfg.ppo_engine if cfg.ppo_workers else "in-process",
                        **{k: last.get(k) for k in ("reward", "success_rate", "entropy", "approx_kl")}})
     else:
         stages.append({"phase": "ppo", "skipped": "ppo_updates is 0"})

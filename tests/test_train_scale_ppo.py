@@ -1,0 +1,205 @@
+"""Scaling out, the PPO half: LoRA (real peft), bf16 autocast and gradient checkpointing in `train
+ppo`, the merged weights rollout workers receive, the flywheel's PPO stage on Ray actors, and a
+mid-sized (50-200M parameter) random-weight model taken through every scale flag on this CPU."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
+
+PPO_SMALL = ["--envs", "2", "--batch", "2", "--epochs", "1", "--max-new-tokens", "12", "--max-steps", "2",
+             "--families", "click_button", "--width", "224", "--height", "168", "--device", "cpu", "--minutes", "10"]
+
+
+def _ppo(main, model, out, *extra, data=None):
+    return main(["--data", str(data or Path(out).parent / "data"), "train", "ppo", "--model", str(model),
+                 "--out", str(out), *PPO_SMALL, *extra])
+
+
+def _rows(log_dir, phase="ppo"):
+    from trainer.metrics import read_metrics
+
+    return [r for r in read_metrics(Path(log_dir) / "metrics.jsonl") if r["phase"] == phase]
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_plain_state_dict_is_the_model_with_its_adapters_merged(tiny_vlm_dir, bf16, one_thread):  # noqa: F811
+    """What a rollout worker loads: base names, float32, each adapter's delta added; the trained
+    model itself is left exactly as it was (no merge/unmerge drift of a bf16 base)."""
+    import torch
+
+    from agent.vlm import load_vlm
+    from trainer.lora import apply_lora, plain_state_dict
+
+    model, _ = load_vlm(tiny_vlm_dir, device="cpu", dtype="float32")
+    base_keys = set(model.state_dict())
+    assert plain_state_dict(model).keys() == base_keys  # no adapters: the state dict itself
+    peft = apply_lora(model, 4, base_dtype=torch.bfloat16 if bf16 else None)
+    g = torch.Generator().manual_seed(0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # B starts at zero: give the adapters something to add
+            p.data = torch.randn(p.shape, generator=g) * 0.05
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    plain = plain_state_dict(model)
+    assert plain.keys() == base_keys and all(v.dtype == torch.float32 for v in plain.values() if v.is_floating_point())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # untouched
+    merged = copy.deepcopy(peft).merge_and_unload().float().state_dict()
+    worst = max(float((plain[k] - merged[k]).abs().max()) for k in base_keys)
+    # peft merges into the base's dtype: exact for float32, bf16-rounded for a bf16 base
+    assert worst < (2e-2 if bf16 else 1e-6)
+    q = "model.language_model.layers.0.self_attn.q_proj.weight"
+    assert float((plain[q] - before[q.replace(".weight", ".base_layer.weight")].float()).abs().max()) > 1e-3
+
+
+def test_ppo_with_lora_and_checkpointing_ships_merged_weights_to_its_workers(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811
+    """`train ppo --lora 4 --grad-checkpointing` with a rollout worker process: 2 updates, the
+    adapter saved and loadable, and the weights the worker was sent last are exactly the saved
+    adapter merged into the base."""
+    import torch
+    from safetensors.torch import load_file
+
+    from agent.vlm import load_vlm
+    from main import main
+
+    out = tmp_path / "lora"
+    assert _ppo(main, tiny_vlm_dir, out, "--workers", "1", "--mode", "sync", "--updates", "2", "--value-pretrain", "0",
+                "--lora", "4", "--grad-checkpointing") == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["updates"] == 2
+    assert (out / "adapter_model.safetensors").is_file() and not (out / "model.safetensors").exists()
+    saved = json.loads((out / "tandem_training.json").read_text())["ppo"]
+    assert saved["lora_r"] == 4 and saved["grad_checkpointing"] and saved["share_prefix"] is False
+    adapters = load_file(str(out / "adapter_model.safetensors"))
+    assert any("lora_B" in k and float(v.abs().max()) > 0 for k, v in adapters.items())  # the optimizer stepped them
+    assert not any("visual" in k for k in adapters)  # the vision tower stays frozen
+    rows = _rows(tmp_path / "lora-logs")
+    assert [r["version"] for r in rows] == [1, 2] and all(r["policy_tokens"] > 0 for r in rows)
+
+    trained, _ = load_vlm(out, device="cpu", dtype="float32")  # peft adapter, merged on load
+    last = sorted((tmp_path / "lora-logs" / "weights").glob("policy-v*.safetensors"))[-1]
+    sent = load_file(str(last))
+    mine = trained.state_dict()
+    assert sent.keys() <= mine.keys() and len(sent) >= len(mine) - 1  # a tied lm_head may be left out
+    assert max(float((sent[k] - mine[k]).abs().max()) for k in sent) < 1e-5
+    base, _ = load_vlm(tiny_vlm_dir, device="cpu", dtype="float32")
+    q = "model.language_model.layers.0.self_attn.q_proj.weight"
+    assert float((mine[q] - base.state_dict()[q]).abs().max()) > 0  # PPO moved the merged weights
+    vis = [k for k in mine if ".visual." in k or k.startswith("model.visual")]
+    assert vis and all(torch.equal(mine[k], base.state_dict()[k]) for k in vis)
+
+
+def test_ppo_with_a_bf16_lora_base_in_the_learners_process(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811
+    """--bf16 with --lora holds the frozen base in bf16 and runs every forward under autocast; the
+    in-process rollouts play the same model. The merged save is a float32 transformers folder."""
+    import torch
+
+    from agent.vlm import load_vlm
+    from main import main
+
+    out = tmp_path / "bf16"
+    assert _ppo(main, tiny_vlm_dir, out, "--workers", "0", "--updates", "1", "--value-pretrain", "1",
+                "--lora", "4", "--bf16", "--lora-save", "merged") == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["updates"] == 1
+    (row,) = _rows(tmp_path / "bf16-logs")
+    assert all(torch.isfinite(torch.tensor(row[k])) for k in ("policy_loss", "value_loss", "entropy"))
+    assert _rows(tmp_path / "bf16-logs", "value_pretrain")  # the critic (LoRA too) was fitted first
+    assert (out / "model.safetensors").is_file() and (out / "adapter" / "adapter_model.safetensors").is_file()
+    merged, _ = load_vlm(out, device="cpu")
+    assert all(p.dtype == torch.float32 for p in merged.parameters())
+
+
+def test_ppo_memory_flags_are_checked_by_name(tmp_path, capsys):
+    from main import main
+
+    argv = ["train", "ppo", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]
+    assert main(argv + ["--lora", "0"]) == 2
+    assert "--lora rank must be at least 1, got 0" in capsys.readouterr().err
+    assert main(argv + ["--lora", "4"]) == 2
+    assert "--lora needs --model to be a model directory" in capsys.readouterr().err
+    assert main(argv + ["--lora", "4", "--lora-alpha", "-1"]) == 2
+    assert "--lora-alpha must be > 0" in capsys.readouterr().err
+
+
+def test_the_flywheels_ppo_stage_runs_on_ray_actors(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811
+    """A real flywheel iteration whose PPO stage uses `--ppo-engine ray` (a local Ray, one actor);
+    the engine is kept in the candidate's lineage. Bad engine settings are refused by name."""
+    from agent.store import Store
+    from main import main
+    from trainer.flywheel import FlywheelError
+    from trainer.flywheel.iteration import FlywheelConfig, run_iteration
+    from trainer.flywheel.registry import Registry
+    from trainer.sandbox.rollout import plan, run_many, to_episode
+
+    with pytest.raises(FlywheelError, match="ppo_engine 'ray' needs ppo_workers of at least 1"):
+        FlywheelConfig(families=["click_button"], ppo_engine="ray", ppo_workers=0)
+    with pytest.raises(FlywheelError, match="ppo_engine must be 'local' or 'ray', got 'slurm'"):
+        FlywheelConfig(families=["click_button"], ppo_engine="slurm")
+    with pytest.raises(FlywheelError, match="ray_address is for ppo_engine 'ray'"):
+        FlywheelConfig(families=["click_button"], ray_address="auto")
+    assert main(["flywheel", "run", "--data", str(tmp_path / "cli"), "--ppo-engine", "ray", "--ppo-workers", "0"]) == 2
+    assert "ppo_engine 'ray' needs ppo_workers of at least 1" in capsys.readouterr().err
+
+    with Store(tmp_path / "data") as store:
+        for result in run_many(plan(2, families=["click_button"]), "expert", record=True, width=224, height=168):
+            to_episode(result, store)
+        reg = Registry(store)
+        v0 = reg.register(tiny_vlm_dir)
+        reg.make_first(v0.version, "first model: nothing to compare with")
+        cfg = FlywheelConfig(width=224, height=168, max_steps=2, families=["click_button"], eval_episodes=1,
+                             miniwob_episodes=0, rollouts=0, ct_steps=0, sft_steps=1, batch=2, dpo_steps=0,
+                             ppo_updates=1, ppo_batch=2, ppo_workers=1, ppo_engine="ray", max_new_tokens=12)
+        rep = run_iteration(store, cfg)
+        stages = {s["phase"]: s for s in reg.get(rep["candidate"]).lineage["stages"]}
+    assert stages["ppo"]["engine"] == "ray" and stages["ppo"]["updates"] == 1
+    assert rep["metrics"]["overall"]["episodes"] == 1
+
+
+@pytest.mark.slow
+def test_a_mid_sized_model_through_every_scale_flag(tmp_path, capsys):
+    """A 69M-parameter random-weight Qwen2.5-VL (hidden 768, 8 language layers) on this CPU: one
+    SFT step with 2 DDP processes, bf16, checkpointing and LoRA; one with 2 FSDP2 processes, bf16
+    and checkpointing; one PPO update with Ray rollout actors, 2 learner processes, bf16,
+    checkpointing and LoRA; each result loads, and `train plan` sizes the model."""
+    from agent.export import export_jsonl
+    from agent.store import Store
+    from agent.vlm import load_vlm
+    from main import main
+    from tests.factories import make_episode
+    from trainer.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "mid", hidden=768, layers=8, vision_depth=2)
+    with Store(tmp_path / "store") as store:
+        for _ in range(2):
+            make_episode(store, 2, width=224, height=168)
+        jsonl = export_jsonl(store, tmp_path / "export" / "train.jsonl")["path"]
+
+    assert main(["train", "plan", "--model", str(model_dir), "--lora", "8", "--bf16", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert 50e6 <= plan["params"] <= 200e6 and plan["trainable"] < plan["params"] / 50
+
+    sft = ["train", "sft", "--model", str(model_dir), "--jsonl", str(jsonl), "--max-steps", "1", "--batch", "2",
+           "--seed", "0", "--nproc", "2", "--bf16", "--grad-checkpointing"]
+    assert main(sft + ["--out", str(tmp_path / "sft-lora"), "--lora", "8"]) == 0
+    assert json.loads(capsys.readouterr().out)["processes"] == 2
+    assert main(sft + ["--out", str(tmp_path / "sft-fsdp"), "--shard", "fsdp"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["shard"] == "fsdp"
+
+    out = tmp_path / "ppo"
+    assert main(["--data", str(tmp_path / "data"), "train", "ppo", "--model", str(model_dir), "--out", str(out),
+                 "--engine", "ray", "--workers", "1", "--envs", "2", "--updates", "1", "--batch", "2", "--mode", "sync",
+                 "--value-pretrain", "0", "--epochs", "1", "--max-new-tokens", "8", "--max-steps", "1",
+                 "--families", "click_button", "--width", "224", "--height", "168", "--device", "cpu",
+                 "--nproc", "2", "--lora", "8", "--bf16", "--grad-checkpointing", "--minutes", "10"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["updates"] == 1 and res["processes"] == 2
+    (row,) = _rows(tmp_path / "ppo-logs")
+    assert row["version"] == 1 and row["policy_tokens"] > 0
+
+    for d in (tmp_path / "sft-lora", tmp_path / "sft-fsdp", out):
+        m, _ = load_vlm(d, device="cpu")
+        assert 50e6 <= sum(p.numel() for p in m.parameters()) <= 200e6, d

@@ -163,8 +163,8 @@ def test_the_flywheels_ppo_stage_runs_on_ray_actors(tiny_vlm_dir, tmp_path, caps
 def test_a_mid_sized_model_through_every_scale_flag(tmp_path, capsys):
     """A 69M-parameter random-weight Qwen2.5-VL (hidden 768, 8 language layers) on this CPU: one
     SFT step with 2 DDP processes, bf16, checkpointing and LoRA; one with 2 FSDP2 processes, bf16
-    and checkpointing; one PPO update with Ray rollout actors, 2 learner processes, bf16,
-    checkpointing and LoRA; each result loads, and `train plan` sizes the model."""
+    and checkpointing; PPO updates with a Ray rollout actor, 2 learner processes, bf16 and
+    checkpointing, one with LoRA, one with FSDP2; each result loads, and `train plan` sizes it."""
     from agent.export import export_jsonl
     from agent.store import Store
     from agent.vlm import load_vlm
@@ -189,17 +189,105 @@ def test_a_mid_sized_model_through_every_scale_flag(tmp_path, capsys):
     assert main(sft + ["--out", str(tmp_path / "sft-fsdp"), "--shard", "fsdp"]) == 0
     assert json.loads(capsys.readouterr().out)["config"]["shard"] == "fsdp"
 
-    out = tmp_path / "ppo"
-    assert main(["--data", str(tmp_path / "data"), "train", "ppo", "--model", str(model_dir), "--out", str(out),
-                 "--engine", "ray", "--workers", "1", "--envs", "2", "--updates", "1", "--batch", "2", "--mode", "sync",
-                 "--value-pretrain", "0", "--epochs", "1", "--max-new-tokens", "8", "--max-steps", "1",
-                 "--families", "click_button", "--width", "224", "--height", "168", "--device", "cpu",
-                 "--nproc", "2", "--lora", "8", "--bf16", "--grad-checkpointing", "--minutes", "10"]) == 0
-    res = json.loads(capsys.readouterr().out)
-    assert res["updates"] == 1 and res["processes"] == 2
-    (row,) = _rows(tmp_path / "ppo-logs")
-    assert row["version"] == 1 and row["policy_tokens"] > 0
+    ppo = ["--data", str(tmp_path / "data"), "train", "ppo", "--model", str(model_dir), "--engine", "ray",
+           "--workers", "1", "--envs", "2", "--updates", "1", "--batch", "2", "--mode", "sync", "--value-pretrain", "0",
+           "--epochs", "1", "--max-new-tokens", "8", "--max-steps", "1", "--families", "click_button", "--width", "224",
+           "--height", "168", "--device", "cpu", "--nproc", "2", "--bf16", "--grad-checkpointing", "--minutes", "10"]
+    for name, extra in (("ppo-lora", ["--lora", "8"]), ("ppo-fsdp", ["--shard", "fsdp"])):
+        assert main(ppo + ["--out", str(tmp_path / name), *extra]) == 0, name
+        res = json.loads(capsys.readouterr().out)
+        assert res["updates"] == 1 and res["processes"] == 2
+        (row,) = _rows(tmp_path / f"{name}-logs")
+        assert row["version"] == 1 and row["policy_tokens"] > 0
 
-    for d in (tmp_path / "sft-lora", tmp_path / "sft-fsdp", out):
+    for d in (tmp_path / "sft-lora", tmp_path / "sft-fsdp", tmp_path / "ppo-lora", tmp_path / "ppo-fsdp"):
         m, _ = load_vlm(d, device="cpu")
         assert 50e6 <= sum(p.numel() for p in m.parameters()) <= 200e6, d
+
+
+def _learner_job(rank, world, model_dir, trajs_path, shard, out_path):
+    """Two PPO updates of trainer.ppo.Learner on fixed trajectories (one of the ranks of a
+    `shard` run, or the only process); rank 0 saves the policy's and the critic's whole weights."""
+    import random
+
+    import torch
+
+    from trainer import distributed as D
+    from trainer.ppo import Learner, PPOConfig
+    from trainer.sft import load_for_training
+
+    torch.manual_seed(0)
+    random.seed(0)  # the minibatch shuffle: the same on every rank
+    policy, processor = load_for_training(model_dir, "cpu")
+    trajs = torch.load(trajs_path, weights_only=False)
+    cfg = PPOConfig(epochs=2, minibatch_turns=3, micro_batch_tokens=256, shard=shard, n_workers=1,
+                    share_prefix=shard != "fsdp")
+    learner = Learner(policy, processor, cfg)
+    rows = [learner.update(trajs) for _ in range(2)]
+    states = [D.full_state_dict(m, shard) or m.state_dict() for m in (policy, learner.critic)]
+    if rank == 0:
+        torch.save({"policy": {k: v.detach().cpu().clone() for k, v in states[0].items()},
+                    "critic": {k: v.detach().cpu().clone() for k, v in states[1].items()},
+                    "rows": rows}, out_path)
+
+
+def test_fsdp_ppo_updates_equal_the_one_process_updates(tiny_vlm_dir, tmp_path):  # noqa: F811
+    """The same trajectories, two PPO updates: 2 FSDP2 processes (policy, critic and optimizer
+    states sharded; uneven micro-batch shares padded) end with the 1-process policy and critic."""
+    import torch
+
+    from agent.vlm import load_vlm
+    from trainer.actor import VLMActor
+    from trainer.distributed import launch
+    from trainer.episodes import EpisodeRunner
+    from trainer.sandbox.env_process import make_envs
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    envs = make_envs(2, width=224, height=168, max_steps=2)
+    try:
+        torch.manual_seed(0)
+        trajs = EpisodeRunner(VLMActor(model, proc, max_new_tokens=12), envs).run_all(
+            [(s, "click_button") for s in range(5)])
+    finally:
+        for env in envs:
+            env.close()
+    torch.save(trajs, tmp_path / "trajs.pt")
+    for name, world, shard in (("one", 1, "ddp"), ("fsdp", 2, "fsdp")):
+        launch(_learner_job, world, str(tiny_vlm_dir), str(tmp_path / "trajs.pt"), shard, str(tmp_path / f"{name}.pt"))
+    one, fsdp = (torch.load(tmp_path / f"{n}.pt", weights_only=False) for n in ("one", "fsdp"))
+    start = load_vlm(tiny_vlm_dir, device="cpu")[0].state_dict()
+    assert max(float((one["policy"][k] - start[k]).abs().max()) for k in start) > 1e-4  # the updates moved it
+    for part in ("policy", "critic"):
+        assert one[part].keys() == fsdp[part].keys()
+        assert max(float((one[part][k] - fsdp[part][k]).abs().max()) for k in one[part]) < 1e-4, part
+    for a, b in zip(one["rows"], fsdp["rows"]):
+        assert b["value_loss"] == pytest.approx(a["value_loss"], rel=1e-4, abs=1e-6)
+        assert b["approx_kl"] == pytest.approx(a["approx_kl"], rel=1e-3, abs=1e-6)
+
+
+def test_ppo_on_fsdp_from_the_command_line(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811
+    """`train ppo --nproc 2 --shard fsdp` with a rollout worker: the worker plays with the gathered
+    weights (importance weights exactly 1 in sync mode), the saved model loads; refusals by name."""
+    from agent.vlm import load_vlm
+    from main import main
+
+    out = tmp_path / "fsdp"
+    assert _ppo(main, tiny_vlm_dir, out, "--workers", "1", "--mode", "sync", "--updates", "2", "--value-pretrain", "1",
+                "--nproc", "2", "--shard", "fsdp") == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["updates"] == 2 and res["processes"] == 2
+    rows = _rows(tmp_path / "fsdp-logs")
+    assert [r["version"] for r in rows] == [1, 2]
+    # the second batch was played with version 1, the learner's weights when it scored it
+    assert rows[1]["imp_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    model, _ = load_vlm(out, device="cpu")
+    base, _ = load_vlm(tiny_vlm_dir, device="cpu")
+    mine, theirs = model.state_dict(), base.state_dict()
+    assert max(float((mine[k] - theirs[k]).abs().max()) for k in theirs) > 1e-4
+    assert (tmp_path / "fsdp-logs" / "critic" / "critic.safetensors").is_file()
+
+    argv = ["train", "ppo", "--model", str(tiny_vlm_dir), "--out", str(tmp_path / "x"), "--nproc", "2", "--shard", "fsdp"]
+    assert main(argv + ["--workers", "0"]) == 2
+    assert "--shard fsdp needs rollout workers" in capsys.readouterr().err
+    assert main(argv + ["--lora", "4"]) == 2
+    assert "--shard fsdp with --lora is not supported" in capsys.readouterr().err

@@ -69,6 +69,9 @@ def register(sub, common) -> None:
     s.add_argument("--nproc", type=int, default=1,
                    help="learner processes (torch.distributed, gloo on the CPU, NCCL with one GPU each): rank 0 runs "
                         "the rollouts, every rank a share of each minibatch, gradients summed")
+    s.add_argument("--shard", choices=("ddp", "fsdp"), default="ddp",
+                   help="with --nproc > 1: ddp (a replica per process) or fsdp (FSDP2: policy, critic and optimizer "
+                        "states sharded per decoder layer; needs --workers >= 1)")
     _add_memory_args(s)
     s.set_defaults(func=cmd_ppo)
 
@@ -336,6 +339,13 @@ def cmd_ppo(args) -> int:
 
     if args.lora and not Path(args.model).is_dir():
         return _fail(f"--lora needs --model to be a model directory (the adapter names its base), got {args.model!r}")
+    if args.shard == "fsdp" and args.nproc > 1:
+        from trainer.ppo import PPOConfig, check_fsdp
+
+        try:
+            check_fsdp(PPOConfig(lora_r=args.lora, n_workers=args.workers, train_vision=args.train_vision))
+        except ValueError as e:
+            return _fail(str(e))
     if args.engine == "ray":
         if args.workers < 1:
             return _fail(f"--engine ray needs --workers of at least 1 (Ray actors), got {args.workers}")
@@ -386,7 +396,7 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
                     kl_coef=args.kl_coef, end_on_parse_error=args.end_on_parse_error,
                     no_effect_penalty=args.no_effect_penalty, engine=args.engine, ray_address=args.ray_address,
                     bf16=args.bf16, grad_checkpointing=args.grad_checkpointing, lora_r=args.lora,
-                    lora_alpha=args.lora_alpha)
+                    lora_alpha=args.lora_alpha, shard=args.shard)
     env_kw = {"width": args.width, "height": args.height}
     if args.max_steps:
         env_kw["max_steps"] = args.max_steps
@@ -398,6 +408,9 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
         if world > 1:
             raise  # torch.multiprocessing.spawn then ends the ranks waiting for the next batch
         return
+    from trainer.distributed import full_state_dict
+
+    state, critic_state = full_state_dict(model, args.shard), full_state_dict(res["critic"], args.shard)  # FSDP2: every rank
     if rank > 0:
         return
     log.close()
@@ -407,8 +420,8 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
 
         save_lora(res["peft"], processor, out, args.model, args.lora_save, extra)
     else:
-        save_checkpoint(model, processor, out, extra)
-    res["critic"].save(work / "critic")
+        save_checkpoint(model, processor, out, extra, state_dict=state)
+    res["critic"].save(work / "critic", critic_state)
     plot = _plot(log, work, "ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "clipfrac_dual",
                                      "explained_variance",
                                      "value_loss", "think_length", "episode_length", "click_score",

@@ -121,6 +121,35 @@ def wrap(model, strategy: str = "ddp"):
     return VLMDDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, gradient_as_bucket_view=True)
 
 
+def shard_keeping_whole(model, keep_whole=()) -> None:
+    """FSDP2 in place for a PPO learner: `fully_shard` on each decoder layer and at the root
+    (gradients are averaged over ranks, so a rank scales its loss by the world size). The modules
+    in `keep_whole` (PPO's frozen vision tower, which encodes screenshots outside the model's
+    forward, where FSDP could not gather it) stay whole on every rank."""
+    from torch.distributed.fsdp import fully_shard
+
+    names = {id(m): n for n, m in model.named_modules()}
+    skip = tuple(names[id(m)] + "." for m in keep_whole)
+    ignored = {p for m in keep_whole for p in m.parameters()}
+    for layer in _decoder_layers(model):
+        if not (names[id(layer)] + ".").startswith(skip):
+            fully_shard(layer)
+    fully_shard(model, ignored_params=ignored or None)
+
+
+def even_share(items):
+    """(item, real) for this rank's items of a list, every rank getting the same count: FSDP2
+    gathers each layer in every forward, so a rank with a short share runs a zero-weight repeat
+    (real False) of the first item while the others finish theirs."""
+    import math
+
+    items = list(items)
+    rank, world = rank_world()
+    mine = items[rank::world]
+    for k in range(math.ceil(len(items) / world)):
+        yield (mine[k], True) if k < len(mine) else (items[0], False)
+
+
 def _decoder_layers(model):
     """The transformer blocks of a Qwen-VL model (language layers and vision blocks), the units
     FSDP2 gathers one at a time."""
@@ -197,7 +226,10 @@ def all_reduce_grads(params, bucket: int = 1 << 25) -> None:
     import torch
     import torch.distributed as dist
 
-    params = [p for p in params if p.requires_grad]
+    from torch.distributed.tensor import DTensor
+
+    # FSDP2's sharded parameters (DTensors) had their gradients reduced in backward already
+    params = [p for p in params if p.requires_grad and not isinstance(p, DTensor)]
     start = 0
     while start < len(params):
         end, size = start, 0

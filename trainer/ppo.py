@@ -129,6 +129,10 @@ class PPOConfig:
     # bf16 the frozen base is bf16. Rollout workers get the merged weights (trainer.lora.plain_state_dict)
     lora_r: int | None = None
     lora_alpha: float | None = None
+    # with several learner processes: "ddp" (whole replicas, gradients summed by one all-reduce) or "fsdp"
+    # (FSDP2: policy, critic and reference sharded per decoder layer; the frozen vision tower stays whole;
+    # needs rollout workers, since rank 0 cannot generate alone with a sharded model; no shared prefix)
+    shard: str = "ddp"
 
 
 KL_REF_CAP = 10.0  # per-token cap of the KL-to-start penalty's k3 estimate
@@ -143,6 +147,19 @@ def shaping_checks(*, format_penalty, click_reward, kl_coef, no_effect_penalty, 
             (no_effect_penalty >= 0, "--no-effect-penalty must be >= 0", no_effect_penalty),
             (target_kl is None or target_kl > 0, "--target-kl must be > 0", target_kl),
             (dual_clip is None or dual_clip > 1, "--dual-clip must be > 1", dual_clip)]
+
+
+def check_fsdp(cfg: PPOConfig) -> None:
+    """Raise ValueError, naming the flag, for what FSDP2 PPO cannot run with."""
+    from trainer.lora import FSDP_LORA
+
+    if cfg.lora_r:
+        raise ValueError(FSDP_LORA)
+    if cfg.n_workers < 1:
+        raise ValueError("--shard fsdp needs rollout workers (--workers 1 or more): the learner's sharded model "
+                         "cannot generate on rank 0 alone")
+    if cfg.train_vision:
+        raise ValueError("--shard fsdp keeps the vision tower whole and frozen; --train-vision is not supported with it")
 
 
 # ---------------------------------------------------------------- the critic
@@ -165,14 +182,17 @@ class Critic(nn.Module):
         a shared prefix, T covers what follows it)."""
         out = self.backbone(**forward_kwargs(self.backbone, inputs, prefix), use_cache=False)
         with torch.autocast(self.head.weight.device.type, enabled=False):  # values are regression targets: float32
-            return self.head(out.last_hidden_state.float()).squeeze(-1)
+            # a copy, not a view: FSDP2 warns about views returned by a sharded module
+            return self.head(out.last_hidden_state.float()).squeeze(-1).clone()
 
-    def save(self, out_dir) -> Path:
+    def save(self, out_dir, state_dict=None) -> Path:
+        """state_dict: the weights to write instead of the module's own (gathered from FSDP2 shards)."""
         from safetensors.torch import save_file
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous().cpu() for k, v in self.state_dict().items()}, str(out / "critic.safetensors"))
+        state = self.state_dict() if state_dict is None else state_dict
+        save_file({k: v.contiguous().cpu() for k, v in state.items()}, str(out / "critic.safetensors"))
         return out
 
 
@@ -285,13 +305,15 @@ def critic_step(critic, opt, turns, cfg: PPOConfig, clip: bool = True) -> tuple[
         with _amp(critic.head.weight.device, cfg):
             kv = prefix_kv(critic.backbone, mb, cfg.share_prefix, grad=True)  # once per minibatch
         # with several learner processes each takes its share of the micro-batches (trainer.distributed)
-        for p in D.my_share(packs(mb, critic.backbone.config, critic.head.weight.device, cfg.micro_batch_tokens)):
+        for p, scale in _my_packs(mb, critic.backbone.config, critic.head.weight.device, cfg):
             with _amp(critic.head.weight.device, cfg):
                 v = turn_values(critic, p, kv)
             ret, old = p.cat("ret"), p.cat("values")
             use_clip = cfg.value_clip if clip else None
             loss = rl_losses.value_loss(v, ret, old, clip=use_clip, reduction="sum") / n
-            loss.backward()
+            (loss * scale).backward()
+            if not scale:  # FSDP2's padding step: every rank runs the same forwards and backwards
+                continue
             total += float(loss.detach())
             if use_clip:
                 clipped += float(rl_losses.value_clipfrac(v.detach(), ret, old, clip=use_clip)) * v.numel()
@@ -353,10 +375,12 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
         mb_kl = 0.0
         with _amp(policy.device, cfg):
             kv = prefix_kv(policy, mb, cfg.share_prefix, grad=True)  # once per minibatch
-        for p in D.my_share(packs(mb, policy.config, policy.device, cfg.micro_batch_tokens)):
+        for p, scale in _my_packs(mb, policy.config, policy.device, cfg):
             with _amp(policy.device, cfg):
                 loss, m = _policy_loss(policy, p, cfg, kv)
-            (loss / n).backward()
+            (loss / n * scale).backward()
+            if not scale:  # FSDP2's padding step
+                continue
             mb_kl += m["approx_kl"] / n
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
@@ -376,6 +400,17 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
     if kept is not None:  # a mean over the tokens the cap kept, not over all
         out["imp_weight_mean"] = sums["imp_weight_mean"] / kept if kept else 1.0
     return {**out, "kl_stopped": stopped, "tokens": tokens}
+
+
+def _my_packs(turns, config, device, cfg: PPOConfig):
+    """(micro-batch, loss scale) for this rank's share of a minibatch's micro-batches: every
+    world-th one (scale 1: gradients are summed over replicas), or under FSDP2 an even share
+    padded with zero-scale repeats, scaled by the world size (FSDP2 averages gradients)."""
+    ps = packs(turns, config, device, cfg.micro_batch_tokens)
+    world = D.rank_world()[1]
+    if cfg.shard == "fsdp" and world > 1:
+        return ((p, float(world) if real else 0.0) for p, real in D.even_share(ps))
+    return ((p, 1.0) for p in D.my_share(ps))
 
 
 def _amp(device, cfg: PPOConfig):
@@ -436,6 +471,11 @@ class Learner:
         self.ref = None  # the start policy, frozen, for the KL penalty
         if cfg.kl_coef:
             self.ref = copy.deepcopy(policy).eval().requires_grad_(False)
+        if cfg.shard == "fsdp" and D.rank_world()[1] > 1:  # before the optimizers: they hold the shards
+            for m, vision in ((policy, policy.model.visual), (self.critic, self.critic.backbone.visual),
+                              (self.ref, self.ref.model.visual if self.ref is not None else None)):
+                if m is not None:
+                    D.shard_keeping_whole(m, [vision])
         self.opt_p = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
         self.opt_c = torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=cfg.critic_lr,
                                        weight_decay=0.0)
@@ -511,6 +551,11 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
         # transformers drops the cache a shared prefix needs while it checkpoints: every row forwards whole
         cfg = replace(cfg, share_prefix=False)
         policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.shard not in D.STRATEGIES:
+        raise ValueError(f"shard must be one of {', '.join(D.STRATEGIES)}, got {cfg.shard!r}")
+    if cfg.shard == "fsdp" and D.rank_world()[1] > 1:
+        check_fsdp(cfg)
+        cfg = replace(cfg, share_prefix=False)  # a prefix's backward would bypass FSDP2's gather hooks
     if cfg.lora_r:
         from trainer.lora import apply_lora
 
@@ -578,8 +623,9 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
             trajs = batch()
             t_roll = time.perf_counter() - t0
             row = {**batch_metrics(trajs), **learner.update(trajs), "rollout_seconds": t_roll}
+            state = D.full_state_dict(policy, cfg.shard)  # FSDP2: gathered by every rank, kept by rank 0
             if pool is not None:
-                row["version"] = pool.publish(policy)
+                row["version"] = pool.publish(policy if state is None else state)
                 row["dropped_stale"] = pool.stats["dropped"]
                 lags = pool.stats["lags"][-len(trajs):]
                 row["mean_lag"] = sum(lags) / max(1, len(lags))

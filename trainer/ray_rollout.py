@@ -200,6 +200,7 @@ def _check_reachable(address: str | None, timeout: float = 5.0) -> None:
 
 
 def _state(model) -> dict:
+    """A model's weights for the actors (a state dict passes as it is)."""
     from trainer.lora import plain_state_dict
 
-    return plain_state_dict(model)  # with LoRA: the adapters merged in
+    return model if isinstance(model, dict) else plain_state_dict(model)  # with LoRA: the adapters merged in

@@ -71,7 +71,8 @@ def weights_path(weights_dir, version: int) -> Path:
 
 
 def publish_weights(model, weights_dir, version: int, keep: int = 4) -> Path:
-    """Write the model's weights for `version` atomically; remove versions older than `keep`."""
+    """Write the model's weights (or a state dict, e.g. gathered from FSDP2 shards) for `version`
+    atomically; remove versions older than `keep`."""
     from safetensors.torch import save_file
 
     path = weights_path(weights_dir, version)
@@ -79,7 +80,8 @@ def publish_weights(model, weights_dir, version: int, keep: int = 4) -> Path:
     tmp = path.with_suffix(".tmp")
     from trainer.lora import plain_state_dict
 
-    save_file(plain_state_dict(model), str(tmp))  # with LoRA: the adapters merged in
+    state = model if isinstance(model, dict) else plain_state_dict(model)  # with LoRA: the adapters merged in
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp))
     os.replace(tmp, path)
     for old in Path(weights_dir).glob("policy-v*.safetensors"):
         try:
@@ -248,7 +250,7 @@ class RolloutPool:
 
     # -- the learner's side
     def publish(self, model) -> int:
-        """Broadcast new weights; returns the new policy version."""
+        """Broadcast new weights (a model or its state dict); returns the new policy version."""
         v = self.version.value + 1
         publish_weights(model, self.spec.weights_dir, v)
         self.version.value = v

@@ -291,3 +291,25 @@ def test_ppo_on_fsdp_from_the_command_line(tiny_vlm_dir, tmp_path, capsys):  # n
     assert "--shard fsdp needs rollout workers" in capsys.readouterr().err
     assert main(argv + ["--lora", "4"]) == 2
     assert "--shard fsdp with --lora is not supported" in capsys.readouterr().err
+
+
+def test_ray_rollout_actors_share_one_inference_actor(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811
+    """`--engine ray --inference shared`: two rollout actors step sandboxes and one inference actor
+    generates for both; each publish loads it before new tickets go out, so in sync mode the
+    rollouts' log-probs are the learner's (importance weights 1) after the policy has moved."""
+    from main import main
+
+    out = tmp_path / "shared"
+    assert _ppo(main, tiny_vlm_dir, out, "--engine", "ray", "--inference", "shared", "--workers", "2", "--mode", "sync",
+                "--updates", "2", "--value-pretrain", "0", "--epochs", "2", "--batch", "4") == 0
+    assert json.loads(capsys.readouterr().out)["updates"] == 2
+    rows = _rows(tmp_path / "shared-logs")
+    assert [r["version"] for r in rows] == [1, 2] and all(r["mean_lag"] == 0 for r in rows)
+    assert rows[0]["approx_kl"] > 1e-4  # the first update's second pass saw a policy that had moved
+    assert rows[1]["imp_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+
+    argv = ["train", "ppo", "--model", str(tiny_vlm_dir), "--out", str(tmp_path / "x")]
+    assert main(argv + ["--inference", "shared"]) == 2
+    assert "--inference shared is for --engine ray" in capsys.readouterr().err
+    assert main(argv + ["--engine", "ray", "--inference-gpus", "1"]) == 2
+    assert "--inference-gpus must be >= 0 and is for --inference shared" in capsys.readouterr().err

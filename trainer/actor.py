@@ -29,10 +29,10 @@ class VLMActor:
         self.cache = ImageCache()
 
     @classmethod
-    def load(cls, model_dir, **kw) -> "VLMActor":
+    def load(cls, model_dir, device: str = "cpu", **kw) -> "VLMActor":
         from agent.vlm import load_vlm
 
-        model, processor = load_vlm(model_dir, device="cpu")
+        model, processor = load_vlm(model_dir, device=device)
         return cls(model, processor, **kw)
 
     def generate(self, messages, *, greedy: bool = False) -> ActorOutput:

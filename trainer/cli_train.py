@@ -50,6 +50,11 @@ def register(sub, common) -> None:
                    help="rollout workers: local processes (default) or Ray actors, here or on a cluster (--ray-address)")
     s.add_argument("--ray-address", help="with --engine ray: the cluster to join (auto, or HEAD:6379 after `ray start "
                                          "--head`); default: start a local Ray")
+    s.add_argument("--inference", choices=("own", "shared"), default="own",
+                   help="with --engine ray: each rollout actor generates with its own policy copy (own), or one "
+                        "inference actor generates for all of them while they step sandboxes (shared)")
+    s.add_argument("--inference-gpus", type=float, default=0.0,
+                   help="with --inference shared: GPUs the inference actor asks Ray for (default 0: a CPU)")
     s.add_argument("--max-staleness", type=int, default=1)
     s.add_argument("--staleness-decay", type=float, default=1.0)
     s.add_argument("--value-pretrain", type=int, default=2, metavar="K", help="critic-only iterations before PPO")
@@ -353,8 +358,10 @@ def cmd_ppo(args) -> int:
 
         if importlib.util.find_spec("ray") is None:
             return _fail("--engine ray needs Ray: pip install 'ray==2.60.0' (the [scale] extra)")
-    elif args.ray_address:
-        return _fail("--ray-address is for --engine ray")
+    elif args.ray_address or args.inference != "own":
+        return _fail(f"{'--ray-address' if args.ray_address else '--inference shared'} is for --engine ray")
+    if args.inference_gpus < 0 or (args.inference_gpus and args.inference != "shared"):
+        return _fail(f"--inference-gpus must be >= 0 and is for --inference shared, got {args.inference_gpus}")
     res = _run_job(ppo_job, args, families)
     if "error" in res:
         return _fail(res["error"])
@@ -395,7 +402,7 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
                     click_reward=args.click_reward,
                     kl_coef=args.kl_coef, end_on_parse_error=args.end_on_parse_error,
                     no_effect_penalty=args.no_effect_penalty, engine=args.engine, ray_address=args.ray_address,
-                    bf16=args.bf16, grad_checkpointing=args.grad_checkpointing, lora_r=args.lora,
+                    inference=args.inference, inference_gpus=args.inference_gpus, bf16=args.bf16, grad_checkpointing=args.grad_checkpointing, lora_r=args.lora,
                     lora_alpha=args.lora_alpha, shard=args.shard)
     env_kw = {"width": args.width, "height": args.height}
     if args.max_steps:

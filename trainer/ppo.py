@@ -93,6 +93,10 @@ class PPOConfig:
     n_workers: int = 2  # 0: rollouts in the learner's process
     engine: str = "local"  # rollout workers: "local" processes (trainer.rollout) or "ray" actors (trainer.ray_rollout)
     ray_address: str | None = None  # with engine "ray": a cluster's address ("auto", "HOST:6379"); None: a local Ray
+    # with engine "ray": each rollout actor generates with its own policy copy ("own"), or one inference actor
+    # does for all of them ("shared", with inference_gpus GPUs from Ray) - trainer.ray_rollout
+    inference: str = "own"
+    inference_gpus: float = 0.0
     # sandbox envs per rollout worker (or in the learner's process), each in a process of its own,
     # stepped together with one batched generation per round (trainer.episodes.EpisodeRunner)
     n_envs: int = 16
@@ -574,7 +578,7 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
     elif cfg.n_workers > 0:
         spec = WorkerSpec(str(model_dir), str(work_dir / "weights"), env_kw=dict(env_kw), memory_kw=dict(memory_kw or {}),
                           actor_kw=actor_kw, episode_kw={"end_on_parse_error": cfg.end_on_parse_error},
-                          n_envs=cfg.n_envs)
+                          n_envs=cfg.n_envs, inference=cfg.inference, inference_gpus=cfg.inference_gpus)
         pool_kw = {"mode": cfg.mode, "max_staleness": cfg.max_staleness, "staleness_decay": cfg.staleness_decay,
                    "seed_start": cfg.seed * 100_000, "families": families}
         if cfg.engine == "ray":

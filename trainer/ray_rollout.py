@@ -3,11 +3,14 @@ machine or across a cluster (`ray start --head` on one machine, `ray start --add
 on the others, then `--ray-address auto` or `HEAD:6379`).
 
 `RayRolloutPool` is trainer.rollout.RolloutPool's interface (start, collect, publish, stats,
-close) over Ray: each actor owns its own policy copy (trainer.actor.VLMActor) and `spec.n_envs`
-sandbox environments played together by one EpisodeRunner (one batched generation per round).
-The learner puts every new version's weights into Ray's object store once (`ray.put`); an actor
-fetches them at the start of its next call, so weights cross the network once per actor and
-version. The unit of work is one call: a list of tickets (seed, family) played to the end with
+close) over Ray: each actor owns `spec.n_envs` sandbox environments played together by one
+EpisodeRunner (one batched generation per round) and either its own policy copy
+(trainer.actor.VLMActor; `spec.inference` "own") or a handle on one shared inference actor
+("shared": the rollout actors only step sandboxes, on CPU machines, while one policy copy,
+on a GPU when `spec.inference_gpus` asks Ray for one, answers their batched generations in
+turn). The learner puts every new version's weights into Ray's object store once (`ray.put`); an
+actor fetches them at the start of its next call, so weights cross the network once per actor
+and version; the shared inference actor is loaded at publish time, before new tickets go out. The unit of work is one call: a list of tickets (seed, family) played to the end with
 the weights of one version, whose trajectories come back together.
   - "async": every actor always has a call in flight; the learner takes trajectories as calls
     finish and gives that actor new tickets with the newest weights at once. Trajectories are
@@ -26,10 +29,58 @@ from trainer.rollout import RolloutError, WorkerSpec, check_pool, staleness
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class _Worker:
-    """The body of a rollout actor (wrapped by ray.remote in RayRolloutPool.start)."""
+class _Inference:
+    """The body of the shared inference actor (`inference="shared"`): the one policy copy, on a
+    GPU where Ray gives it one, answering the rollout actors' batched generations in turn."""
 
-    def __init__(self, rank: int, spec: WorkerSpec):
+    def __init__(self, spec: WorkerSpec):
+        import torch
+
+        from trainer.actor import VLMActor
+
+        torch.set_num_threads(spec.threads)
+        device = "cuda" if spec.inference_gpus and torch.cuda.is_available() else "cpu"
+        self.actor = VLMActor.load(spec.model_dir, device=device, **spec.actor_kw)
+        self.version = -1
+
+    def load(self, version: int, weights: list) -> int:
+        if version != self.version:
+            import ray
+
+            self.actor.load_state(ray.get(weights[0]), f"weights of version {version}")
+            self.version = version
+        return self.version
+
+    def generate_batch(self, chats, greedy: bool = False):
+        return self.actor.generate_batch(chats, greedy=greedy)
+
+    def generate(self, messages, greedy: bool = False):
+        return self.actor.generate(messages, greedy=greedy)
+
+
+class _RemotePolicy:
+    """trainer.actor's interface over the shared inference actor: a rollout actor's EpisodeRunner
+    plays its envs with it as with a local copy."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def generate_batch(self, chats, *, greedy: bool = False):
+        import ray
+
+        return ray.get(self.handle.generate_batch.remote(chats, greedy))
+
+    def generate(self, messages, *, greedy: bool = False):
+        import ray
+
+        return ray.get(self.handle.generate.remote(messages, greedy))
+
+
+class _Worker:
+    """The body of a rollout actor (wrapped by ray.remote in RayRolloutPool.start); `inference`:
+    the shared inference actor's handle, or None for a policy copy of its own."""
+
+    def __init__(self, rank: int, spec: WorkerSpec, inference=None):
         import torch
 
         from trainer.actor import VLMActor
@@ -37,18 +88,21 @@ class _Worker:
         from trainer.sandbox.env_process import make_envs
 
         torch.set_num_threads(spec.threads)
-        self.actor = VLMActor.load(spec.model_dir, **spec.actor_kw)
+        self.shared = inference is not None
+        self.actor = _RemotePolicy(inference) if self.shared else VLMActor.load(spec.model_dir, **spec.actor_kw)
         self.envs = make_envs(spec.n_envs, **spec.env_kw)
         self.runner = EpisodeRunner(self.actor, self.envs, memory_kw=spec.memory_kw, worker=rank, version=-1,
                                     **spec.episode_kw)
 
     def play(self, tickets: list, version: int, weights: list) -> list:
         """Play `tickets` with the weights of `version` (weights: [ObjectRef], fetched only when the
-        version changed: a bare ref would be fetched by Ray on every call)."""
+        version changed: a bare ref would be fetched by Ray on every call). With a shared inference
+        actor the learner has loaded that version into it before handing out the tickets."""
         if version != self.runner.version:
-            import ray
+            if not self.shared:
+                import ray
 
-            self.actor.load_state(ray.get(weights[0]), f"weights of version {version}")
+                self.actor.load_state(ray.get(weights[0]), f"weights of version {version}")
             self.runner.version = version
         return self.runner.run_all(tickets)
 
@@ -70,6 +124,7 @@ class RayRolloutPool:
         self.next_seed = int(seed_start)
         self.version = 0
         self.workers: list = []
+        self.inference = None  # the shared inference actor (spec.inference "shared")
         self.inflight: dict = {}  # ObjectRef of a play call -> worker index
         self.spare: list = []  # trajectories that came back beyond a batch
         self.stats = {"received": 0, "dropped": 0, "lags": []}
@@ -84,7 +139,8 @@ class RayRolloutPool:
             _check_reachable(self.address)
             env = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
                    "QT_QPA_PLATFORM": os.environ.get("QT_QPA_PLATFORM", "offscreen")}
-            kw = {} if self.address else {"num_cpus": max(os.cpu_count() or 1, self.n_workers * self.spec.threads)}
+            actors = self.n_workers + (self.spec.inference == "shared")
+            kw = {} if self.address else {"num_cpus": max(os.cpu_count() or 1, actors * self.spec.threads)}
             try:
                 ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
                          runtime_env={"env_vars": env}, **kw)
@@ -93,8 +149,22 @@ class RayRolloutPool:
             self._started_ray = True
         actor_cls = ray.remote(num_cpus=self.spec.threads)(_Worker)
         self._weights = ray.put(_state(model))
-        self.workers = [actor_cls.remote(rank, self.spec) for rank in range(self.n_workers)]
+        if self.spec.inference == "shared":
+            infer_cls = ray.remote(num_cpus=self.spec.threads, num_gpus=self.spec.inference_gpus)(_Inference)
+            self.inference = infer_cls.remote(self.spec)
+            self._load_inference()
+        self.workers = [actor_cls.remote(rank, self.spec, self.inference) for rank in range(self.n_workers)]
         return self
+
+    def _load_inference(self, timeout: float = 600.0) -> None:
+        """The current version into the shared inference actor, waited for: calls from the rollout
+        actors are not ordered after the learner's, so tickets go out only once it holds it."""
+        import ray
+
+        try:
+            ray.get(self.inference.load.remote(self.version, [self._weights]), timeout=timeout)
+        except ray.exceptions.RayError as e:
+            raise RolloutError(f"the shared inference actor failed: {e}") from e
 
     def close(self) -> None:
         import ray
@@ -105,7 +175,9 @@ class RayRolloutPool:
             except Exception:  # a dead actor has nothing left to close
                 pass
             ray.kill(w)
-        self.workers, self.inflight = [], {}
+        if self.inference is not None:
+            ray.kill(self.inference)
+        self.workers, self.inflight, self.inference = [], {}, None
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
@@ -123,6 +195,8 @@ class RayRolloutPool:
 
         self._weights = ray.put(_state(model))
         self.version += 1
+        if self.inference is not None:
+            self._load_inference()
         return self.version
 
     def _tickets(self, n: int) -> list:

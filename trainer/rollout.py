@@ -108,6 +108,10 @@ class WorkerSpec:
     env_latency_s: float = 0.0
     episode_kw: dict = field(default_factory=dict)  # more EpisodeRunner keywords (end_on_parse_error)
     n_envs: int = 1  # environments per worker, stepped together with one batched generation per round
+    # Ray engine only: "own" (each rollout actor generates with its own policy copy) or "shared" (one
+    # inference actor holds the policy and answers every rollout actor's batched generations)
+    inference: str = "own"
+    inference_gpus: float = 0.0  # GPUs the shared inference actor asks Ray for (0: it runs on a CPU)
     # scheduling niceness of the workers (POSIX): the learner is the critical path of async
     # training, so where workers and learner share cores the workers take the cycles it leaves
     nice: int = 10

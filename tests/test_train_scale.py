@@ -278,3 +278,35 @@ def test_train_default_passes_the_rollout_engine_to_its_ppo_stage():
     cfg.n_workers = 0
     with pytest.raises(RecipeError, match="--engine ray needs --workers of at least 1"):
         cfg.validate()
+
+
+def test_a_torchrun_launch_joins_torchruns_process_group(tiny_vlm_dir, train_jsonl, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """`torchrun --nproc-per-node 2 main.py train sft ...` (the launcher a learner across machines
+    uses): each process is one rank of torchrun's group, rank 0 alone reports, and the weights
+    equal the one-process run's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from main import main
+    from trainer.distributed import free_port
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", str(free_port()), str(root / "main.py"), "train", "sft", "--model",
+                           str(tiny_vlm_dir), "--jsonl", str(train_jsonl), "--out", str(tmp_path / "torchrun"),
+                           "--max-steps", "3", "--batch", "3", "--seed", "0"],
+                          capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout[proc.stdout.index("{"):])  # one report: rank 0's
+    assert res["processes"] == 2
+    assert _sft(main, tiny_vlm_dir, train_jsonl, tmp_path / "one") == 0
+    capsys.readouterr()
+    assert _max_diff(_weights(tmp_path / "one"), _weights(tmp_path / "torchrun")) < 1e-4
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    assert _sft(main, tiny_vlm_dir, train_jsonl, tmp_path / "x", "--nproc", "2") == 2
+    assert "under torchrun each process is one rank: leave --nproc at 1 (got 2)" in capsys.readouterr().err

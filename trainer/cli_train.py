@@ -247,7 +247,7 @@ def _run_job(fn, args, *extra) -> dict:
 
     from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-    from trainer.distributed import launch
+    from trainer.distributed import launch, rank_world_of_launcher
 
     job = {k: v for k, v in vars(args).items() if k != "func"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -257,6 +257,8 @@ def _run_job(fn, args, *extra) -> dict:
         except (ProcessRaisedException, ProcessExitedException) as e:  # a rank failed; spawn ended the others
             if not result.is_file():
                 return {"error": f"a learner process failed: {str(e).strip().splitlines()[-1]}"}
+        if rank_world_of_launcher()[0] > 0:  # a torchrun rank other than 0: rank 0 reports
+            raise SystemExit(0)
         return json.loads(result.read_text(encoding="utf-8"))
 
 

@@ -51,6 +51,9 @@ def check_nproc(nproc: int, device: str | None) -> None:
 
     if nproc < 1:
         raise DistributedError(f"--nproc must be at least 1, got {nproc}")
+    if nproc != 1 and under_torchrun():
+        raise DistributedError(f"under torchrun each process is one rank: leave --nproc at 1 (got {nproc}) and "
+                               "set the processes with torchrun's --nproc-per-node and --nnodes")
     if nproc > 1 and str(device).startswith("cuda:"):
         raise DistributedError(f"--device {device} names one GPU; with --nproc {nproc} each process takes cuda:RANK "
                                "(use --device cuda or auto)")
@@ -59,10 +62,30 @@ def check_nproc(nproc: int, device: str | None) -> None:
         raise DistributedError(f"--nproc {nproc} needs {nproc} GPUs, torch sees {gpus}")
 
 
+def under_torchrun() -> bool:
+    """Whether this process was started by torchrun (or another launcher that sets its variables):
+    it is then one rank of a job that may span machines, and joins that job's process group."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")) \
+        and int(os.environ["WORLD_SIZE"]) > 1
+
+
+def rank_world_of_launcher() -> tuple[int, int]:
+    """(rank, world size) torchrun gave this process, or (0, 1) when it did not start it."""
+    if not under_torchrun():
+        return 0, 1
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
 def launch(fn, nproc: int, *args) -> None:
     """Run fn(rank, nproc, *args) in nproc spawned processes joined in one process group (gloo,
     or NCCL when the processes have GPUs); fn must be a module-level function. With nproc 1,
-    fn(0, 1, *args) runs here, with no process group."""
+    fn(0, 1, *args) runs here, with no process group. Under torchrun (`torchrun --nnodes M
+    --nproc-per-node N --rdzv-endpoint HOST:PORT main.py train ...`, nproc 1) this process is
+    one rank of torchrun's job: it joins the group from torchrun's variables and runs fn itself."""
+    if under_torchrun():
+        check_nproc(nproc, None)
+        _join(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), fn, args)
+        return
     if nproc == 1:
         fn(0, 1, *args)
         return
@@ -72,16 +95,23 @@ def launch(fn, nproc: int, *args) -> None:
 
 
 def _entry(rank: int, world: int, port: int, fn, args) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    _join(rank, world, fn, args)
+
+
+def _join(rank: int, world: int, fn, args) -> None:
+    """Join the process group the environment describes (env://), run fn(rank, world, *args), leave."""
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    # the machine's cores split between the ranks (oversubscribed threads thrash)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    nccl = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    # the machine's cores split between its ranks (oversubscribed threads thrash)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_machine))
+    nccl = torch.cuda.is_available() and torch.cuda.device_count() >= per_machine
     if nccl:
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(local)
     dist.init_process_group("nccl" if nccl else "gloo", rank=rank, world_size=world)
     try:
         fn(rank, world, *args)
@@ -94,7 +124,7 @@ def rank_device(device: str | None, rank: int, world: int) -> str | None:
     import torch
 
     if world > 1 and device in (None, "auto", "cuda") and torch.cuda.is_available():
-        return f"cuda:{rank}"
+        return f"cuda:{os.environ.get('LOCAL_RANK', rank)}"  # the GPU of this rank on its machine
     return device
 
 

@@ -1,7 +1,7 @@
 """Scaling out, measured: `train plan` against a real step of a small model, what each memory flag
 costs in step time, and 1 vs 2 learner processes (DDP, FSDP2 on gloo) with the same global batch.
 
-    python tests/bench/bench_scale.py [--model assets/default_model --steps 4 --batch 4]
+    python tests/bench/bench_scale.py [--model assets/default_model --steps 4 --batch 4] [--part plan|sft|ppo]
 
 Table 1: per setting, the plan's bytes next to the measured ones of one real step, for --model
 and for a 101.6M-parameter model of the same class built here (hidden 768, 12 language layers, 4
@@ -12,9 +12,10 @@ noisy at this size). Table 2: `train sft --max-steps S --batch B --seed 0` throu
 each flag, its training-loop seconds per step and wall seconds (process start and model load
 included), and the largest weight difference from the 1-process float32 run. Table 3: `train ppo`
 (2 updates of 4 episodes, click_button, 224x168, sync mode) with rollouts in the learner's
-process on 1 and 2 learner processes, and with 2 rollout workers as local processes and as Ray
-actors (a local Ray, its start included): wall seconds, rollout and learner seconds per update, the
-weight difference from the first row where it is meant to be equal. Table 4: the plan of
+process on 1 and 2 learner processes and under each memory flag, with 2 rollout workers as local
+processes and as Ray actors (a local Ray, its start included; own policy copies, LoRA, a shared
+inference actor), and FSDP2 learners with one local worker: wall seconds, rollout and learner
+seconds per update, the weight difference from the first row where it is meant to be equal. Table 4: the plan of
 Qwen2.5-VL-7B under each setting (4096 tokens, 1024 of them image tokens).
 """
 from __future__ import annotations
@@ -119,7 +120,9 @@ def ppo_runs(model_dir: str, work: Path) -> list[dict]:
             "in learner, --lora 8 --bf16": ["--workers", "0", "--lora", "8", "--bf16", "--lora-save", "merged"],
             "2 local workers": ["--workers", "2"], "2 Ray actors": ["--workers", "2", "--engine", "ray"],
             "2 Ray actors, --lora 8 --bf16": ["--workers", "2", "--engine", "ray", "--lora", "8", "--bf16",
-                                              "--lora-save", "merged"]}
+                                              "--lora-save", "merged"],
+            "2 Ray actors, --inference shared": ["--workers", "2", "--engine", "ray", "--inference", "shared"],
+            "1 local worker, --nproc 2 --shard fsdp": ["--workers", "1", "--nproc", "2", "--shard", "fsdp"]}
     rows, ref = [], None
     for name, flags in runs.items():
         out = work / "".join(c if c.isalnum() else "_" for c in name)

@@ -198,12 +198,12 @@ class Registry:
         comparison = paired_comparison(current_metrics or cur.metrics, cand.metrics)
         better = promotes(comparison, min_gain)
         why = explain_decision(cand.version, cur.version, comparison, better, min_gain)
-        self.update(candidate, metrics={**cand.metrics, "comparison": {"against": cur.version, "min_gain": min_gain,
-                                                                       **comparison}}, decision=why)
+        metrics = {**cand.metrics, "comparison": {"against": cur.version, "min_gain": min_gain, **comparison}}
         if better:
+            self.update(candidate, metrics=metrics, decision=why)
             self.promote(candidate)
             return True, why
-        self.update(candidate, status="rejected", decision=why)
+        self.update(candidate, metrics=metrics, status="rejected", decision=why)  # one write
         return False, why
 
     def make_first(self, version: str, why: str) -> ModelVersion:

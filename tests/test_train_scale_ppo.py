@@ -295,8 +295,9 @@ def test_ppo_on_fsdp_from_the_command_line(tiny_vlm_dir, tmp_path, capsys):  # n
 
 def test_ray_rollout_actors_share_one_inference_actor(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811
     """`--engine ray --inference shared`: two rollout actors step sandboxes and one inference actor
-    generates for both; each publish loads it before new tickets go out, so in sync mode the
-    rollouts' log-probs are the learner's (importance weights 1) after the policy has moved."""
+    generates for both, batching their requests; each publish loads it before new tickets go out,
+    so in sync mode the rollouts' log-probs are the learner's (importance weights 1) after the
+    policy has moved."""
     from main import main
 
     out = tmp_path / "shared"
@@ -307,6 +308,9 @@ def test_ray_rollout_actors_share_one_inference_actor(tiny_vlm_dir, tmp_path, ca
     assert [r["version"] for r in rows] == [1, 2] and all(r["mean_lag"] == 0 for r in rows)
     assert rows[0]["approx_kl"] > 1e-4  # the first update's second pass saw a policy that had moved
     assert rows[1]["imp_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    # the two actors' requests were answered together (each generation up to 2 x --envs rows); a
+    # mix-up of the rows between them would also have broken the importance weights above
+    assert rows[1]["requests_per_generation"] > 1.2 and rows[1]["rows_per_generation"] > 2
 
     argv = ["train", "ppo", "--model", str(tiny_vlm_dir), "--out", str(tmp_path / "x")]
     assert main(argv + ["--inference", "shared"]) == 2

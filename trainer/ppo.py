@@ -633,6 +633,9 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
                 row["dropped_stale"] = pool.stats["dropped"]
                 lags = pool.stats["lags"][-len(trajs):]
                 row["mean_lag"] = sum(lags) / max(1, len(lags))
+                for k in ("requests_per_generation", "rows_per_generation"):  # a shared inference actor's batching
+                    if k in pool.stats:
+                        row[k] = pool.stats[k]
             step = update
             if log is not None:
                 log.log(update, "ppo", **row)

@@ -7,8 +7,8 @@ close) over Ray: each actor owns `spec.n_envs` sandbox environments played toget
 EpisodeRunner (one batched generation per round) and either its own policy copy
 (trainer.actor.VLMActor; `spec.inference` "own") or a handle on one shared inference actor
 ("shared": the rollout actors only step sandboxes, on CPU machines, while one policy copy,
-on a GPU when `spec.inference_gpus` asks Ray for one, answers their batched generations in
-turn). The learner puts every new version's weights into Ray's object store once (`ray.put`); an
+on a GPU when `spec.inference_gpus` asks Ray for one, answers their requests, those waiting at
+each generation batched together). The learner puts every new version's weights into Ray's object store once (`ray.put`); an
 actor fetches them at the start of its next call, so weights cross the network once per actor
 and version; the shared inference actor is loaded at publish time, before new tickets go out. The unit of work is one call: a list of tickets (seed, family) played to the end with
 the weights of one version, whose trajectories come back together.
@@ -31,9 +31,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class _Inference:
     """The body of the shared inference actor (`inference="shared"`): the one policy copy, on a
-    GPU where Ray gives it one, answering the rollout actors' batched generations in turn."""
+    GPU where Ray gives it one. An async Ray actor: the rollout actors' requests queue up, and
+    each generation answers all that are waiting as one batch (their chats concatenated, the
+    replies split back), after waiting up to GATHER_S for every rollout actor to have asked, so
+    N actors of E envs share generations of up to N x E rows. Weights change only between
+    generations."""
 
-    def __init__(self, spec: WorkerSpec):
+    GATHER_S = 0.05
+
+    def __init__(self, spec: WorkerSpec, n_callers: int = 1):
+        import asyncio
+        from concurrent.futures import ThreadPoolExecutor
+
         import torch
 
         from trainer.actor import VLMActor
@@ -42,20 +51,67 @@ class _Inference:
         device = "cuda" if spec.inference_gpus and torch.cuda.is_available() else "cpu"
         self.actor = VLMActor.load(spec.model_dir, device=device, **spec.actor_kw)
         self.version = -1
+        self.n_callers = max(1, n_callers)
+        self.pending: list = []  # (chats, greedy, future)
+        self.busy = asyncio.Lock()  # held by a generation or a weight load: never both at once
+        self.torch_thread = ThreadPoolExecutor(1)  # the model runs here, off the event loop
+        self.drainer = None
+        self.counts = {"requests": 0, "generations": 0, "rows": 0}
 
-    def load(self, version: int, weights: list) -> int:
+    async def load(self, version: int, weights: list) -> int:
+        import asyncio
+
         if version != self.version:
-            import ray
-
-            self.actor.load_state(ray.get(weights[0]), f"weights of version {version}")
-            self.version = version
+            state = await weights[0]
+            async with self.busy:
+                await asyncio.get_running_loop().run_in_executor(
+                    self.torch_thread, self.actor.load_state, state, f"weights of version {version}")
+                self.version = version
         return self.version
 
-    def generate_batch(self, chats, greedy: bool = False):
-        return self.actor.generate_batch(chats, greedy=greedy)
+    async def generate_batch(self, chats, greedy: bool = False):
+        import asyncio
 
-    def generate(self, messages, greedy: bool = False):
-        return self.actor.generate(messages, greedy=greedy)
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((list(chats), bool(greedy), fut))
+        self.counts["requests"] += 1
+        if self.drainer is None or self.drainer.done():
+            self.drainer = asyncio.ensure_future(self._drain())
+        return await fut
+
+    async def generate(self, messages, greedy: bool = False):
+        return (await self.generate_batch([messages], greedy))[0]
+
+    async def stats(self) -> dict:
+        return dict(self.counts)
+
+    async def _drain(self) -> None:
+        import asyncio
+        import functools
+
+        loop = asyncio.get_running_loop()
+        while self.pending:
+            deadline = loop.time() + self.GATHER_S
+            while len(self.pending) < self.n_callers and loop.time() < deadline:
+                await asyncio.sleep(0.002)
+            batch, self.pending = self.pending, []
+            for greedy in sorted({g for _, g, _ in batch}):
+                group = [(chats, fut) for chats, g, fut in batch if g == greedy]
+                rows = [chat for chats, _ in group for chat in chats]
+                try:
+                    async with self.busy:
+                        outs = await loop.run_in_executor(
+                            self.torch_thread, functools.partial(self.actor.generate_batch, rows, greedy=greedy))
+                except Exception as e:  # every waiting rollout actor hears it
+                    for _, fut in group:
+                        fut.set_exception(e)
+                    continue
+                self.counts["generations"] += 1
+                self.counts["rows"] += len(rows)
+                k = 0
+                for chats, fut in group:
+                    fut.set_result(outs[k:k + len(chats)])
+                    k += len(chats)
 
 
 class _RemotePolicy:
@@ -151,7 +207,7 @@ class RayRolloutPool:
         self._weights = ray.put(_state(model))
         if self.spec.inference == "shared":
             infer_cls = ray.remote(num_cpus=self.spec.threads, num_gpus=self.spec.inference_gpus)(_Inference)
-            self.inference = infer_cls.remote(self.spec)
+            self.inference = infer_cls.remote(self.spec, self.n_workers)
             self._load_inference()
         self.workers = [actor_cls.remote(rank, self.spec, self.inference) for rank in range(self.n_workers)]
         return self
@@ -197,6 +253,10 @@ class RayRolloutPool:
         self.version += 1
         if self.inference is not None:
             self._load_inference()
+            c = ray.get(self.inference.stats.remote())
+            # how many rollout actors' requests each generation answered, and its rows
+            self.stats["requests_per_generation"] = c["requests"] / max(1, c["generations"])
+            self.stats["rows_per_generation"] = c["rows"] / max(1, c["generations"])
         return self.version
 
     def _tickets(self, n: int) -> list:

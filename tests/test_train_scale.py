@@ -152,6 +152,11 @@ def test_train_plan_for_qwen25_vl_7b_without_downloads(capsys):
     assert lora["fits"] and lora["trainable"] < full["params"] // 100
     ckpt = plan("--grad-checkpointing")
     assert ckpt["parts"]["activations"] < full["parts"]["activations"] / 10
+    # LoRA on FSDP2: the float32 base (not bf16: FSDP2's layer buffers hold one dtype) split 8 ways
+    lora_fsdp = plan("--lora", "16", "--bf16", "--nproc", "8", "--shard", "fsdp")
+    assert lora_fsdp["parts"]["weights"] == (4 * full["params"] + 4 * lora["trainable"]) // 8
+    assert lora_fsdp["parts"]["weights"] < lora["parts"]["weights"] / 3
+    assert lora_fsdp["parts"]["bf16 weight copies"] > lora["parts"]["bf16 weight copies"]  # the base is cast too
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -168,11 +173,28 @@ def test_bad_scale_settings_are_named(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_fsdp_with_lora_is_refused_by_name(tiny_vlm_dir, train_jsonl, tmp_path, capsys):  # noqa: F811
+def test_lora_on_fsdp_shards_the_base_and_trains_the_same_adapter(tiny_vlm_dir, train_jsonl, tmp_path, capsys):  # noqa: F811
+    """LoRA under FSDP2 (2 processes): the float32 base is sharded with the adapters, and the
+    adapter equals the one-process run's; with --bf16 the base stays float32 (FSDP2's per-layer
+    buffers hold one dtype) under autocast, and the merged save loads."""
+    from safetensors.torch import load_file
+
+    from agent.vlm import load_vlm
     from main import main
 
-    assert _sft(main, tiny_vlm_dir, train_jsonl, tmp_path / "o", "--nproc", "2", "--shard", "fsdp", "--lora", "4") == 2
-    assert "--shard fsdp with --lora is not supported" in capsys.readouterr().err
+    assert _sft(main, tiny_vlm_dir, train_jsonl, tmp_path / "one", "--lora", "4") == 0
+    capsys.readouterr()
+    assert _sft(main, tiny_vlm_dir, train_jsonl, tmp_path / "fsdp", "--lora", "4", "--nproc", "2", "--shard", "fsdp") == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["processes"] == 2 and res["config"]["shard"] == "fsdp" and res["config"]["lora_r"] == 4
+    one, two = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in ("one", "fsdp"))
+    assert any("lora_B" in k and float(v.abs().max()) > 0 for k, v in one.items())
+    assert _max_diff(one, two) < 1e-4
+    assert _sft(main, tiny_vlm_dir, train_jsonl, tmp_path / "bf16", "--lora", "4", "--bf16", "--nproc", "2",
+                "--shard", "fsdp", "--lora-save", "merged") == 0
+    capsys.readouterr()
+    load_vlm(tmp_path / "bf16", device="cpu")
+    assert _max_diff(_weights(tmp_path / "bf16"), _weights(tiny_vlm_dir)) > 0
 
 
 def test_ppo_with_two_learner_processes_ends_with_the_one_process_weights(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811

@@ -223,13 +223,11 @@ def _plot(log, out_dir, phase, keys):
 
 def cmd_sft(args) -> int:
     from trainer.distributed import DistributedError, check_nproc
-    from trainer.lora import FSDP_LORA, LoRAError, check_lora
+    from trainer.lora import LoRAError, check_lora
 
     try:
         check_nproc(args.nproc, args.device)
         check_lora(args.lora, args.lora_alpha, args.lora_save)
-        if args.nproc > 1 and args.shard == "fsdp" and args.lora:
-            raise LoRAError(FSDP_LORA)
     except (DistributedError, LoRAError) as e:
         return _fail(str(e))
     res = _run_job(sft_job, args)

@@ -23,8 +23,8 @@ from pathlib import Path
 # the linear layers LoRA adapts: the language model's decoder projections
 LORA_TARGET = r".*language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
 SAVE_FORMS = ("adapter", "merged")
-FSDP_LORA = ("--shard fsdp with --lora is not supported: LoRA's few trainable weights need no sharding "
-             "(use --shard ddp)")
+FSDP_LORA = ("--shard fsdp with --lora is not supported by `train ppo` (its rollout workers need the adapters "
+             "merged into gathered weights); use --shard ddp, or train the adapter with `train sft --shard fsdp`")
 
 
 class LoRAError(ValueError):
@@ -87,9 +87,11 @@ def plain_state_dict(model) -> dict:
     return {k: v.contiguous().cpu() for k, v in plain.items()}
 
 
-def save_lora(peft_model, processor, out_dir, base_dir, form: str = "adapter", extra: dict | None = None) -> Path:
+def save_lora(peft_model, processor, out_dir, base_dir, form: str = "adapter", extra: dict | None = None,
+              state_dict: dict | None = None) -> Path:
     """Save a trained LoRA model as its adapter or merged into the base (see the module doc).
-    base_dir: the directory the base weights came from."""
+    base_dir: the directory the base weights came from; state_dict: the peft model's whole
+    weights when its own are FSDP2 shards (trainer.distributed.full_state_dict)."""
     from agent.vlm import load_vlm
     from trainer.sft import save_checkpoint
 
@@ -97,7 +99,8 @@ def save_lora(peft_model, processor, out_dir, base_dir, form: str = "adapter", e
     out = Path(out_dir)
     adapter_dir = out if form == "adapter" else out / "adapter"
     adapter_dir.mkdir(parents=True, exist_ok=True)
-    peft_model.save_pretrained(str(adapter_dir), safe_serialization=True)
+    kw = {} if state_dict is None else {"state_dict": state_dict}
+    peft_model.save_pretrained(str(adapter_dir), safe_serialization=True, **kw)
     cfg_path = adapter_dir / "adapter_config.json"
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     cfg["base_model_name_or_path"] = str(Path(base_dir).resolve())

@@ -143,7 +143,8 @@ def count_params(model, lora: int | None = None) -> dict:
     """{"total", "vision" (the vision tower's), "trainable" (all, or the adapters rank `lora` puts
     on trainer.lora's targets), "linear" (trained weights of linear layers: what autocast casts to
     bf16), "linear_outside" (those outside the decoder layers and vision blocks), "linear_block"
-    (the largest block's)}."""
+    (the largest block's), "targets" and "targets_block" (the frozen weights under LoRA's
+    adapters, all and the largest block's: what autocast casts when that base is float32)}."""
     import torch
 
     from trainer.distributed import block_of
@@ -152,14 +153,18 @@ def count_params(model, lora: int | None = None) -> dict:
     total = sum(p.numel() for p in model.parameters())
     vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
     per_block: dict = {}
+    targets: dict = {}
     for n, m in model.named_modules():
         if isinstance(m, torch.nn.Linear) and (not lora or is_lora_target(n)):
             size = lora * (m.in_features + m.out_features) if lora else m.weight.numel()
             per_block[block_of(n)] = per_block.get(block_of(n), 0) + size
+        if isinstance(m, torch.nn.Linear) and is_lora_target(n):
+            targets[block_of(n)] = targets.get(block_of(n), 0) + m.weight.numel()
     linear = sum(per_block.values())
     outside = per_block.get(None, 0)
     return {"total": total, "vision": vision, "trainable": linear if lora else total, "linear": linear,
-            "linear_outside": outside, "linear_block": max([v for k, v in per_block.items() if k] or [0])}
+            "linear_outside": outside, "linear_block": max([v for k, v in per_block.items() if k] or [0]),
+            "targets": sum(targets.values()), "targets_block": max(targets.values() or [0])}
 
 
 def plan_memory(model: str, *, nproc: int = 1, shard: str = "ddp", bf16: bool = False, lora: int | None = None,
@@ -171,10 +176,6 @@ def plan_memory(model: str, *, nproc: int = 1, shard: str = "ddp", bf16: bool = 
                         f"{nproc}, {seq_len}, {target_tokens}, {image_tokens}")
     if lora is not None and lora < 1:
         raise PlanError(f"--lora rank must be at least 1, got {lora}")
-    if shard == "fsdp" and lora:
-        from trainer.lora import FSDP_LORA
-
-        raise PlanError(FSDP_LORA)
     gpu_gb = gpu_capacity(gpu)
     name, config = model_config(model)
     counts = count_params(meta_model(config), lora)
@@ -182,12 +183,17 @@ def plan_memory(model: str, *, nproc: int = 1, shard: str = "ddp", bf16: bool = 
     plan = Plan(name, total, vision, trainable, nproc, shard, bf16, lora, grad_checkpointing, seq_len, image_tokens,
                 min(target_tokens, seq_len), gpu=gpu, gpu_gb=gpu_gb)
     split = nproc if shard == "fsdp" else 1
+    # LoRA's frozen base is bf16 with --bf16, except under FSDP2, whose flat per-layer buffers need one
+    # dtype: there it stays float32 (sharded) and autocast casts each gathered layer's weights instead
+    bf16_base = bf16 and not (lora and split > 1)
     if lora:
-        plan.parts["weights"] = (total * (2 if bf16 else 4) + 4 * trainable) // split
+        plan.parts["weights"] = (total * (2 if bf16_base else 4) + 4 * trainable) // split
     else:
         plan.parts["weights"] = 4 * total // split
     # a block under checkpointing casts its weights again in its recompute: only one block's copies at a time
     copies = counts["linear_outside"] + counts["linear_block"] if grad_checkpointing else counts["linear"]
+    if lora and bf16 and not bf16_base:  # the float32 base under the adapters is cast too (not measured)
+        copies += counts["targets_block"] if grad_checkpointing else counts["targets"]
     plan.parts["bf16 weight copies"] = 2 * copies if bf16 else 0
     plan.parts["gradients"] = 4 * trainable // split
     plan.parts["optimizer (AdamW)"] = 8 * trainable // split

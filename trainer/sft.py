@@ -268,9 +268,10 @@ def next_batch(order: list, n: int, size: int, rng) -> list[int]:
     return out
 
 
-def prepare_model(model, cfg: SFTConfig):
+def prepare_model(model, cfg: SFTConfig, bf16_base: bool = True):
     """The model to train under cfg's memory settings: gradient checkpointing switched on, LoRA
-    adapters put on (a peft model sharing the base's modules), or the model itself."""
+    adapters put on (a peft model sharing the base's modules; with cfg.bf16 and bf16_base its
+    frozen base in bf16), or the model itself."""
     import torch
 
     if cfg.grad_checkpointing:
@@ -278,7 +279,7 @@ def prepare_model(model, cfg: SFTConfig):
     if cfg.lora_r:
         from trainer.lora import apply_lora
 
-        model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, base_dtype=torch.bfloat16 if cfg.bf16 else None)
+        model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, base_dtype=torch.bfloat16 if cfg.bf16 and bf16_base else None)
     return model
 
 
@@ -311,10 +312,6 @@ def train_sft(model, processor, samples: list[Sample], cfg: SFTConfig, out_dir=N
     if cfg.schedule not in SCHEDULES:
         raise SFTError(f"schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
     rank, world = D.rank_world()
-    if world > 1 and cfg.shard == "fsdp" and cfg.lora_r:
-        from trainer.lora import FSDP_LORA
-
-        raise SFTError(FSDP_LORA)
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
     encoded = [encode(processor, s) for s in samples]  # tokenize once; errors surface before training
@@ -323,7 +320,9 @@ def train_sft(model, processor, samples: list[Sample], cfg: SFTConfig, out_dir=N
     base_dir = getattr(model, "name_or_path", None)  # where LoRA's adapter says its base is
     if cfg.lora_r and out_dir and not (base_dir and Path(base_dir).is_dir()):
         raise SFTError(f"LoRA needs the model loaded from its directory (an adapter names its base); got {base_dir!r}")
-    trained = prepare_model(model, cfg)
+    # FSDP2 gathers each layer as one flat buffer, so its weights share one dtype: under it LoRA's
+    # base stays float32 (sharded N ways, less than a bf16 replica from N = 2 on) and bf16 is autocast only
+    trained = prepare_model(model, cfg, bf16_base=not (world > 1 and cfg.shard == "fsdp"))
     step_model = D.wrap(trained, cfg.shard) if world > 1 else trained  # what forward and backward run on
     opt = torch.optim.AdamW([p for p in trained.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, cfg.warmup_steps, cfg.schedule))
@@ -372,8 +371,8 @@ def train_sft(model, processor, samples: list[Sample], cfg: SFTConfig, out_dir=N
         _save(trained, processor, out_dir, cfg, base_dir, {"last": result})
     if cfg.grad_checkpointing:
         model.activation_checkpointing_disable()
-    if cfg.lora_r:  # the caller's model, with the adapter merged in, float32 again
-        trained.merge_and_unload().float()
+    if cfg.lora_r and not (world > 1 and cfg.shard == "fsdp"):  # the caller's model, adapter merged in, float32
+        trained.merge_and_unload().float()  # (under FSDP2 its weights stay this rank's shards)
     return result
 
 
@@ -387,7 +386,7 @@ def _save(trained, processor, out_dir, cfg: SFTConfig, base_dir, extra: dict | N
         if cfg.lora_r:
             from trainer.lora import save_lora
 
-            save_lora(trained, processor, out_dir, base_dir, cfg.lora_save, extra)
+            save_lora(trained, processor, out_dir, base_dir, cfg.lora_save, extra, state_dict=state)
         else:
             save_checkpoint(trained, processor, out_dir, extra, state_dict=state)
     D.barrier()

@@ -147,7 +147,9 @@ def plan_7b() -> list[dict]:
     for name, kw in {"float32": {}, "bf16": {"bf16": True}, "bf16 + checkpointing": {"bf16": True, "grad_checkpointing": True},
                      "8 x fsdp, bf16 + ckpt": {"nproc": 8, "shard": "fsdp", "bf16": True, "grad_checkpointing": True},
                      "lora 16 + bf16": {"lora": 16, "bf16": True},
-                     "lora 16 + bf16 + ckpt": {"lora": 16, "bf16": True, "grad_checkpointing": True}}.items():
+                     "lora 16 + bf16 + ckpt": {"lora": 16, "bf16": True, "grad_checkpointing": True},
+                     "8 x fsdp, lora 16 + bf16 + ckpt": {"nproc": 8, "shard": "fsdp", "lora": 16, "bf16": True,
+                                                         "grad_checkpointing": True}}.items():
         p = plan_memory("qwen2.5-vl-7b", **kw)
         rows.append({"setting": name, **{k: v / GIB for k, v in p.parts.items()}, "total": p.total / GIB,
                      "fits": "yes" if p.fits else "no"})

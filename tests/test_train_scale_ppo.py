@@ -289,8 +289,33 @@ def test_ppo_on_fsdp_from_the_command_line(tiny_vlm_dir, tmp_path, capsys):  # n
     argv = ["train", "ppo", "--model", str(tiny_vlm_dir), "--out", str(tmp_path / "x"), "--nproc", "2", "--shard", "fsdp"]
     assert main(argv + ["--workers", "0"]) == 2
     assert "--shard fsdp needs rollout workers" in capsys.readouterr().err
-    assert main(argv + ["--lora", "4"]) == 2
-    assert "--shard fsdp with --lora is not supported" in capsys.readouterr().err
+    assert main(argv + ["--workers", "1", "--train-vision"]) == 2
+    assert "--train-vision is not supported" in capsys.readouterr().err
+
+
+def test_lora_ppo_on_fsdp_sends_the_workers_the_merged_gathered_weights(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811
+    """`--nproc 2 --shard fsdp --lora 4`: the float32 base and the adapters sharded; each publish
+    gathers them and adds the adapters' deltas for the worker; the saved adapter, merged on load,
+    is what the worker was sent last."""
+    from safetensors.torch import load_file
+
+    from agent.vlm import load_vlm
+    from main import main
+
+    out = tmp_path / "fsdp-lora"
+    assert _ppo(main, tiny_vlm_dir, out, "--workers", "1", "--mode", "sync", "--updates", "2", "--value-pretrain", "0",
+                "--nproc", "2", "--shard", "fsdp", "--lora", "4") == 0
+    assert json.loads(capsys.readouterr().out)["processes"] == 2
+    rows = _rows(tmp_path / "fsdp-lora-logs")
+    assert [r["version"] for r in rows] == [1, 2]
+    assert rows[1]["imp_weight_mean"] == pytest.approx(1.0, abs=1e-5)  # played with the learner's weights
+    adapters = load_file(str(out / "adapter_model.safetensors"))
+    assert any("lora_B" in k and float(v.abs().max()) > 0 for k, v in adapters.items())
+    trained, _ = load_vlm(out, device="cpu", dtype="float32")
+    sent = load_file(str(sorted((tmp_path / "fsdp-lora-logs" / "weights").glob("policy-v*.safetensors"))[-1]))
+    mine = trained.state_dict()
+    assert sent.keys() <= mine.keys()
+    assert max(float((sent[k] - mine[k]).abs().max()) for k in sent) < 1e-5
 
 
 def test_ray_rollout_actors_share_one_inference_actor(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811

@@ -425,7 +425,9 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
     if res["peft"] is not None:
         from trainer.lora import save_lora
 
-        save_lora(res["peft"], processor, out, args.model, args.lora_save, extra)
+        # a gathered state is the adapted model's own; peft's keys carry its wrapper's prefix
+        whole = None if state is None else {f"base_model.model.{k}": v for k, v in state.items()}
+        save_lora(res["peft"], processor, out, args.model, args.lora_save, extra, state_dict=whole)
     else:
         save_checkpoint(model, processor, out, extra, state_dict=state)
     res["critic"].save(work / "critic", critic_state)

@@ -23,8 +23,6 @@ from pathlib import Path
 # the linear layers LoRA adapts: the language model's decoder projections
 LORA_TARGET = r".*language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
 SAVE_FORMS = ("adapter", "merged")
-FSDP_LORA = ("--shard fsdp with --lora is not supported by `train ppo` (its rollout workers need the adapters "
-             "merged into gathered weights); use --shard ddp, or train the adapter with `train sft --shard fsdp`")
 
 
 class LoRAError(ValueError):
@@ -83,6 +81,24 @@ def plain_state_dict(model) -> dict:
         w = plain[f"{name}.weight"]
         for adapter in layer.active_adapters:
             w = w + layer.get_delta_weight(adapter).float()
+        plain[f"{name}.weight"] = w
+    return {k: v.contiguous().cpu() for k, v in plain.items()}
+
+
+def merged_state(state: dict, peft_model) -> dict:
+    """plain_state_dict from a whole state dict of the model peft put adapters into (gathered from
+    FSDP2 shards, say): each adapted weight plus scaling x B @ A of its active adapters."""
+    layers = {}
+    for name, m in peft_model.get_base_model().named_modules():
+        if hasattr(m, "lora_A") and hasattr(m, "scaling"):
+            layers[name] = m
+    plain = {k.replace(".base_layer.", "."): (v.float() if v.is_floating_point() else v)
+             for k, v in state.items() if ".lora_" not in k}
+    for name, layer in layers.items():
+        w = plain[f"{name}.weight"]
+        for adapter in layer.active_adapters:
+            a, b = state[f"{name}.lora_A.{adapter}.weight"].float(), state[f"{name}.lora_B.{adapter}.weight"].float()
+            w = w + (b @ a) * layer.scaling[adapter]
         plain[f"{name}.weight"] = w
     return {k: v.contiguous().cpu() for k, v in plain.items()}
 

@@ -155,10 +155,6 @@ def shaping_checks(*, format_penalty, click_reward, kl_coef, no_effect_penalty, 
 
 def check_fsdp(cfg: PPOConfig) -> None:
     """Raise ValueError, naming the flag, for what FSDP2 PPO cannot run with."""
-    from trainer.lora import FSDP_LORA
-
-    if cfg.lora_r:
-        raise ValueError(FSDP_LORA)
     if cfg.n_workers < 1:
         raise ValueError("--shard fsdp needs rollout workers (--workers 1 or more): the learner's sharded model "
                          "cannot generate on rank 0 alone")
@@ -557,14 +553,17 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
         policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if cfg.shard not in D.STRATEGIES:
         raise ValueError(f"shard must be one of {', '.join(D.STRATEGIES)}, got {cfg.shard!r}")
-    if cfg.shard == "fsdp" and D.rank_world()[1] > 1:
+    fsdp = cfg.shard == "fsdp" and D.rank_world()[1] > 1
+    if fsdp:
         check_fsdp(cfg)
         cfg = replace(cfg, share_prefix=False)  # a prefix's backward would bypass FSDP2's gather hooks
     if cfg.lora_r:
         from trainer.lora import apply_lora
 
-        # the adapters go into `policy` itself (base frozen), so everything below trains them through it
-        peft_model = apply_lora(policy, cfg.lora_r, cfg.lora_alpha, base_dtype=torch.bfloat16 if cfg.bf16 else None)
+        # the adapters go into `policy` itself (base frozen), so everything below trains them through it;
+        # under FSDP2 the base stays float32 (its per-layer buffers hold one dtype) and bf16 is autocast only
+        bf16_base = cfg.bf16 and not fsdp
+        peft_model = apply_lora(policy, cfg.lora_r, cfg.lora_alpha, base_dtype=torch.bfloat16 if bf16_base else None)
         assert peft_model.get_base_model() is policy
     work_dir = Path(work_dir)
     actor_kw = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
@@ -628,6 +627,10 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
             t_roll = time.perf_counter() - t0
             row = {**batch_metrics(trajs), **learner.update(trajs), "rollout_seconds": t_roll}
             state = D.full_state_dict(policy, cfg.shard)  # FSDP2: gathered by every rank, kept by rank 0
+            if state and peft_model is not None:  # rank 0 holds the gathered state; the others an empty one
+                from trainer.lora import merged_state
+
+                state = merged_state(state, peft_model)  # the workers' plain model: adapters added in
             if pool is not None:
                 row["version"] = pool.publish(policy if state is None else state)
                 row["dropped_stale"] = pool.stats["dropped"]

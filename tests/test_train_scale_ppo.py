@@ -342,3 +342,69 @@ def test_ray_rollout_actors_share_one_inference_actor(tiny_vlm_dir, tmp_path, ca
     assert "--inference shared is for --engine ray" in capsys.readouterr().err
     assert main(argv + ["--engine", "ray", "--inference-gpus", "1"]) == 2
     assert "--inference-gpus must be >= 0 and is for --inference shared" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("settings", [{}, {"lora_r": 4}, {"kl_coef": 0.1}])
+def test_the_ppo_plan_matches_a_measured_update_of_the_tiny_model(tiny_vlm_dir, settings, one_thread):  # noqa: F811
+    """`train plan --ppo`: the policy's, critic's and reference's weights, the gradients and the
+    AdamW states after one real PPO update of trainer.ppo.Learner, byte for byte."""
+    import torch
+
+    from agent.vlm import load_vlm
+    from trainer.actor import VLMActor
+    from trainer.episodes import EpisodeRunner
+    from trainer.lora import apply_lora
+    from trainer.memory_plan import plan_ppo
+    from trainer.ppo import Learner, PPOConfig
+    from trainer.sandbox.env_process import make_envs
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    envs = make_envs(2, width=224, height=168, max_steps=2)
+    try:
+        trajs = EpisodeRunner(VLMActor(model, proc, max_new_tokens=12), envs).run_all([(s, "click_button") for s in range(2)])
+    finally:
+        for env in envs:
+            env.close()
+    if settings.get("lora_r"):
+        apply_lora(model, settings["lora_r"])
+    learner = Learner(model, proc, PPOConfig(epochs=1, **settings))
+    learner.update(trajs)
+
+    def nbytes(ts):
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+    models = [learner.policy, learner.critic]
+    measured = {"policy weights": nbytes(learner.policy.parameters()),
+                "critic weights": nbytes(learner.critic.parameters()),
+                "gradients": nbytes(p.grad for m in models for p in m.parameters()),
+                "optimizer (AdamW)": nbytes(v for opt in (learner.opt_p, learner.opt_c) for st in opt.state.values()
+                                            for v in st.values() if torch.is_tensor(v) and v.dim())}
+    if learner.ref is not None:
+        measured["reference weights"] = nbytes(learner.ref.parameters())
+    learner.close()
+    plan = plan_ppo(str(tiny_vlm_dir), lora=settings.get("lora_r"), kl=bool(settings.get("kl_coef")))
+    for part, value in measured.items():
+        assert plan.parts[part] == value, part
+    assert ("reference weights" in plan.parts) == bool(settings.get("kl_coef"))
+
+
+def test_train_plan_for_ppo_of_a_7b_model(capsys):
+    from main import main
+
+    def plan(*extra):
+        assert main(["train", "plan", "--model", "qwen2.5-vl-7b", "--ppo", "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    full = plan()
+    sft = json.loads((main(["train", "plan", "--model", "qwen2.5-vl-7b", "--json"]), capsys.readouterr().out)[1])
+    assert full["ppo"] and not full["fits"]
+    assert full["parts"]["policy weights"] == sft["parts"]["weights"]  # the same float32 model
+    assert full["trainable"] < 2 * sft["trainable"]  # two models trained, both without their vision towers
+    lora = plan("--lora", "16", "--bf16", "--grad-checkpointing")
+    assert lora["fits"] and "reference weights" not in lora["parts"]
+    with_ref = plan("--nproc", "8", "--shard", "fsdp", "--bf16", "--grad-checkpointing", "--kl")
+    assert with_ref["parts"]["reference weights"] == with_ref["parts"]["policy weights"] and with_ref["fits"]
+    assert main(["train", "plan", "--model", "qwen2.5-vl-7b", "--kl"]) == 2
+    assert "--kl is for --ppo" in capsys.readouterr().err
+    assert main(["train", "plan", "--model", "qwen2.5-vl-7b", "--ppo", "--lora", "16", "--bf16"]) == 0
+    assert "PPO learner (policy + critic, vision frozen)" in capsys.readouterr().out

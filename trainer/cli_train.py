@@ -98,6 +98,9 @@ def register(sub, common) -> None:
     s.add_argument("--target-tokens", type=int, default=256, help="of which target (assistant) tokens (default 256)")
     s.add_argument("--gpu", default="h100", help="GPU to check the fit against: a name (h100, h200, a100-40, a100-80, "
                                                  "l40s, a10, rtx4090, b200) or its memory in GiB (default h100)")
+    s.add_argument("--ppo", action="store_true",
+                   help="plan `train ppo`'s learner: policy and critic (vision towers frozen), trained together")
+    s.add_argument("--kl", action="store_true", help="with --ppo: also the frozen reference policy (--kl-coef > 0)")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(func=cmd_plan)
 
@@ -261,12 +264,16 @@ def _run_job(fn, args, *extra) -> dict:
 
 
 def cmd_plan(args) -> int:
-    from trainer.memory_plan import PlanError, format_plan, plan_memory
+    from trainer.memory_plan import PlanError, format_plan, plan_memory, plan_ppo
 
+    if args.kl and not args.ppo:
+        return _fail("--kl is for --ppo (the reference policy of PPO's KL penalty)")
+    kw = {"kl": args.kl} if args.ppo else {}
     try:
-        plan = plan_memory(args.model, nproc=args.nproc, shard=args.shard, bf16=args.bf16, lora=args.lora,
-                           grad_checkpointing=args.grad_checkpointing, seq_len=args.seq, image_tokens=args.image_tokens,
-                           target_tokens=args.target_tokens, gpu=args.gpu)
+        plan = (plan_ppo if args.ppo else plan_memory)(
+            args.model, nproc=args.nproc, shard=args.shard, bf16=args.bf16, lora=args.lora,
+            grad_checkpointing=args.grad_checkpointing, seq_len=args.seq, image_tokens=args.image_tokens,
+            target_tokens=args.target_tokens, gpu=args.gpu, **kw)
     except PlanError as e:
         return _fail(str(e))
     print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))

@@ -16,6 +16,8 @@ Per process, for one sample per micro-step (how trainer.sft accumulates a batch)
     tokens. The coefficients were counted on a Qwen2.5-VL (sdpa attention, no L^2 score matrix)
     by `measure_step`, which this module also offers so the plan can be checked against a real
     step (tests/test_train_scale.py, tests/bench/bench_scale.py).
+`plan_ppo` (`train plan --ppo`) counts PPO's learner the same way: the policy with its vision
+tower frozen, the critic that copies its backbone, and with --kl the reference policy.
 Not counted: the CUDA context and allocator fragmentation (the fit check keeps 10% of the GPU
 for them), dataloader and tokenizer memory, and a 2x transient while an FSDP layer is gathered.
 """
@@ -86,6 +88,8 @@ class Plan:
     parts: dict = field(default_factory=dict)  # bytes per process
     gpu: str = "h100"
     gpu_gb: float = 80.0
+    ppo: bool = False  # PPO's learner: the policy, its critic and (with kl) the reference
+    kl: bool = False
 
     @property
     def total(self) -> int:
@@ -154,7 +158,10 @@ def count_params(model, lora: int | None = None) -> dict:
     vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
     per_block: dict = {}
     targets: dict = {}
+    vision_linear = 0
     for n, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and ".visual." in f".{n}.":
+            vision_linear += m.weight.numel()
         if isinstance(m, torch.nn.Linear) and (not lora or is_lora_target(n)):
             size = lora * (m.in_features + m.out_features) if lora else m.weight.numel()
             per_block[block_of(n)] = per_block.get(block_of(n), 0) + size
@@ -164,7 +171,10 @@ def count_params(model, lora: int | None = None) -> dict:
     outside = per_block.get(None, 0)
     return {"total": total, "vision": vision, "trainable": linear if lora else total, "linear": linear,
             "linear_outside": outside, "linear_block": max([v for k, v in per_block.items() if k] or [0]),
-            "targets": sum(targets.values()), "targets_block": max(targets.values() or [0])}
+            "targets": sum(targets.values()), "targets_block": max(targets.values() or [0]),
+            "vision_linear": vision_linear,
+            # the lm_head's own weight (none of its own when tied to the embeddings)
+            "lm_head": 0 if getattr(model.config, "tie_word_embeddings", False) else model.lm_head.weight.numel()}
 
 
 def plan_memory(model: str, *, nproc: int = 1, shard: str = "ddp", bf16: bool = False, lora: int | None = None,
@@ -204,14 +214,71 @@ def plan_memory(model: str, *, nproc: int = 1, shard: str = "ddp", bf16: bool = 
     return plan
 
 
+def plan_ppo(model: str, *, nproc: int = 1, shard: str = "ddp", bf16: bool = False, lora: int | None = None,
+             grad_checkpointing: bool = False, seq_len: int = 4096, image_tokens: int = 1024,
+             target_tokens: int = 256, gpu: str = "h100", kl: bool = False) -> Plan:
+    """The per-process memory of `train ppo`'s learner (trainer.ppo.Learner) with these settings:
+    the policy as `plan_memory` counts it but with its vision tower frozen (PPO's default: each
+    screenshot is encoded once, outside the graph), a critic that copies the backbone (no lm_head,
+    a scalar head; LoRA: the base too, with its own adapters), both trained with AdamW, and with
+    `kl` the frozen start policy. Under FSDP2 everything but the vision towers (kept whole) is split
+    N ways, and LoRA's base stays float32. Activations are one micro-batch of seq_len tokens through
+    the policy (the critic's pass comes after it, and is smaller: no logits)."""
+    plan = plan_memory(model, nproc=nproc, shard=shard, bf16=bf16, lora=lora, grad_checkpointing=grad_checkpointing,
+                       seq_len=seq_len, image_tokens=image_tokens, target_tokens=target_tokens, gpu=gpu)
+    name, config = model_config(model)
+    c = count_params(meta_model(config), lora)
+    total, vision, hidden = c["total"], c["vision"], config.get_text_config().hidden_size
+    split = nproc if shard == "fsdp" else 1
+    bf16_base = bf16 and lora and split == 1
+    base_b = 2 if bf16_base else 4
+
+    def whole(n_params: int, per: float) -> int:  # bytes of a model on a rank: vision whole, the rest 1/split
+        return int(vision * per + (n_params - vision) * per / split)
+
+    head = hidden + 1  # the critic's value head (float32, trained)
+    backbone = total - c["lm_head"]  # what the critic copies
+    if lora:
+        policy_w = whole(total, base_b) + 4 * c["trainable"] // split
+        critic_w = whole(backbone, base_b) + 4 * (c["trainable"] + head) // split
+        trained = 2 * c["trainable"] + head
+    else:
+        policy_w, critic_w = whole(total, 4), whole(backbone, 4) + 4 * head // split
+        trained = (total - vision) + (backbone - vision) + head
+    copies = 0
+    if bf16:  # autocast's casts of what is in the graph (not the frozen vision towers), kept for backward;
+        # policy and critic passes do not overlap: one model's at a time; checkpointing: one block's
+        if lora:
+            copies = 2 * c["trainable"]
+            if not bf16_base:  # a float32 base under the adapters is cast too
+                copies += 2 * (c["targets_block"] if grad_checkpointing else c["targets"])
+        else:
+            copies = 2 * (c["linear_outside"] + c["linear_block"] if grad_checkpointing
+                          else c["linear"] - c["vision_linear"])
+    plan.ppo, plan.kl = True, kl
+    plan.trainable = trained
+    plan.parts = {"policy weights": policy_w, "critic weights": critic_w}
+    if kl:
+        plan.parts["reference weights"] = policy_w
+    plan.parts["bf16 weight copies"] = copies
+    plan.parts["gradients"] = 4 * trained // split
+    plan.parts["optimizer (AdamW)"] = 8 * trained // split
+    kept, recompute = activation_bytes(config, seq_len, image_tokens, plan.target_tokens, bf16=bf16,
+                                       ckpt=grad_checkpointing, lora=bool(lora), vision_frozen=True)
+    plan.parts["activations"] = int(kept)
+    plan.parts["recompute (one layer)"] = int(recompute)
+    return plan
+
+
 def activation_bytes(config, seq_len: int, image_tokens: int, target_tokens: int, *, bf16: bool, ckpt: bool,
-                     lora: bool) -> tuple[float, float]:
+                     lora: bool, vision_frozen: bool = False) -> tuple[float, float]:
     """(bytes autograd keeps through one sample's forward, bytes one layer's recompute adds in
     backward under gradient checkpointing), from the coefficients above."""
     t, v = config.text_config, config.vision_config
     b_lm, b_vis, b_patch = ACT_BYTES[bf16]
     merge = getattr(v, "spatial_merge_size", 2)
-    patches = 0 if lora else image_tokens * merge * merge  # LoRA leaves the vision tower frozen: no graph there
+    # LoRA (and PPO by default) leaves the vision tower frozen: no graph there
+    patches = 0 if lora or vision_frozen else image_tokens * merge * merge
     v_hidden = getattr(v, "hidden_size", getattr(v, "embed_dim", 0))
     v_inter = getattr(v, "intermediate_size", 4 * v_hidden)
     lm_layer = seq_len * (LM_PER_TOKEN[0] * t.hidden_size + LM_PER_TOKEN[1] * t.intermediate_size) * b_lm
@@ -244,13 +311,15 @@ def gpu_capacity(gpu) -> float:
 
 def format_plan(plan: Plan) -> str:
     """The per-process table `train plan` prints."""
-    how = [f"{plan.nproc} process{'es' if plan.nproc > 1 else ''}" + (f" ({plan.shard})" if plan.nproc > 1 else ""),
+    how = (["PPO learner (policy + critic" + (" + reference" if plan.kl else "") + ", vision frozen)"] if plan.ppo else [])
+    how += [f"{plan.nproc} process{'es' if plan.nproc > 1 else ''}" + (f" ({plan.shard})" if plan.nproc > 1 else ""),
            "bf16 autocast" if plan.bf16 else "float32", f"LoRA r={plan.lora}" if plan.lora else "all weights trained"]
     if plan.grad_checkpointing:
         how.append("gradient checkpointing")
     unit, scale = ("GiB", GIB) if plan.total >= GIB else ("MiB", 1024 ** 2)
+    trainable = f"{plan.trainable / 1e9:.3g}B" if plan.trainable >= 1e9 else f"{plan.trainable / 1e6:.4g}M"
     lines = [f"{plan.model}: {plan.params / 1e9:.3g}B parameters ({plan.vision_params / 1e9:.3g}B vision), "
-             f"{plan.trainable / 1e6:.4g}M trainable; " + ", ".join(how),
+             f"{trainable} trainable; " + ", ".join(how),
              f"one sample of {plan.seq_len} tokens ({plan.image_tokens} image tokens), {plan.target_tokens} target tokens",
              "", f"| per process | {unit} |", "| --- | ---: |"]
     lines += [f"| {k} | {v / scale:.2f} |" for k, v in plan.parts.items()]

@@ -50,8 +50,14 @@ def make_policy(choice: str, *, responses=None, base_url: str = "", model: str =
             d = Path(model_dir) if choice == "local" else DEFAULT_MODEL_DIR
             if not model_dir and choice == "local":
                 raise RunSetupError("the local policy needs a model directory")
-            if not (d / "config.json").exists():
-                raise RunSetupError(f"no model in {d} (config.json is missing)" + (
+            from agent.vlm import VLMError, lora_adapter_base
+
+            try:  # a whole model, or a LoRA adapter (`train sft|ppo --lora`) naming its base
+                adapter = lora_adapter_base(d) is not None
+            except VLMError as e:
+                raise RunSetupError(str(e)) from None
+            if not ((d / "config.json").exists() or adapter):
+                raise RunSetupError(f"no model in {d} (config.json is missing, and it is no LoRA adapter either)" + (
                     f"; train the default model with `{command_name()} train default`" if choice == "default" else ""))
             return LocalVLMPolicy(str(d), **kw)
     except (PolicyError, ValueError) as e:

@@ -91,6 +91,19 @@ def test_ppo_with_lora_and_checkpointing_ships_merged_weights_to_its_workers(tin
     vis = [k for k in mine if ".visual." in k or k.startswith("model.visual")]
     assert vis and all(torch.equal(mine[k], base.state_dict()[k]) for k in vis)
 
+    # the app's local policy (Supervise, Drive) takes the adapter folder as it is
+    from app.agent_run import RunSetupError, make_policy
+
+    policy = make_policy("local", model_dir=str(out)).load()
+    assert float((policy.model.state_dict()[q] - mine[q]).abs().max()) < 1e-6
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text("{}")
+    with pytest.raises(RunSetupError, match="names no base_model_name_or_path"):
+        make_policy("local", model_dir=str(broken))
+    with pytest.raises(RunSetupError, match="no LoRA adapter either"):
+        make_policy("local", model_dir=str(tmp_path))
+
 
 def test_ppo_with_a_bf16_lora_base_in_the_learners_process(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811
     """--bf16 with --lora holds the frozen base in bf16 and runs every forward under autocast; the

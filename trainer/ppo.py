@@ -130,7 +130,8 @@ class PPOConfig:
     # shared prefix needs while checkpointing)
     grad_checkpointing: bool = False
     # rank-r LoRA adapters (trainer.lora) on the policy and on the critic's copy of the backbone; with
-    # bf16 the frozen base is bf16. Rollout workers get the merged weights (trainer.lora.plain_state_dict)
+    # bf16 the frozen base is bf16 (float32 under FSDP2, whose layer buffers hold one dtype). Rollout
+    # workers get the merged weights (trainer.lora.plain_state_dict, merged_state)
     lora_r: int | None = None
     lora_alpha: float | None = None
     # with several learner processes: "ddp" (whole replicas, gradients summed by one all-reduce) or "fsdp"

@@ -58,14 +58,16 @@ def apply_lora(model, r: int, alpha: float | None = None, base_dtype=None):
     return peft_model
 
 
-def plain_state_dict(model) -> dict:
+def plain_state_dict(model, state: dict | None = None) -> dict:
     """The weights, on the CPU, that an adapter-free copy of `model` loads: its own state dict, or,
-    where peft put LoRA layers into it, the base weights under the base's names with each adapter's
-    delta added, in float32 (a rollout worker's copy). The model itself is not touched: merging
-    into a bf16 base and unmerging again would drift the frozen weights a little every time."""
+    where peft put LoRA layers into it, the base weights under the base's names with each active
+    adapter's scaling x B @ A added, in float32 (a rollout worker's copy). state: the model's whole
+    state dict when its own weights are FSDP2 shards (trainer.distributed.full_state_dict). The
+    model itself is not touched: merging into a bf16 base and unmerging again would drift the
+    frozen weights a little every time."""
     import sys
 
-    state = {k: v.detach() for k, v in model.state_dict().items()}
+    state = {k: v.detach() for k, v in (model.state_dict() if state is None else state).items()}
     layers = {}
     if "peft" in sys.modules:  # no adapters without peft
         from peft.tuners.lora import LoraLayer
@@ -78,23 +80,6 @@ def plain_state_dict(model) -> dict:
     for name, layer in layers.items():
         if layer.merged:
             continue  # the base weight already holds the delta
-        w = plain[f"{name}.weight"]
-        for adapter in layer.active_adapters:
-            w = w + layer.get_delta_weight(adapter).float()
-        plain[f"{name}.weight"] = w
-    return {k: v.contiguous().cpu() for k, v in plain.items()}
-
-
-def merged_state(state: dict, peft_model) -> dict:
-    """plain_state_dict from a whole state dict of the model peft put adapters into (gathered from
-    FSDP2 shards, say): each adapted weight plus scaling x B @ A of its active adapters."""
-    layers = {}
-    for name, m in peft_model.get_base_model().named_modules():
-        if hasattr(m, "lora_A") and hasattr(m, "scaling"):
-            layers[name] = m
-    plain = {k.replace(".base_layer.", "."): (v.float() if v.is_floating_point() else v)
-             for k, v in state.items() if ".lora_" not in k}
-    for name, layer in layers.items():
         w = plain[f"{name}.weight"]
         for adapter in layer.active_adapters:
             a, b = state[f"{name}.lora_A.{adapter}.weight"].float(), state[f"{name}.lora_B.{adapter}.weight"].float()

@@ -23,6 +23,7 @@ for them), dataloader and tokenizer memory, and a 2x transient while an FSDP lay
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -177,6 +178,14 @@ def count_params(model, lora: int | None = None) -> dict:
             "lm_head": 0 if getattr(model.config, "tie_word_embeddings", False) else model.lm_head.weight.numel()}
 
 
+@functools.lru_cache(maxsize=8)
+def _model_counts(model: str, lora: int | None) -> tuple:
+    """(name, config, count_params) of a model and LoRA rank: building a 7B model on the meta
+    device takes seconds, and plan_ppo starts from plan_memory's plan."""
+    name, config = model_config(model)
+    return name, config, count_params(meta_model(config), lora)
+
+
 def plan_memory(model: str, *, nproc: int = 1, shard: str = "ddp", bf16: bool = False, lora: int | None = None,
                 grad_checkpointing: bool = False, seq_len: int = 4096, image_tokens: int = 1024,
                 target_tokens: int = 256, gpu: str = "h100") -> Plan:
@@ -187,8 +196,7 @@ def plan_memory(model: str, *, nproc: int = 1, shard: str = "ddp", bf16: bool = 
     if lora is not None and lora < 1:
         raise PlanError(f"--lora rank must be at least 1, got {lora}")
     gpu_gb = gpu_capacity(gpu)
-    name, config = model_config(model)
-    counts = count_params(meta_model(config), lora)
+    name, config, counts = _model_counts(model, lora)
     total, vision, trainable = counts["total"], counts["vision"], counts["trainable"]
     plan = Plan(name, total, vision, trainable, nproc, shard, bf16, lora, grad_checkpointing, seq_len, image_tokens,
                 min(target_tokens, seq_len), gpu=gpu, gpu_gb=gpu_gb)
@@ -226,8 +234,7 @@ def plan_ppo(model: str, *, nproc: int = 1, shard: str = "ddp", bf16: bool = Fal
     the policy (the critic's pass comes after it, and is smaller: no logits)."""
     plan = plan_memory(model, nproc=nproc, shard=shard, bf16=bf16, lora=lora, grad_checkpointing=grad_checkpointing,
                        seq_len=seq_len, image_tokens=image_tokens, target_tokens=target_tokens, gpu=gpu)
-    name, config = model_config(model)
-    c = count_params(meta_model(config), lora)
+    name, config, c = _model_counts(model, lora)
     total, vision, hidden = c["total"], c["vision"], config.get_text_config().hidden_size
     split = nproc if shard == "fsdp" else 1
     bf16_base = bf16 and lora and split == 1

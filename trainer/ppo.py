@@ -131,7 +131,7 @@ class PPOConfig:
     grad_checkpointing: bool = False
     # rank-r LoRA adapters (trainer.lora) on the policy and on the critic's copy of the backbone; with
     # bf16 the frozen base is bf16 (float32 under FSDP2, whose layer buffers hold one dtype). Rollout
-    # workers get the merged weights (trainer.lora.plain_state_dict, merged_state)
+    # workers get the merged weights (trainer.lora.plain_state_dict)
     lora_r: int | None = None
     lora_alpha: float | None = None
     # with several learner processes: "ddp" (whole replicas, gradients summed by one all-reduce) or "fsdp"
@@ -545,27 +545,22 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
     from trainer.actor import VLMActor
     from trainer.episodes import EpisodeRunner
     from trainer.rollout import RolloutPool, WorkerSpec
+    from trainer.sft import prepare_model
 
     torch.manual_seed(cfg.seed)
-    peft_model = None  # with LoRA: peft's wrapper of `policy`, which saves the adapter (trainer.lora.save_lora)
-    if cfg.grad_checkpointing:
-        # transformers drops the cache a shared prefix needs while it checkpoints: every row forwards whole
-        cfg = replace(cfg, share_prefix=False)
-        policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if cfg.shard not in D.STRATEGIES:
         raise ValueError(f"shard must be one of {', '.join(D.STRATEGIES)}, got {cfg.shard!r}")
     fsdp = cfg.shard == "fsdp" and D.rank_world()[1] > 1
     if fsdp:
         check_fsdp(cfg)
-        cfg = replace(cfg, share_prefix=False)  # a prefix's backward would bypass FSDP2's gather hooks
-    if cfg.lora_r:
-        from trainer.lora import apply_lora
-
-        # the adapters go into `policy` itself (base frozen), so everything below trains them through it;
-        # under FSDP2 the base stays float32 (its per-layer buffers hold one dtype) and bf16 is autocast only
-        bf16_base = cfg.bf16 and not fsdp
-        peft_model = apply_lora(policy, cfg.lora_r, cfg.lora_alpha, base_dtype=torch.bfloat16 if bf16_base else None)
-        assert peft_model.get_base_model() is policy
+    if fsdp or cfg.grad_checkpointing:
+        # FSDP2: a prefix's backward would bypass its gather hooks; checkpointing: transformers drops the
+        # cache a shared prefix needs. Either way every row forwards whole
+        cfg = replace(cfg, share_prefix=False)
+    # checkpointing on; LoRA's adapters go into `policy` itself (base frozen), so everything below trains
+    # them through it; under FSDP2 the base stays float32 (its per-layer buffers hold one dtype)
+    trained = prepare_model(policy, cfg, bf16_base=not fsdp)
+    peft_model = trained if cfg.lora_r else None  # peft's wrapper of `policy`: it saves the adapter
     work_dir = Path(work_dir)
     actor_kw = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
     rank, world = D.rank_world()
@@ -629,9 +624,9 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
             row = {**batch_metrics(trajs), **learner.update(trajs), "rollout_seconds": t_roll}
             state = D.full_state_dict(policy, cfg.shard)  # FSDP2: gathered by every rank, kept by rank 0
             if state and peft_model is not None:  # rank 0 holds the gathered state; the others an empty one
-                from trainer.lora import merged_state
+                from trainer.lora import plain_state_dict
 
-                state = merged_state(state, peft_model)  # the workers' plain model: adapters added in
+                state = plain_state_dict(policy, state)  # the workers' plain model: adapters added in
             if pool is not None:
                 row["version"] = pool.publish(policy if state is None else state)
                 row["dropped_stale"] = pool.stats["dropped"]

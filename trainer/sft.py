@@ -268,10 +268,11 @@ def next_batch(order: list, n: int, size: int, rng) -> list[int]:
     return out
 
 
-def prepare_model(model, cfg: SFTConfig, bf16_base: bool = True):
-    """The model to train under cfg's memory settings: gradient checkpointing switched on, LoRA
-    adapters put on (a peft model sharing the base's modules; with cfg.bf16 and bf16_base its
-    frozen base in bf16), or the model itself."""
+def prepare_model(model, cfg, bf16_base: bool = True):
+    """The model to train under cfg's memory settings (an SFTConfig or a PPOConfig: grad_checkpointing,
+    lora_r, lora_alpha, bf16): gradient checkpointing switched on, LoRA adapters put on (a peft model
+    sharing the base's modules; with cfg.bf16 and bf16_base its frozen base in bf16), or the model
+    itself."""
     import torch
 
     if cfg.grad_checkpointing:

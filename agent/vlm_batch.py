@@ -11,8 +11,15 @@ An `ImageCache` makes the multi-turn case cheap:
   prompt up to the instruction), so their keys and values are computed once and every row's
   cache starts from them. Rows are laid out [shared prefix][padding][own tokens]: the attention
   mask hides the padding and the rotary positions skip it, so each row sees what it would alone.
-Features and prefixes depend on the weights: `clear_features()` whenever the weights change
-(VLMActor.load_weights does).
+- an agent's prompt at turn t usually extends its prompt at turn t-1 (the same start, the
+  reply it gave, then the new screenshot), so with `slots` (one key per chat: the caller's
+  environment slot) each slot's last keys and values are kept and every call computes only what
+  a row does not share with its slot's last sequence (the longest common prefix of token ids,
+  screenshots compared by content). Rows are laid out [padding][reused][padding][new]; the mask
+  hides both paddings and the rotary positions skip them, so each row still sees exactly what it
+  would alone.
+Features, prefixes and kept turns depend on the weights: `clear_features()` whenever the weights
+change (VLMActor.load_weights does).
 """
 from __future__ import annotations
 
@@ -45,7 +52,12 @@ class ImageCache:
         self.features: dict[str, object] = {}
         self.deepstack: dict[str, list] = {}
         self.prefixes: OrderedDict[tuple, object] = OrderedDict()  # shared prompt start -> its KV cache (batch 1)
+        self.turns: OrderedDict[object, tuple] = OrderedDict()  # slot -> (signature, [(keys, values)] per layer)
+        self.max_turns = 1024  # slots kept (least recently used go first)
+        self.image_ids: dict[str, int] = {}  # image key -> a number for signatures
         self.hits = self.misses = 0
+        self.prompt_tokens = self.reused_tokens = 0  # over all generate_batch calls: tokens asked, tokens not computed
+        self.last_reused: list[int] = []  # per row of the last call: tokens whose keys and values were reused
 
     def __len__(self) -> int:
         return len(self.pixels)
@@ -102,6 +114,33 @@ class ImageCache:
         self.features.clear()
         self.deepstack.clear()
         self.prefixes.clear()
+        self.turns.clear()
+
+    def signature(self, row: dict, keys: list[str]):
+        """The row's token ids with each image's tokens replaced by a number of its own (negative,
+        so never a token id): two rows agree on a stretch exactly when their text and screenshots do."""
+        sig = row["input_ids"][0].clone()
+        for (start, end), key in zip(image_spans(row), keys):
+            sig[start:end] = -1 - self.image_ids.setdefault(key, len(self.image_ids))
+        return sig
+
+    def reusable(self, slot, sig, limit: int) -> tuple[int, list | None]:
+        """(n, per-layer (keys, values) of batch 1 and length >= n): the longest start of `sig`, at
+        most `limit` tokens, that the slot's kept sequence shares; (0, None) when none is kept."""
+        kept = self.turns.get(slot)
+        if kept is None:
+            return 0, None
+        self.turns.move_to_end(slot)
+        old, layers = kept
+        n = min(limit, len(old), len(sig))
+        diff = (old[:n] != sig[:n]).nonzero()
+        return (int(diff[0]) if len(diff) else n), layers
+
+    def keep_turn(self, slot, sig, layers: list) -> None:
+        self.turns[slot] = (sig, layers)
+        self.turns.move_to_end(slot)
+        while len(self.turns) > self.max_turns:
+            self.turns.popitem(last=False)
 
     def prefix_cache(self, model, rows: list[dict], min_tokens: int = 16):
         """(length, KV cache of batch 1) of a text-only start every row shares, computed once and
@@ -198,13 +237,99 @@ def _layout(rows: list[dict], n_prefix: int, pad_id: int) -> dict:
     return batch
 
 
+def _reuse_layout(rows: list[dict], reused: list[int], layers: list, pad_id: int) -> tuple[dict, object]:
+    """One batch of the rows and its KV cache when row b's first reused[b] tokens come from
+    layers[b] (per layer (keys, values) of batch 1): [padding][reused][padding][own tokens]."""
+    import torch
+    from transformers import DynamicCache
+
+    per_token = ("input_ids", "attention_mask", "mm_token_type_ids")
+    width = max(reused)
+    own = [{k: (v[:, r:] if k in per_token else v) for k, v in row.items()} for row, r in zip(rows, reused)]
+    batch = collate_inputs(own, pad_id, padding_side="left")  # every row's images, reused ones included
+    for k in per_token:
+        fill = pad_id if k == "input_ids" else 0
+        head = [torch.cat([row[k].new_full((1, width - r), fill), row[k][:, :r]], dim=1) for row, r in zip(rows, reused)]
+        batch[k] = torch.cat([torch.cat(head), batch[k]], dim=1)
+    ref = next(kv for kv in layers if kv is not None)
+    data = []
+    for i, (k0, v0) in enumerate(ref):
+        keys = k0.new_zeros(len(rows), k0.shape[1], width, k0.shape[3])
+        values = v0.new_zeros(len(rows), v0.shape[1], width, v0.shape[3])
+        for b, (r, kv) in enumerate(zip(reused, layers)):
+            if r:
+                keys[b, :, width - r:] = kv[i][0][0, :, :r]
+                values[b, :, width - r:] = kv[i][1][0, :, :r]
+        data.append((keys, values))
+    return batch, DynamicCache(ddp_cache_data=data)
+
+
+def image_spans(row: dict) -> list[tuple[int, int]]:
+    """[start, end) of each image's tokens in a row (batch of 1), in order."""
+    import torch
+
+    mm = (row["mm_token_type_ids"][0] != 0).to(torch.int8)
+    edges = torch.diff(mm, prepend=mm.new_zeros(1), append=mm.new_zeros(1)).nonzero().flatten().tolist()
+    return list(zip(edges[::2], edges[1::2]))
+
+
+def _kept_per_row(cache: ImageCache, rows, keys, slots, n_prefix: int, min_tokens: int = 16):
+    """Per row: (tokens its slot's kept turn covers, or 0 when that is not more than the shared
+    prefix; the kept per-layer KV; the row's signature). A kept stretch never ends inside an image."""
+    out = []
+    for row, ks, slot in zip(rows, keys, slots):
+        sig = cache.signature(row, ks)
+        n, layers = cache.reusable(slot, sig, len(sig) - 1) if slot is not None else (0, None)  # feed >= 1 token
+        for start, end in image_spans(row):
+            if start < n < end:
+                n = start
+        out.append((n, layers, sig) if n > max(n_prefix, min_tokens - 1) else (0, None, sig))
+    return out
+
+
+def _layout_cost(config, lengths: list[int], reused: list[int], steps: int) -> float:
+    """Multiply-adds per language layer of one batched generate whose row b is lengths[b] tokens,
+    the first reused[b] of them reused: every row is padded to the widest new part and the widest
+    reused part, and padding costs what tokens cost (linear layers per token, attention per
+    query-key pair), prefill and `steps` decoding steps."""
+    text = getattr(config, "text_config", config)
+    d, inter = text.hidden_size, text.intermediate_size
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or d // heads
+    kv = getattr(text, "num_key_value_heads", heads) * head_dim
+    per_token = 2 * d * heads * head_dim + 2 * d * kv + 3 * d * inter
+    per_pair = 2 * heads * head_dim
+    rows, past = len(lengths), max(reused)
+    new = max(n - r for n, r in zip(lengths, reused))
+    prefill = rows * new * (per_token + (past + new) * per_pair)
+    return prefill + steps * rows * (per_token + (past + new + steps / 2) * per_pair)
+
+
+def _cheapest_reuse(config, lengths: list[int], kept: list[int], n_prefix: int, steps: int) -> list[int]:
+    """Per row, the tokens to reuse: kept[b] (its kept turn; 0: none) or the shared n_prefix,
+    whichever set makes the padded batch cheapest. A row reusing far more than the others pads
+    every row's cache to its length, and a row with a long new part pads every row's new part, so
+    reusing everything kept is not always cheapest (for a model as small as the default, attention
+    over the padding outweighs the tokens saved). Candidates: reuse only where kept <= a cap."""
+    best, best_cost = None, None
+    for cap in sorted({n_prefix, *kept}):
+        reused = [k if n_prefix < k <= cap else n_prefix for k in kept]
+        cost = _layout_cost(config, lengths, reused, steps)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = reused, cost
+    return best
+
+
 def generate_batch(model, processor, chats, *, max_new_tokens: int = 256, temperature: float = 0.0,
-                   top_p: float = 1.0, seed: int | None = None, cache: ImageCache | None = None) -> list:
+                   top_p: float = 1.0, seed: int | None = None, cache: ImageCache | None = None,
+                   slots: list | None = None) -> list:
     """One `Generation` per chat (text, token ids, per-token log-probs at the sampling
     temperature), from one batched `generate`: rows left-padded, each cut at its own first stop
     token (the stop included, as a batch-of-one reply has it). temperature 0 is greedy. With a
     cache, screenshots seen before skip the image processor and, their features cached, the
-    vision tower."""
+    vision tower. With `slots` (one hashable per chat, e.g. the environment it plays; None for a
+    row with nothing to keep), each slot's sequence is kept and the next call for that slot
+    computes only what is new."""
     import torch
 
     from agent.vlm import Generation, generation_kwargs
@@ -212,22 +337,41 @@ def generate_batch(model, processor, chats, *, max_new_tokens: int = 256, temper
 
     if not chats:
         return []
+    if slots is not None and len(slots) != len(chats):
+        raise ValueError(f"{len(slots)} slots for {len(chats)} chats")
     kwargs = generation_kwargs(processor, max_new_tokens, temperature, top_p)
     stops = kwargs["eos_token_id"]
     cache = cache if cache is not None else ImageCache()
     rows, keys = build_batch_inputs(processor, chats, cache)
     n_prefix, prefix_kv = cache.prefix_cache(model, rows)
-    batch = _layout(rows, n_prefix, stops[-1])
-    flat = [k for ks in keys for k in ks]
+    kept = _kept_per_row(cache, rows, keys, slots, n_prefix) if slots is not None else None
+    reused = [n_prefix] * len(rows)
+    if kept is not None:
+        lengths = [int(r["input_ids"].shape[1]) for r in rows]
+        reused = _cheapest_reuse(model.config, lengths, [n for n, _, _ in kept], n_prefix, min(max_new_tokens, 64))
+    if any(r != n_prefix for r in reused):
+        prefix_layers = [(layer.keys, layer.values) for layer in prefix_kv.layers] if prefix_kv is not None else None
+        layers = [kv if r == n else prefix_layers for r, (n, kv, _) in zip(reused, kept)]
+        batch, kwargs["past_key_values"] = _reuse_layout(rows, reused, layers, stops[-1])
+        flat = [k for row, ks, r in zip(rows, keys, reused)
+                for k, (start, _) in zip(ks, image_spans(row)) if start >= r]
+    else:
+        batch = _layout(rows, n_prefix, stops[-1])
+        flat = [k for ks in keys for k in ks]
+        if prefix_kv is not None:  # generate extends this copy; the cached one stays for the next call
+            past = copy.deepcopy(prefix_kv)
+            past.batch_repeat_interleave(len(rows))
+            kwargs["past_key_values"] = past
+    batch.pop("pixel_values", None)
     if flat:
         cache.encode(model.model, flat)
-        batch.pop("pixel_values")
         batch.update(cache.model_inputs(flat))
+    cache.prompt_tokens += sum(int(r["input_ids"].shape[1]) for r in rows)
+    cache.reused_tokens += sum(reused)
+    cache.last_reused = list(reused)
+    if hasattr(model.model, "rope_deltas"):  # positions come from this batch, never an earlier call's
+        model.model.rope_deltas = None
     sample = temperature > 0
-    if prefix_kv is not None:  # generate extends this copy; the cached one stays for the next call
-        past = copy.deepcopy(prefix_kv)
-        past.batch_repeat_interleave(len(rows))
-        kwargs["past_key_values"] = past
     devices = [model.device] if model.device.type == "cuda" else []
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=devices, enabled=seed is not None), torch.no_grad():
@@ -250,4 +394,24 @@ def generate_batch(model, processor, chats, *, max_new_tokens: int = 256, temper
         logprobs = chosen[b, :end].tolist() if ids else []
         text = processor.tokenizer.decode(ids, skip_special_tokens=True)
         results.append(Generation(text, ids, logprobs, int(rows[b]["input_ids"].shape[1]), seconds))
+    if slots is not None and out.past_key_values is not None:
+        _keep_turns(cache, out.past_key_values, batch["attention_mask"], width, gen, results, [sig for *_, sig in kept],
+                    slots)
     return results
+
+
+def _keep_turns(cache: ImageCache, past, mask, width: int, gen, results, sigs, slots) -> None:
+    """Keep each row's keys and values (its real tokens, then its reply as far as the cache
+    holds it) under its slot for the next call."""
+    import torch
+
+    layers = [(layer.keys, layer.values) for layer in past.layers]
+    generated = layers[0][0].shape[2] - width  # the last sampled token was never fed back
+    for b, (res, sig, slot) in enumerate(zip(results, sigs, slots)):
+        if slot is None:
+            continue
+        m = min(len(res.token_ids), generated)
+        idx = torch.cat([mask[b].nonzero().flatten().to(layers[0][0].device),
+                         torch.arange(width, width + m, device=layers[0][0].device)])
+        kept = [(k[b:b + 1].index_select(2, idx), v[b:b + 1].index_select(2, idx)) for k, v in layers]
+        cache.keep_turn(slot, torch.cat([sig, gen[b, :m].to(sig.device)]), kept)

@@ -119,6 +119,102 @@ def test_image_cache_is_bounded_and_forgets_features_when_weights_change(tiny_vl
     assert len(actor.cache)
 
 
+def _second_turns(env_kw=ENV):
+    """Turn-1 prompts of three episodes, then the next call's prompts: episode 0 one step on (its
+    screenshot and reply in memory, a new screenshot), episode 1 re-asked after a reply that did
+    not parse (the same screenshot, feedback added), a fresh episode in slot 2, and a new slot 3."""
+    from agent.loop import reask_feedback
+    from agent.memory import Memory, MemoryStep
+    from agent.policies.base import build_prompt
+    from agent.schema import Action
+    from trainer.episodes import frame_of
+    from trainer.sandbox.env import SandboxEnv
+
+    env = SandboxEnv(**env_kw)
+    first, second = [], []
+    try:
+        for k, fam in enumerate(("radio", "click_button", "check_boxes")):
+            obs, info = env.reset(seed=k, options={"family": fam})
+            prompt, mem = build_prompt(info["instruction"], ("desktop",)), Memory()
+            first.append(mem.build_messages(prompt, frame_of(obs), space=env.coords_space))
+            if k == 0:
+                mem.add(MemoryStep("I open it.", [Action("click", {"start_box": [30.0, 40.0]})], frame_of(obs)))
+                obs, *_ = env.step("Thought: I open it.\nAction: click(start_box='(30,40)')")
+                second.append(mem.build_messages(prompt, frame_of(obs), space=env.coords_space))
+            elif k == 1:
+                second.append(mem.build_messages(prompt, frame_of(obs), space=env.coords_space,
+                                                 feedback=reask_feedback("no Action line")))
+        for seed in (7, 8):
+            obs, info = env.reset(seed=seed, options={"family": "tabs"})
+            second.append(Memory().build_messages(build_prompt(info["instruction"], ("desktop",)), frame_of(obs),
+                                                   space=env.coords_space))
+    finally:
+        env.close()
+    return first, second
+
+
+def test_kept_turns_change_nothing_but_the_work(tiny_any_dir, one_thread):  # noqa: F811
+    """With slots, each slot's last sequence is kept and the next call computes only what is new:
+    the same greedy text and log-probs (1e-4) as a batch without kept turns, for a row one step
+    on, a re-asked row, a fresh episode in a used slot and a new slot in one batch; the kept keys
+    and values (prompt and reply) are what a fresh forward over those tokens computes."""
+    import torch
+
+    from agent.vlm import build_inputs, extend_inputs, load_vlm
+    from agent.vlm_batch import ImageCache, generate_batch
+    from agent.vlm_inputs import to_model
+
+    model, proc = load_vlm(tiny_any_dir, device="cpu")
+    first, second = _second_turns()
+    cache = ImageCache()
+    turn1 = generate_batch(model, proc, first, max_new_tokens=12, cache=cache, slots=[0, 1, 2])
+    # what slot 0 keeps: its prompt and reply (but the last token, never fed back), as a fresh forward has them
+    sig, kept = cache.turns[0]
+    full, _ = extend_inputs(build_inputs(proc, first[0], add_generation_prompt=True), turn1[0].token_ids[:len(sig) - turn1[0].prompt_tokens])
+    assert full["input_ids"].shape[1] == len(sig) > turn1[0].prompt_tokens
+    with torch.no_grad():
+        fresh = model(**to_model(full, model), use_cache=True).past_key_values
+    for (k, v), layer in zip(kept, fresh.layers):
+        assert torch.allclose(k, layer.keys, atol=1e-4) and torch.allclose(v, layer.values, atol=1e-4)
+
+    before = cache.reused_tokens
+    reused = generate_batch(model, proc, second, max_new_tokens=12, cache=cache, slots=[0, 1, 2, 3])
+    plain = generate_batch(model, proc, second, max_new_tokens=12)
+    for a, b in zip(plain, reused):
+        assert b.token_ids == a.token_ids and b.text == a.text and b.prompt_tokens == a.prompt_tokens
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    # slot 0 reused its whole first prompt, slot 1 its prompt up to the feedback; the fresh episode
+    # and the new slot start from the prompt start every row shares
+    r = cache.last_reused
+    assert r[0] == turn1[0].prompt_tokens and turn1[1].prompt_tokens - 8 <= r[1] < turn1[1].prompt_tokens
+    assert 16 <= r[2] == r[3] < min(r[0], r[1]) - 50 and cache.reused_tokens - before == sum(r)
+    with pytest.raises(ValueError, match="2 slots for 4 chats"):
+        generate_batch(model, proc, second, cache=cache, slots=[0, 1])
+
+
+def test_rows_reuse_what_makes_the_padded_batch_cheapest():
+    """Every row of a batch is padded to the widest new part and the widest reused part, so a
+    kept turn pays only when it narrows the new parts: with rows past a memory rewrite in the
+    batch (their new part is long anyway) reusing would only pad every cache, and the rows keep
+    to the shared prefix; when the rows that start fresh or continue all have short new parts,
+    everything found is reused."""
+    from types import SimpleNamespace
+
+    from agent.vlm_batch import _cheapest_reuse, _layout_cost
+
+    tiny = SimpleNamespace(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+    big = SimpleNamespace(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4)
+    # 6 fresh rows, 6 past a memory rewrite (a long new part), 4 one step on
+    lengths, found = [430] * 6 + [1000] * 6 + [900] * 4, [300] * 12 + [780] * 4
+    for config in (tiny, big):
+        assert _cheapest_reuse(config, lengths, found, 300, 40) == [300] * 16
+    # 8 fresh rows and 8 one step on: reusing narrows the new parts from 600 tokens to 130
+    lengths, found = [430] * 8 + [900] * 8, [300] * 8 + [780] * 8
+    for config in (tiny, big):
+        assert _cheapest_reuse(config, lengths, found, 300, 40) == found
+        assert _layout_cost(config, lengths, found, 40) < _layout_cost(config, lengths, [300] * 16, 40) / 2
+
+
 # ---------------------------------------------------------------- the runner
 
 

@@ -13,6 +13,7 @@ run (a budget with an "s" shares the prefix):
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from types import SimpleNamespace
 
@@ -28,6 +29,44 @@ def _episodes(model, proc, n=3):
 
     trajs = _short_episodes(model, proc, n=n)
     for t in trajs:  # a reward to learn from, so the advantages are not all zero
+        t.turns[-1].reward = 1.0 if t.seed % 2 else -1.0
+    return trajs
+
+
+class _ScoredScript:
+    """Replies that parse (a click that misses, so episodes run to the step limit), scored by the
+    model as a sampled reply would be: its token ids (the stop included) and their log-probs."""
+
+    def __init__(self, model, proc):
+        self.model, self.proc = model, proc
+
+    def generate(self, messages, *, greedy=False):
+        import torch
+
+        from agent.vlm import action_logprobs, build_inputs, extend_inputs, stop_token_ids
+        from trainer.actor import ActorOutput
+
+        k = sum(1 for m in messages if m["role"] == "assistant")
+        text = f"Thought: I try the corner {k}.\nAction: click(start_box='({3 + k},{4 + k})')"
+        ids = self.proc.tokenizer.encode(text, add_special_tokens=False) + stop_token_ids(self.proc)[:1]
+        full, target = extend_inputs(build_inputs(self.proc, messages, add_generation_prompt=True), ids)
+        with torch.no_grad():
+            lp = action_logprobs(self.model, full, target)[target]
+        return ActorOutput(text, ids, lp.tolist())
+
+
+def _chained_episodes(model, proc, n=3, steps=3):
+    """Episodes whose turns chain: each reply parses, so working memory appends it and the next
+    screenshot, and every prompt extends the turn before's prompt and reply."""
+    from trainer.episodes import run_episode
+    from trainer.sandbox.env import SandboxEnv
+
+    env = SandboxEnv(width=224, height=168)
+    try:
+        trajs = [run_episode(_ScoredScript(model, proc), env, s, family="check_boxes", max_steps=steps) for s in range(n)]
+    finally:
+        env.close()
+    for t in trajs:
         t.turns[-1].reward = 1.0 if t.seed % 2 else -1.0
     return trajs
 
@@ -132,46 +171,124 @@ def test_a_pack_of_turns_with_pixels_scores_like_each_turn(tiny_vlm_dir, one_thr
             assert torch.allclose(alone, lp_shared, atol=1e-5), (alone - lp_shared).abs().max()
 
 
-def test_packed_update_matches_the_sequential_update(tiny_any_dir, one_thread):  # noqa: F811
-    """A whole update (score, GAE, two epochs of policy and critic minibatches) from the same
-    weights with the same shuffling, one turn per forward, a few micro-batches per minibatch, and
-    every minibatch in one forward, each with and without the shared prompt prefix (its gradient
-    sent through its one forward): the same metrics and the same weights. The optimizers are
-    SGD so the weights compare the accumulated gradients themselves (Adam's first step is about
-    lr * sign(g), which would blow float-summation noise on a near-zero gradient up to lr)."""
+def _sgd_updates(model_dir, trajs, configs: dict) -> dict:
+    """Per name: (metrics, policy and critic state after one update, start weights) from fresh
+    weights, the same shuffling, SGD optimizers (so the weights compare the accumulated gradients
+    themselves: Adam's first step is about lr * sign(g), which would blow float-summation noise on a
+    near-zero gradient up to lr)."""
     import torch
 
     from agent.vlm import load_vlm
-    from trainer.ppo import Learner, PPOConfig
+    from trainer.ppo import Learner
 
-    model, proc = load_vlm(tiny_any_dir, device="cpu")
-    trajs = _episodes(model, proc)
     runs = {}
-    variants = ((0, False), (0, True), (1200, True), (ALL, False), (ALL, True))
-    for budget, share in variants:
-        m, p = load_vlm(tiny_any_dir, device="cpu")
+    for name, cfg in configs.items():
+        m, p = load_vlm(model_dir, device="cpu")
         start = {k: v.clone() for k, v in m.state_dict().items()}
-        cfg = PPOConfig(epochs=2, minibatch_turns=3, micro_batch_tokens=budget, kl_coef=0.1, dual_clip=3.0,
-                        ent_coef=0.01, share_prefix=share)
         learner = Learner(m, p, cfg)
         learner.opt_p = torch.optim.SGD([q for q in m.parameters() if q.requires_grad], lr=0.05)
         learner.opt_c = torch.optim.SGD([q for q in learner.critic.parameters() if q.requires_grad], lr=0.05)
         random.seed(0)
         metrics = learner.update(trajs)
         learner.close()
-        runs[budget, share] = (metrics, m.state_dict(), learner.critic.state_dict(), start)
-    seq_metrics, seq_policy, seq_critic, start = runs[0, False]
+        runs[name] = (metrics, m.state_dict(), learner.critic.state_dict(), start)
+    return runs
+
+
+def _assert_same_updates(runs: dict, keys) -> None:
+    """Every run's metrics `keys` within 1e-4 of the first run's, and its weights too."""
+    (base_metrics, base_policy, base_critic, _), *_ = runs.values()
+    for name, (metrics, policy, critic, _) in list(runs.items())[1:]:
+        for k in keys:
+            assert metrics[k] == pytest.approx(base_metrics[k], abs=1e-4), (name, k)
+        for mine, theirs in ((policy, base_policy), (critic, base_critic)):
+            worst = max(float((mine[k] - v).abs().max()) for k, v in theirs.items())
+            assert worst < 1e-4, (name, worst)
+
+
+def test_packed_update_matches_the_sequential_update(tiny_any_dir, one_thread):  # noqa: F811
+    """A whole update (score, GAE, two epochs of policy and critic minibatches) from the same
+    weights with the same shuffling, one turn per forward, a few micro-batches per minibatch, and
+    every minibatch in one forward, each with and without the shared prompt prefix (its gradient
+    sent through its one forward): the same metrics and the same weights."""
+    from agent.vlm import load_vlm
+    from trainer.ppo import PPOConfig
+
+    model, proc = load_vlm(tiny_any_dir, device="cpu")
+    trajs = _episodes(model, proc)
+    variants = ((0, False), (0, True), (1200, True), (ALL, False), (ALL, True))
+    runs = _sgd_updates(tiny_any_dir, trajs, {
+        (budget, share): PPOConfig(epochs=2, minibatch_turns=3, micro_batch_tokens=budget, kl_coef=0.1, dual_clip=3.0,
+                                   ent_coef=0.01, share_prefix=share) for budget, share in variants})
+    _, seq_policy, _, start = runs[0, False]
     moved = max(float((seq_policy[k] - v).abs().max()) for k, v in start.items())
     assert moved > 1e-3  # the steps were real, so agreeing within 1e-4 means something
-    keys = ("policy_loss", "entropy", "approx_kl", "clipfrac", "clipfrac_dual", "kl_ref", "value_loss",
-            "explained_variance", "imp_weight_mean", "imp_weight_truncated", "policy_epochs", "policy_tokens")
-    for variant in variants[1:]:
-        metrics, policy, critic, _ = runs[variant]
-        for k in keys:
-            assert metrics[k] == pytest.approx(seq_metrics[k], abs=1e-4), (variant, k)
-        for mine, theirs in ((policy, seq_policy), (critic, seq_critic)):
-            worst = max(float((mine[k] - v).abs().max()) for k, v in theirs.items())
-            assert worst < 1e-4, (variant, worst)
+    _assert_same_updates(runs, ("policy_loss", "entropy", "approx_kl", "clipfrac", "clipfrac_dual", "kl_ref",
+                                "value_loss", "explained_variance", "imp_weight_mean", "imp_weight_truncated",
+                                "policy_epochs", "policy_tokens"))
+
+
+def test_turns_that_extend_one_another_share_a_row_and_score_as_alone(tiny_any_dir, one_thread):  # noqa: F811
+    """An episode's prompts extend the turn before's prompt and reply: chained, its turns are one
+    row (the last turn's), and every turn's proximal and reference log-probs, values, advantages
+    and returns are those of its own row; chaining leaves minibatches their size and every turn
+    in exactly one of them."""
+    import torch
+
+    from agent.vlm import load_vlm
+    from trainer.ppo import Critic, PPOConfig, prepare_turns, score
+    from trainer.ppo_batch import Chain, chain_turns, members_of, minibatches
+
+    model, proc = load_vlm(tiny_any_dir, device="cpu")
+    trajs = _chained_episodes(model, proc)
+    critic = Critic(model)
+    scored = {}
+    for budget, share, chain in ((0, False, False), (0, False, True), (ALL, True, True)):
+        cfg = PPOConfig(micro_batch_tokens=budget, share_prefix=share, chain_turns=chain)
+        turns = prepare_turns(trajs, proc, model, cfg)
+        score(model, critic, trajs, turns, proc, cfg, ref=model)
+        scored[budget, share, chain] = turns
+    plain = scored[0, False, False]
+    rows = chain_turns(plain)
+    chains = [r for r in rows if isinstance(r, Chain)]
+    assert len(chains) == len(trajs) and all(len(c.members) == 3 for c in chains)  # each episode is one row
+    assert sum(len(members_of(r)) for r in rows) == len(plain)
+    for other in ((0, False, True), (ALL, True, True)):
+        for a, b in zip(plain, scored[other]):
+            for name in ("old_lp", "ref_lp", "values", "adv", "ret"):
+                x, y = getattr(a, name), getattr(b, name)
+                assert x.shape == y.shape and torch.allclose(x, y, atol=1e-5), (other, name, (x - y).abs().max())
+    # a turn of another episode, a prompt rewritten in its middle, or another screenshot breaks a chain
+    first, second = plain[0], plain[1]
+    assert first.traj == second.traj and [len(members_of(r)) for r in chain_turns([first, second])] == [2]
+    assert [len(members_of(r)) for r in chain_turns([first, plain[3]])] == [1, 1]
+    ids = second.inputs["input_ids"].clone()
+    ids[0, 5] += 1
+    rewritten = dataclasses.replace(second, inputs={**second.inputs, "input_ids": ids})
+    other_image = dataclasses.replace(second, images=["another screenshot"] + second.images[1:])
+    for broken in (rewritten, other_image):
+        assert [len(members_of(r)) for r in chain_turns([first, broken])] == [1, 1]
+    random.seed(1)
+    mbs = list(minibatches(plain, 4, chain=True))
+    assert [len(mb) for mb in mbs] == [4, 4, 1]
+    assert sorted(id(tb) for mb in mbs for tb in mb) == sorted(id(tb) for tb in plain)
+
+
+def test_chained_update_matches_the_unchained_one(tiny_vlm_dir, one_thread):  # noqa: F811
+    """A whole update over chaining episodes, one minibatch so the shuffle cannot differ: turn by
+    turn, and chained (one row per forward, and all rows in one forward with the shared prefix),
+    give the same metrics and weights."""
+    from agent.vlm import load_vlm
+    from trainer.ppo import PPOConfig
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    trajs = _chained_episodes(model, proc)
+    variants = ((0, False, False), (0, False, True), (ALL, True, True))
+    runs = _sgd_updates(tiny_vlm_dir, trajs, {
+        v: PPOConfig(epochs=2, minibatch_turns=ALL, micro_batch_tokens=v[0], share_prefix=v[1], chain_turns=v[2],
+                     kl_coef=0.1, ent_coef=0.01) for v in variants})
+    _assert_same_updates(runs, ("policy_loss", "entropy", "approx_kl", "kl_ref", "value_loss", "imp_weight_mean",
+                                "policy_tokens"))
 
 
 def test_stale_behaviour_log_probs_past_the_cap_leave_the_policy_where_it_was(tiny_vlm_dir, one_thread):  # noqa: F811

@@ -43,11 +43,13 @@ class VLMActor:
         # agent.vlm.generate never emits vision placeholders, so every reply can be scored again
         return ActorOutput(g.text, list(g.token_ids), list(g.logprobs))
 
-    def generate_batch(self, chats, *, greedy: bool = False) -> list[ActorOutput]:
+    def generate_batch(self, chats, *, greedy: bool = False, slots: list | None = None) -> list[ActorOutput]:
+        """slots: one key per chat (the environment slot it plays) so each slot's last turn is
+        kept and the next turn computes only its new tokens (agent.vlm_batch.generate_batch)."""
         from agent.vlm_batch import generate_batch
 
         gens = generate_batch(self.model, self.processor, chats, max_new_tokens=self.max_new_tokens,
-                              temperature=0.0 if greedy else self.temperature, cache=self.cache)
+                              temperature=0.0 if greedy else self.temperature, cache=self.cache, slots=slots)
         return [ActorOutput(g.text, list(g.token_ids), list(g.logprobs)) for g in gens]
 
     def load_weights(self, path) -> None:

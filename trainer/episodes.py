@@ -15,6 +15,7 @@ scripted expert, an endpoint) is asked row by row. `run_episode` is the one-slot
 """
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
@@ -112,7 +113,7 @@ class EpisodeRunner:
     def __init__(self, actor, envs: list, *, memory_kw: dict | None = None, platform: str = "desktop",
                  greedy: bool = False, max_steps: int | None = None, end_on_parse_error: bool = False,
                  version: int = 0, worker: int = -1, trace: bool = False, batched: bool = True,
-                 before_round: Callable[[], None] | None = None):
+                 before_round: Callable[[], None] | None = None, keep_turns: bool = True):
         if not envs:
             raise ValueError("EpisodeRunner needs at least one environment")
         self.actor, self.slots = actor, [_Slot(env) for env in envs]
@@ -120,6 +121,8 @@ class EpisodeRunner:
         self.max_steps, self.end_on_parse_error = max_steps, end_on_parse_error
         self.version, self.worker, self.trace = version, worker, trace
         self.batched = batched and hasattr(actor, "generate_batch")
+        # an actor that keeps each slot's last turn computes only a turn's new tokens
+        self.keyed = keep_turns and self.batched and "slots" in inspect.signature(actor.generate_batch).parameters
         self.before_round = before_round
         self.rounds = 0
         self._asked = 0.0
@@ -147,7 +150,7 @@ class EpisodeRunner:
             chats = [self._messages(s) for s in active]
             self._asked = monotonic()
             t1 = time.perf_counter()
-            replies = self._generate(chats)
+            replies = self._generate(chats, [(self.worker, self.slots.index(s)) for s in active])
             t2 = time.perf_counter()
             self.rounds += 1
             # every env steps at once where envs live in processes of their own (EnvProcess)
@@ -196,7 +199,9 @@ class EpisodeRunner:
         return slot.memory.build_messages(slot.prompt, frame_of(slot.obs), space=slot.env.coords_space,
                                           feedback=slot.feedback)
 
-    def _generate(self, chats: list) -> list:
+    def _generate(self, chats: list, slots: list) -> list:
+        if self.keyed:
+            return self.actor.generate_batch(chats, greedy=self.greedy, slots=slots)
         if self.batched:
             return self.actor.generate_batch(chats, greedy=self.greedy)
         return [self.actor.generate(c, greedy=self.greedy) for c in chats]

@@ -42,8 +42,8 @@ from torch import nn
 
 from trainer import distributed as D
 from trainer.ppo_batch import (  # noqa: F401  (TurnBatch, ImageBank, build_turns, micro_batches are re-exported)
-    ImageBank, Pack, PrefixKV, TurnBatch, build_turns, forward_kwargs, micro_batches, pack_logprobs, packs, prefix_kv,
-    prepare_turns, suffix_target,
+    ImageBank, Pack, PrefixKV, TurnBatch, build_turns, chain_turns, forward_kwargs, micro_batches, minibatches,
+    pack_logprobs, packs, prefix_kv, prepare_turns, suffix_target,
 )
 from trainer.rl import gae as rl_gae
 from trainer.rl import losses as rl_losses
@@ -119,6 +119,11 @@ class PPOConfig:
     # reused by every micro-batch (trainer.ppo_batch.PrefixKV); exact, gradients included. Off, or when the
     # turns share fewer than ppo_batch.MIN_SHARED_PREFIX tokens: every row forwards its whole prompt
     share_prefix: bool = True
+    # turns of one episode whose sequences extend one another (prompt and reply the start of the next
+    # turn's prompt) share one row (trainer.ppo_batch.chain_turns): exact, each turn's tokens computed
+    # once; minibatches are then filled with shuffled chains (split where one overflows) instead of
+    # shuffled turns, so an episode's turns tend to share a minibatch
+    chain_turns: bool = True
     # decoupled PPO (AReaL): ratio against the proximal policy (this batch's, from score()), each token's
     # loss weighted by pi_prox / pi_behav of the rollout that sampled it; a weight above the cap drops
     # the token (rl.losses.behaviour_weights). Off: the ratio's reference is the proximal policy alone.
@@ -254,7 +259,7 @@ def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConf
     dev = policy.device  # everything below lives beside the model (a learner on a GPU)
     kv_p, kv_c = prefix_kv(policy, turns, cfg.share_prefix), prefix_kv(critic.backbone, turns, cfg.share_prefix)
     kv_r = prefix_kv(ref, turns, cfg.share_prefix) if ref is not None else None
-    for p in packs(turns, policy.config, dev, cfg.micro_batch_tokens):
+    for p in packs(turns, policy.config, dev, cfg.micro_batch_tokens, cfg.chain_turns):
         p.scatter("old_lp", pack_logprobs(policy, p, cfg.temperature, prefix=kv_p))
         if ref is not None:
             p.scatter("ref_lp", pack_logprobs(ref, p, cfg.temperature, prefix=kv_r))
@@ -299,7 +304,7 @@ def critic_step(critic, opt, turns, cfg: PPOConfig, clip: bool = True) -> tuple[
     their micro-batches); returns (mean loss, share of tokens where value clipping held the
     critic back: high means value_clip is too tight for how far the returns moved)."""
     losses, clipped, counted = [], 0.0, 0
-    for mb in _minibatches(turns, cfg.minibatch_turns):
+    for mb in minibatches(turns, cfg.minibatch_turns, cfg.chain_turns):
         n = sum(tb.tokens for tb in mb)
         opt.zero_grad(set_to_none=True)
         total = 0.0
@@ -369,7 +374,7 @@ def policy_step(policy, opt, turns, cfg: PPOConfig) -> dict:
     Metrics are token means over the pass (imp_weight_mean over the tokens it kept)."""
     sums: dict[str, float] = {}
     stopped, tokens = False, 0
-    for mb in _minibatches(turns, cfg.minibatch_turns):
+    for mb in minibatches(turns, cfg.minibatch_turns, cfg.chain_turns):
         n = sum(tb.tokens for tb in mb)  # token-mean over the minibatch
         tokens += n  # forward and backward were paid for, even when the step is not taken
         opt.zero_grad(set_to_none=True)
@@ -407,7 +412,7 @@ def _my_packs(turns, config, device, cfg: PPOConfig):
     """(micro-batch, loss scale) for this rank's share of a minibatch's micro-batches: every
     world-th one (scale 1: gradients are summed over replicas), or under FSDP2 an even share
     padded with zero-scale repeats, scaled by the world size (FSDP2 averages gradients)."""
-    ps = packs(turns, config, device, cfg.micro_batch_tokens)
+    ps = packs(turns, config, device, cfg.micro_batch_tokens, cfg.chain_turns)
     world = D.rank_world()[1]
     if cfg.shard == "fsdp" and world > 1:
         return ((p, float(world) if real else 0.0) for p, real in D.even_share(ps))
@@ -417,15 +422,6 @@ def _my_packs(turns, config, device, cfg: PPOConfig):
 def _amp(device, cfg: PPOConfig):
     """bf16 autocast on `device` when cfg.bf16 (else a no-op context); backward runs outside it."""
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=cfg.bf16)
-
-
-def _minibatches(items, size):
-    import random
-
-    items = list(items)
-    random.shuffle(items)
-    for k in range(0, len(items), max(1, size)):
-        yield items[k : k + size]
 
 
 def batch_metrics(trajs) -> dict:

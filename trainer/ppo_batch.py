@@ -37,6 +37,7 @@ class TurnBatch:
     behaviour_lp: torch.Tensor | None  # [n] log-probs under the policy that acted (None: not recorded)
     traj: int  # index of its trajectory in the batch
     weight: float = 1.0
+    turn: int = 0  # its index among its trajectory's turns
     images: list[str] = field(default_factory=list)  # ImageBank keys, when the pixels live there
     old_lp: torch.Tensor | None = None
     ref_lp: torch.Tensor | None = None  # under the frozen start policy (kl_coef > 0)
@@ -90,13 +91,13 @@ def build_turns(trajs, processor, bank: ImageBank | None = None) -> list[TurnBat
 
     out = []
     for i, tr in enumerate(trajs):
-        for turn in tr.turns:
+        for k, turn in enumerate(tr.turns):
             if not turn.response_ids:
                 continue  # nothing was generated: nothing to score
             prompt = build_inputs(processor, turn.messages, add_generation_prompt=True)
             full, target = extend_inputs(prompt, turn.response_ids)
             behaviour = torch.tensor(turn.logprobs, dtype=torch.float32)
-            tb = TurnBatch(full, target, behaviour if len(behaviour) == len(turn.response_ids) else None, i, tr.weight)
+            tb = TurnBatch(full, target, behaviour if len(behaviour) == len(turn.response_ids) else None, i, tr.weight, k)
             if bank is not None:
                 tb.images = bank.add(full)
                 full.pop("pixel_values", None)
@@ -113,6 +114,100 @@ def prepare_turns(trajs, processor, policy, cfg) -> list[TurnBatch]:
     bank.encode(policy.model)
     bank.attach(turns)
     return turns
+
+
+# ---------------------------------------------------------------- turns -> chains
+
+# An agent's prompt at turn t usually extends its prompt and reply at turn t-1 (working memory
+# appends the reply and the next screenshot; the sliding window and the episodic summaries rewrite
+# the prompt only further on). Turns whose sequences extend one another form a chain: one row, the
+# last turn's inputs, every member's generated tokens as targets. Causal attention makes each
+# member's log-probs, entropies and values in that row exactly the ones its own row gives, and the
+# forward computes the chain's tokens once instead of once per turn.
+
+
+@dataclass
+class Chain:
+    """Turns of one trajectory, each one's prompt and reply the start of the next one's: one row."""
+    members: list
+    inputs: dict  # the last member's
+    target: torch.Tensor  # bool [1, T]: every member's generated tokens
+    tokens: int
+
+
+def members_of(row) -> list:
+    return row.members if isinstance(row, Chain) else [row]
+
+
+def _extends(a, b) -> bool:
+    """True when turn b's sequence starts with all of turn a's (tokens and screenshots)."""
+    ia, ib = a.inputs["input_ids"], b.inputs["input_ids"]
+    n = ia.shape[1]
+    if ib.shape[1] <= n or not torch.equal(ia[0], ib[0, :n].to(ia.device)):
+        return False
+    if a.images or b.images:  # encoded once in an ImageBank: compared by key
+        return b.images[: len(a.images)] == a.images
+    pa, pb = a.inputs.get("pixel_values"), b.inputs.get("pixel_values")
+    if pa is None:
+        return True
+    return pb is not None and pb.shape[0] >= pa.shape[0] and torch.equal(pa, pb[: pa.shape[0]])
+
+
+def chain_turns(turns: list) -> list:
+    """`turns` as rows: per trajectory, in turn order, each maximal run of turns whose sequences
+    extend one another as a Chain (a turn alone stays a TurnBatch). Members need not be adjacent
+    turns: a turn whose sequence extends another's joins it whatever lies between."""
+    rows = []
+    by_traj: dict[int, list] = {}
+    for tb in turns:
+        by_traj.setdefault(tb.traj, []).append(tb)
+    for group in by_traj.values():
+        group.sort(key=lambda t: (t.turn, t.inputs["input_ids"].shape[1]))
+        run = [group[0]]
+        for tb in group[1:]:
+            if _extends(run[-1], tb):
+                run.append(tb)
+                continue
+            rows.append(_row(run))
+            run = [tb]
+        rows.append(_row(run))
+    return rows
+
+
+def _row(run: list):
+    if len(run) == 1:
+        return run[0]
+    last = run[-1]
+    target = torch.zeros_like(last.target)
+    for m in run:
+        target[:, : m.target.shape[1]] |= m.target.to(target.device)
+    return Chain(run, last.inputs, target, sum(m.tokens for m in run))
+
+
+def minibatches(turns: list, size: int, chain: bool = False):
+    """Shuffled minibatches of `size` turns (one optimizer step each): shuffled turns, or with
+    `chain` shuffled chains (chain_turns), one split where it overflows a minibatch, so an
+    episode's turns tend to share a minibatch and its forwards."""
+    import random
+
+    size = max(1, size)
+    if not chain:
+        items = list(turns)
+        random.shuffle(items)
+        for k in range(0, len(items), size):
+            yield items[k : k + size]
+        return
+    rows = chain_turns(turns)
+    random.shuffle(rows)
+    mb: list = []
+    for row in rows:
+        for tb in members_of(row):
+            mb.append(tb)
+            if len(mb) == size:
+                yield mb
+                mb = []
+    if mb:
+        yield mb
 
 
 # ---------------------------------------------------------------- turns -> micro-batches
@@ -172,38 +267,44 @@ def budget_for(budget: int | None, device) -> int:
     return CPU_BUDGET if torch.device(device or "cpu").type == "cpu" else GPU_BUDGET
 
 
-def packs(turns: list, model_config, device, budget: int | None):
-    """The micro-batches of `turns` as Packs, one at a time (each collated as it is used)."""
+def packs(turns: list, model_config, device, budget: int | None, chain: bool = False):
+    """The micro-batches of `turns` as Packs, one at a time (each collated as it is used); with
+    `chain`, turns whose sequences extend one another share a row (chain_turns)."""
     pad = pad_token_id(model_config)
-    return (Pack.build(group, pad, device) for group in micro_batches(turns, budget_for(budget, device)))
+    rows = chain_turns(turns) if chain else turns
+    return (Pack.build(group, pad, device) for group in micro_batches(rows, budget_for(budget, device)))
 
 
 @dataclass
 class Pack:
     """One micro-batch: `inputs` for a forward, `target` bool [B, T] on the model's device
-    marking the generated tokens, `sizes` each row's count of them."""
+    marking the generated tokens, `turns` the turns they belong to (a Chain's members share a
+    row), `sizes` each turn's count of them."""
     turns: list
     inputs: dict
     target: torch.Tensor
     sizes: list[int]
 
     @classmethod
-    def build(cls, turns: list, pad_id: int, device=None) -> "Pack":
+    def build(cls, rows: list, pad_id: int, device=None) -> "Pack":
+        """rows: TurnBatches or Chains; the Pack's turns are their members in row order (the order
+        in which the target mask lists their tokens)."""
         from agent.vlm_inputs import collate_inputs
 
-        sizes = [tb.tokens for tb in turns]
-        if len(turns) == 1:  # the sequential path: the turn's own tensors, nothing padded
-            tb = turns[0]
-            return cls(turns, tb.inputs, tb.target.to(device), sizes)
-        items = [{k: v for k, v in tb.inputs.items() if k not in _PRECOMPUTED} | {"target": tb.target.cpu()}
-                 for tb in turns]
+        members = [m for row in rows for m in members_of(row)]
+        sizes = [m.tokens for m in members]
+        if len(rows) == 1:  # the sequential path: the row's own tensors, nothing padded
+            row = rows[0]
+            return cls(members, row.inputs, row.target.to(device), sizes)
+        items = [{k: v for k, v in row.inputs.items() if k not in _PRECOMPUTED} | {"target": row.target.cpu()}
+                 for row in rows]
         inputs = collate_inputs(items, pad_id)
         target = inputs.pop("target").bool().to(device)
-        if any("image_embeds" in tb.inputs for tb in turns):
-            inputs["image_embeds"] = tuple(e for tb in turns for e in tb.inputs.get("image_embeds", ()))
-        if any("image_deepstack" in tb.inputs for tb in turns):
-            inputs["image_deepstack"] = [d for tb in turns for d in tb.inputs.get("image_deepstack", ())]
-        return cls(turns, inputs, target, sizes)
+        if any("image_embeds" in row.inputs for row in rows):
+            inputs["image_embeds"] = tuple(e for row in rows for e in row.inputs.get("image_embeds", ()))
+        if any("image_deepstack" in row.inputs for row in rows):
+            inputs["image_deepstack"] = [d for row in rows for d in row.inputs.get("image_deepstack", ())]
+        return cls(members, inputs, target, sizes)
 
     def split(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """A flat per-token tensor over the pack's generated tokens -> one tensor per turn."""

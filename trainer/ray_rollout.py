@@ -69,11 +69,12 @@ class _Inference:
                 self.version = version
         return self.version
 
-    async def generate_batch(self, chats, greedy: bool = False):
+    async def generate_batch(self, chats, greedy: bool = False, slots=None):
         import asyncio
 
         fut = asyncio.get_running_loop().create_future()
-        self.pending.append((list(chats), bool(greedy), fut))
+        slots = list(slots) if slots is not None else [None] * len(chats)  # None: nothing kept for that row
+        self.pending.append((list(chats), bool(greedy), fut, slots))
         self.counts["requests"] += 1
         if self.drainer is None or self.drainer.done():
             self.drainer = asyncio.ensure_future(self._drain())
@@ -95,21 +96,22 @@ class _Inference:
             while len(self.pending) < self.n_callers and loop.time() < deadline:
                 await asyncio.sleep(0.002)
             batch, self.pending = self.pending, []
-            for greedy in sorted({g for _, g, _ in batch}):
-                group = [(chats, fut) for chats, g, fut in batch if g == greedy]
-                rows = [chat for chats, _ in group for chat in chats]
+            for greedy in sorted({g for _, g, _, _ in batch}):
+                group = [(chats, fut, slots) for chats, g, fut, slots in batch if g == greedy]
+                rows = [chat for chats, _, _ in group for chat in chats]
+                keys = [k for _, _, slots in group for k in slots]
                 try:
                     async with self.busy:
-                        outs = await loop.run_in_executor(
-                            self.torch_thread, functools.partial(self.actor.generate_batch, rows, greedy=greedy))
+                        outs = await loop.run_in_executor(self.torch_thread, functools.partial(
+                            self.actor.generate_batch, rows, greedy=greedy, slots=keys))
                 except Exception as e:  # every waiting rollout actor hears it
-                    for _, fut in group:
+                    for _, fut, _ in group:
                         fut.set_exception(e)
                     continue
                 self.counts["generations"] += 1
                 self.counts["rows"] += len(rows)
                 k = 0
-                for chats, fut in group:
+                for chats, fut, _ in group:
                     fut.set_result(outs[k:k + len(chats)])
                     k += len(chats)
 
@@ -121,10 +123,10 @@ class _RemotePolicy:
     def __init__(self, handle):
         self.handle = handle
 
-    def generate_batch(self, chats, *, greedy: bool = False):
+    def generate_batch(self, chats, *, greedy: bool = False, slots: list | None = None):
         import ray
 
-        return ray.get(self.handle.generate_batch.remote(chats, greedy))
+        return ray.get(self.handle.generate_batch.remote(chats, greedy, slots))
 
     def generate(self, messages, *, greedy: bool = False):
         import ray

@@ -51,3 +51,38 @@ def test_missing_model_dir_is_a_clear_policy_error(tmp_path):
     policy = LocalVLMPolicy(tmp_path / "nope")
     with pytest.raises(PolicyError, match="nope"):
         policy.propose("x", Memory(), frame_from_image_bytes(screenshot_png()))
+
+
+def test_the_default_model_keeps_the_last_step_and_acts_the_same(tmp_path):
+    """Driving a sandbox task with the shipped default model: keeping the last step's keys and
+    values (and the screenshots' features) gives the same greedy steps as recomputing every
+    prompt, and from the second step on most of each prompt is not computed again."""
+    from agent import coords
+    from agent.store import Store
+    from app.agent_run import DEFAULT_MODEL_DIR
+    from app.sandbox_executor import SandboxProcessExecutor
+
+    runs, reused = {}, []
+    for keep in (True, False):
+        policy = LocalVLMPolicy(str(DEFAULT_MODEL_DIR), space=coords.SMART_RESIZE, max_new_tokens=64, keep_turns=keep)
+        if keep:  # record what each step reused
+            generate = policy.generate
+
+            def generate_and_count(messages, generate=generate, policy=policy):
+                text = generate(messages)
+                reused.append((policy.cache.last_reused[0], policy.last_generation.prompt_tokens))
+                return text
+
+            policy.generate = generate_and_count
+        ex = SandboxProcessExecutor("check_boxes", 11)
+        store = Store(tmp_path / f"data-{keep}")
+        try:
+            res = AgentLoop(policy, ex, store=store, config=LoopConfig(max_steps=4, max_reasks=1)).run(
+                "Tick the boxes the task asks for")
+            runs[keep] = [s.raw_response for s in store.load_episode(res.episode.id).steps]
+        finally:
+            ex.close()
+            store.close()
+    assert len(runs[True]) >= 3 and runs[True] == runs[False]
+    assert reused[0][0] == 0  # nothing kept before the first step
+    assert all(r > 0.6 * n for r, n in reused[1:3])  # the next steps extend the last one

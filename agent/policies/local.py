@@ -2,6 +2,10 @@
 or Qwen3-VL) from a directory, through agent.vlm (load_vlm, generate). The model loads on first use, not when the
 policy is built; device and dtype default to cuda + bf16 with a GPU, else cpu + float32.
 
+Each step's prompt usually extends the last one (working memory appends the reply and the next
+screenshot), so the policy keeps the last step's keys and values and each screenshot's vision
+features (agent.vlm_batch) and a step computes only its new tokens: the same reply, less waiting.
+
 UI-TARS-1.5 writes coordinates in the image its processor actually made (smart_resize with the
 processor's own min/max pixels). For UI-TARS-1.5-7B that equals agent.coords' defaults; for a
 model with other limits (the tiny test model), points are normalized with the processor's size.
@@ -17,7 +21,7 @@ class LocalVLMPolicy(Policy):
     name = "local"
 
     def __init__(self, model_dir, *, device=None, dtype=None, max_new_tokens: int = 256, temperature: float = 0.0,
-                 seed: int | None = None, **kw):
+                 seed: int | None = None, keep_turns: bool = True, **kw):
         from pathlib import Path
 
         super().__init__(version=kw.pop("version", None) or f"local:{Path(model_dir).name}", **kw)
@@ -30,15 +34,21 @@ class LocalVLMPolicy(Policy):
         self.processor = None
         self.last_generation = None
         self.calls = 0
+        self.keep_turns = keep_turns
+        self.cache = None  # agent.vlm_batch.ImageCache: screenshots and the last step, while the weights stay
 
     def load(self) -> "LocalVLMPolicy":
         if self.model is None:
             from agent.vlm import VLMError, load_vlm
 
+            from agent.vlm_batch import ImageCache
+
             try:
                 self.model, self.processor = load_vlm(self.model_dir, self.device, self.dtype)
             except VLMError as e:
                 raise PolicyError(str(e)) from None
+            # working memory holds a few screenshots: keep those (a 1080p one is ~13 MB of pixel rows)
+            self.cache = ImageCache(max_images=16)
         return self
 
     def generate(self, messages) -> str:
@@ -49,8 +59,14 @@ class LocalVLMPolicy(Policy):
         seed = None if self.seed is None else self.seed + self.calls
         self.calls += 1
         try:
-            g = vlm.generate(self.model, self.processor, messages, max_new_tokens=self.max_new_tokens,
-                             temperature=self.temperature, seed=seed, details=True)
+            if self.keep_turns:
+                from agent.vlm_batch import generate_batch
+
+                g = generate_batch(self.model, self.processor, [messages], max_new_tokens=self.max_new_tokens,
+                                   temperature=self.temperature, seed=seed, cache=self.cache, slots=[0])[0]
+            else:
+                g = vlm.generate(self.model, self.processor, messages, max_new_tokens=self.max_new_tokens,
+                                 temperature=self.temperature, seed=seed, details=True)
         except vlm.VLMError as e:
             raise PolicyError(f"the local model could not take this input: {e}") from None
         self.last_generation = g
@@ -88,4 +104,4 @@ class LocalVLMPolicy(Policy):
         return Proposal(parsed.thought, actions, text, None, **common)
 
     def close(self) -> None:
-        self.model = self.processor = None
+        self.model = self.processor = self.cache = None

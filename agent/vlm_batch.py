@@ -17,7 +17,8 @@ An `ImageCache` makes the multi-turn case cheap:
   a row does not share with its slot's last sequence (the longest common prefix of token ids,
   screenshots compared by content). Rows are laid out [padding][reused][padding][new]; the mask
   hides both paddings and the rotary positions skip them, so each row still sees exactly what it
-  would alone.
+  would alone. Since every row is padded to the longest reused and the longest new part, rows
+  reuse their kept turns only when that makes the padded batch cheaper (`_cheapest_reuse`).
 Features, prefixes and kept turns depend on the weights: `clear_features()` whenever the weights
 change (VLMActor.load_weights does).
 """

@@ -117,11 +117,12 @@ class ImageCache:
         self.prefixes.clear()
         self.turns.clear()
 
-    def signature(self, row: dict, keys: list[str]):
-        """The row's token ids with each image's tokens replaced by a number of its own (negative,
-        so never a token id): two rows agree on a stretch exactly when their text and screenshots do."""
+    def signature(self, row: dict, keys: list[str], spans: list[tuple[int, int]]):
+        """The row's token ids with each image's tokens (`spans`, image_spans) replaced by a number
+        of its own (negative, so never a token id): two rows agree on a stretch exactly when their
+        text and screenshots do."""
         sig = row["input_ids"][0].clone()
-        for (start, end), key in zip(image_spans(row), keys):
+        for (start, end), key in zip(spans, keys):
             sig[start:end] = -1 - self.image_ids.setdefault(key, len(self.image_ids))
         return sig
 
@@ -274,14 +275,14 @@ def image_spans(row: dict) -> list[tuple[int, int]]:
     return list(zip(edges[::2], edges[1::2]))
 
 
-def _kept_per_row(cache: ImageCache, rows, keys, slots, n_prefix: int, min_tokens: int = 16):
+def _kept_per_row(cache: ImageCache, rows, keys, spans, slots, n_prefix: int, min_tokens: int = 16):
     """Per row: (tokens its slot's kept turn covers, or 0 when that is not more than the shared
     prefix; the kept per-layer KV; the row's signature). A kept stretch never ends inside an image."""
     out = []
-    for row, ks, slot in zip(rows, keys, slots):
-        sig = cache.signature(row, ks)
+    for row, ks, row_spans, slot in zip(rows, keys, spans, slots):
+        sig = cache.signature(row, ks, row_spans)
         n, layers = cache.reusable(slot, sig, len(sig) - 1) if slot is not None else (0, None)  # feed >= 1 token
-        for start, end in image_spans(row):
+        for start, end in row_spans:
             if start < n < end:
                 n = start
         out.append((n, layers, sig) if n > max(n_prefix, min_tokens - 1) else (0, None, sig))
@@ -345,17 +346,19 @@ def generate_batch(model, processor, chats, *, max_new_tokens: int = 256, temper
     cache = cache if cache is not None else ImageCache()
     rows, keys = build_batch_inputs(processor, chats, cache)
     n_prefix, prefix_kv = cache.prefix_cache(model, rows)
-    kept = _kept_per_row(cache, rows, keys, slots, n_prefix) if slots is not None else None
+    kept = None
     reused = [n_prefix] * len(rows)
-    if kept is not None:
+    if slots is not None:
+        spans = [image_spans(r) for r in rows]
+        kept = _kept_per_row(cache, rows, keys, spans, slots, n_prefix)
         lengths = [int(r["input_ids"].shape[1]) for r in rows]
         reused = _cheapest_reuse(model.config, lengths, [n for n, _, _ in kept], n_prefix, min(max_new_tokens, 64))
     if any(r != n_prefix for r in reused):
         prefix_layers = [(layer.keys, layer.values) for layer in prefix_kv.layers] if prefix_kv is not None else None
         layers = [kv if r == n else prefix_layers for r, (n, kv, _) in zip(reused, kept)]
         batch, kwargs["past_key_values"] = _reuse_layout(rows, reused, layers, stops[-1])
-        flat = [k for row, ks, r in zip(rows, keys, reused)
-                for k, (start, _) in zip(ks, image_spans(row)) if start >= r]
+        flat = [k for ks, row_spans, r in zip(keys, spans, reused)
+                for k, (start, _) in zip(ks, row_spans) if start >= r]
     else:
         batch = _layout(rows, n_prefix, stops[-1])
         flat = [k for ks in keys for k in ks]

@@ -90,6 +90,7 @@ def frame_of(obs) -> Frame:
 @dataclass
 class _Slot:
     env: object
+    index: int  # its place among the runner's slots: the key of its kept turn (trainer.actor)
     traj: Trajectory | None = None
     memory: Memory | None = None
     prompt: str = ""
@@ -116,7 +117,7 @@ class EpisodeRunner:
                  before_round: Callable[[], None] | None = None, keep_turns: bool = True):
         if not envs:
             raise ValueError("EpisodeRunner needs at least one environment")
-        self.actor, self.slots = actor, [_Slot(env) for env in envs]
+        self.actor, self.slots = actor, [_Slot(env, i) for i, env in enumerate(envs)]
         self.memory_kw, self.platform, self.greedy = dict(memory_kw or {}), platform, greedy
         self.max_steps, self.end_on_parse_error = max_steps, end_on_parse_error
         self.version, self.worker, self.trace = version, worker, trace
@@ -150,7 +151,7 @@ class EpisodeRunner:
             chats = [self._messages(s) for s in active]
             self._asked = monotonic()
             t1 = time.perf_counter()
-            replies = self._generate(chats, [(self.worker, self.slots.index(s)) for s in active])
+            replies = self._generate(chats, [(self.worker, s.index) for s in active])
             t2 = time.perf_counter()
             self.rounds += 1
             # every env steps at once where envs live in processes of their own (EnvProcess)

@@ -143,7 +143,7 @@ def _extends(a, b) -> bool:
     """True when turn b's sequence starts with all of turn a's (tokens and screenshots)."""
     ia, ib = a.inputs["input_ids"], b.inputs["input_ids"]
     n = ia.shape[1]
-    if ib.shape[1] <= n or not torch.equal(ia[0], ib[0, :n].to(ia.device)):
+    if ib.shape[1] <= n or not torch.equal(ia[0], ib[0, :n]):
         return False
     if a.images or b.images:  # encoded once in an ImageBank: compared by key
         return b.images[: len(a.images)] == a.images
@@ -162,7 +162,7 @@ def chain_turns(turns: list) -> list:
     for tb in turns:
         by_traj.setdefault(tb.traj, []).append(tb)
     for group in by_traj.values():
-        group.sort(key=lambda t: (t.turn, t.inputs["input_ids"].shape[1]))
+        group.sort(key=lambda t: t.turn)
         run = [group[0]]
         for tb in group[1:]:
             if _extends(run[-1], tb):

@@ -133,16 +133,26 @@ REGISTRY: dict[str, ActionSpec] = {s.name: s for s in _SPECS}
 # Other spellings of named keys that models write (UI-TARS-desktop's parser accepts these), and
 # the one name each becomes, so that the gate, the executors and training data see one spelling.
 KEY_ALIASES = {
-    "control": "ctrl", "option": "alt", "command": "cmd", "super": "win", "meta": "win", "escape": "esc",
-    "del": "delete", "return": "enter", "arrowup": "up", "arrowdown": "down", "arrowleft": "left",
-    "arrowright": "right", "pgup": "pageup", "pgdn": "pagedown", "page_up": "pageup", "page_down": "pagedown",
+    "control": "ctrl", "option": "alt", "opt": "alt", "command": "cmd", "super": "win", "meta": "win",
+    "windows": "win", "escape": "esc", "del": "delete", "return": "enter", "arrowup": "up", "arrowdown": "down",
+    "arrowleft": "left", "arrowright": "right", "pgup": "pageup", "pgdn": "pagedown", "page_up": "pageup",
+    "page_down": "pagedown",
 }
 MODIFIER_ORDER = ("ctrl", "alt", "shift", "cmd", "win")
+# a left or right modifier is the modifier: lctrl, ctrl_l, ctrlleft (pyautogui), leftctrl, rightctrl, rwin, super_r...
+KEY_ALIASES.update({
+    spelling: KEY_ALIASES.get(mod, mod)
+    for mod in ("ctrl", "control", "alt", "option", "shift", "cmd", "command", "win", "super", "meta")
+    for side in ("left", "right")
+    for spelling in (side[0] + mod, mod + "_" + side[0], mod + side, side + mod, mod + "_" + side, side + "_" + mod)
+})
 
 
 def canonical_keys(text: str) -> str:
     """A key chord in one spelling: 'Control+Shift+Del' and 'shift ctrl delete' both give
-    'ctrl shift delete' (aliases resolved, 'page down' joined, modifiers first in a fixed order)."""
+    'ctrl shift delete' (aliases and left/right modifiers resolved, 'page down' joined, a key
+    named twice kept once, modifiers first in a fixed order). What the parser hands the
+    executors, so the chord the gate judges is the chord that is pressed."""
     words = str(text).replace("+", " ").lower().split()
     keys, i = [], 0
     while i < len(words):
@@ -152,13 +162,43 @@ def canonical_keys(text: str) -> str:
             continue
         keys.append(KEY_ALIASES.get(words[i], words[i]))
         i += 1
+    keys = list(dict.fromkeys(keys))  # 'ctrl w w' presses Ctrl+W: the same chord as 'ctrl w'
     mods = [m for m in MODIFIER_ORDER if m in keys]
     return " ".join(mods + [k for k in keys if k not in MODIFIER_ORDER])
 
 
-# Hotkeys that can lose work (in canonical_keys spelling); the risky gate asks before them.
-DESTRUCTIVE_HOTKEYS = frozenset({"alt f4", "ctrl w", "ctrl q", "ctrl shift delete", "shift delete", "ctrl alt delete",
-                                 "cmd q", "cmd w"})
+# Hotkeys that can lose work (in canonical_keys spelling): close a tab or window, quit, log out,
+# delete for good. The risky gate asks before any hotkey that presses one of them (see
+# presses_destructive_chord), with or without more modifiers held.
+DESTRUCTIVE_HOTKEYS = frozenset({
+    # Linux and Windows: close tab/window, quit, kill the X server, task manager / log out, delete for good
+    "ctrl w", "ctrl f4", "ctrl shift w", "ctrl q", "ctrl shift q", "alt f4", "ctrl alt delete", "ctrl alt backspace",
+    "shift delete", "ctrl shift delete", "win q", "win shift q", "win shift e",
+    # macOS: close, close all, quit, force quit, move to the bin, empty it, lock
+    "cmd w", "cmd shift w", "cmd alt w", "cmd q", "cmd alt esc", "cmd alt shift esc", "cmd delete",
+    "cmd shift delete", "ctrl cmd q",
+})
+# The desktop executor presses one key for cmd and win (Command on macOS, Super elsewhere:
+# agent.executors.desktop.pyautogui_key), so the gate reads them as one.
+_SAME_KEY = {"cmd": "win"}
+
+
+def _chord(keys: str) -> tuple[frozenset, list[str]]:
+    """(modifiers, other keys in press order) of a chord, cmd and win read as one key."""
+    words = [_SAME_KEY.get(k, k) for k in canonical_keys(keys).split()]
+    mods = frozenset(k for k in words if k in MODIFIER_ORDER)
+    return mods, [k for k in words if k not in MODIFIER_ORDER]
+
+
+_DESTRUCTIVE_CHORDS = [_chord(k) for k in DESTRUCTIVE_HOTKEYS]
+
+
+def presses_destructive_chord(keys: str) -> bool:
+    """Does this hotkey press a chord of DESTRUCTIVE_HOTKEYS? The executor holds the modifiers and
+    presses the other keys in turn, the earlier ones still held, so 'ctrl a w' and 'ctrl alt w'
+    deliver Ctrl+W as surely as 'ctrl w' does; apps that match modifiers loosely see it as one."""
+    mods, others = _chord(keys)
+    return any(d_mods <= mods and d_keys[0] in others for d_mods, d_keys in _DESTRUCTIVE_CHORDS)
 
 
 def actions_for(platform: str) -> list[ActionSpec]:
@@ -211,5 +251,5 @@ def is_risky(action: Action) -> bool:
     if spec.risky:
         return True
     if action.name == "hotkey":
-        return canonical_keys(action.args.get("key", "")) in DESTRUCTIVE_HOTKEYS
+        return presses_destructive_chord(action.args.get("key", ""))
     return False

@@ -1,10 +1,12 @@
 """The focused window's title and application class on X11, for the recorder's denylist and the
 agent's gate (typing into a terminal is asked about), and which process owns a window (the
-recorder leaves out input aimed at Tandem's own windows). python-xlib is imported on first use;
-where there is no X display the answer is (None, None) or None, never an error."""
+recorder leaves out input aimed at Tandem's own windows; the gate looks for a shell under it).
+python-xlib is imported on first use; where there is no X display the answer is (None, None) or
+None, never an error."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 
@@ -15,6 +17,10 @@ class FocusedWindow:
 
     def __init__(self):
         self.available = sys.platform.startswith("linux") and bool(os.environ.get("DISPLAY"))
+        # Windows and macOS are not read (no Win32 / Quartz code here); on Wayland only X11
+        # (XWayland) windows are seen, so a native Wayland window's focus goes unnoticed
+        self.reason = ("X11" if self.available else "no X display (DISPLAY is not set)" if sys.platform.startswith("linux")
+                       else f"the focused window is read on Linux/X11 only, not on {sys.platform}")
         self._d = None
 
     def _display(self):
@@ -26,14 +32,17 @@ class FocusedWindow:
             self._net_name = self._d.intern_atom("_NET_WM_NAME")
             self._utf8 = self._d.intern_atom("UTF8_STRING")
             self._net_pid = self._d.intern_atom("_NET_WM_PID")
+            self._res = self._d.has_extension("X-Resource")
         return self._d
 
     def _pid_in(self, w, depth=0) -> int | None:
-        """_NET_WM_PID at w or below it (a window manager's frame holds the client as a child)."""
+        """The process owning the client window at w or below it (a window manager's frame holds
+        the client as a child): the one that sets WM_CLASS or _NET_WM_PID."""
         try:
             p = w.get_full_property(self._net_pid, 0)
-            if p is not None and len(p.value):
-                return int(p.value[0])
+            net_wm_pid = int(p.value[0]) if p is not None and len(p.value) else None
+            if net_wm_pid is not None or w.get_wm_class():
+                return self._owner(w, net_wm_pid)
             if depth >= 3:
                 return None
             children = w.query_tree().children
@@ -44,6 +53,26 @@ class FocusedWindow:
             if pid is not None:
                 return pid
         return None
+
+    def _owner(self, w, net_wm_pid) -> int | None:
+        """The pid of the client that made window w. The X server's own answer (X-Resource: the
+        peer of the client's socket, right also for a Flatpak app in its own pid namespace) when
+        it has one; else _NET_WM_PID, which the client sets itself and which counts only when the
+        client runs on this machine (WM_CLIENT_MACHINE), as the EWMH says."""
+        if self._res:
+            try:
+                from Xlib.ext import res
+
+                for cid in self._d.res_query_client_ids([{"client": w.id, "mask": res.LocalClientPIDMask}]).ids:
+                    if cid.spec.mask == res.LocalClientPIDMask and len(cid.value):
+                        return int(cid.value[0])
+            except Exception:  # noqa: BLE001 - the window may be gone; fall back to the property
+                pass
+        if net_wm_pid is None:
+            return None
+        machine = w.get_wm_client_machine()
+        machine = machine.decode("latin-1") if isinstance(machine, bytes) else machine
+        return net_wm_pid if machine in (None, "", socket.gethostname()) else None
 
     def _focused(self):
         """The focused top-level window (an Xlib window), or None."""
@@ -106,6 +135,20 @@ class FocusedWindow:
             if title or cls:
                 return title, cls
         return None, None
+
+    def describe(self) -> tuple[str | None, str | None, int | None]:
+        """(title, app class, owning pid) of the focused window, each None when unknown: what
+        the agent's gate reads before each action."""
+        if not self.available:
+            return None, None, None
+        try:
+            w = self._focused()
+            if not w:
+                return None, None, None
+            title, cls = self._named_in(w)
+            return title, cls, self._pid_in(w)
+        except Exception:  # noqa: BLE001 - no X, or a window gone: unknown, never a crash
+            return None, None, None
 
     def get(self) -> tuple[str | None, str | None]:
         """(title, app class) of the focused window; (None, None) when unknown."""

@@ -1,8 +1,10 @@
 """The gate between a proposal and its execution: where a human comes in.
 
 Modes: "auto" (never asks), "risky" (asks before risky actions: terminal and files, destructive
-hotkeys, typing into a password field when the observation says one is focused, and anything
-after the agent called the user), "all" (asks before every step).
+hotkeys, typing into a password field when the observation says one is focused, typing or
+pressing keys in a terminal window, Enter where the focused window cannot be read, and anything
+after the agent called the user), "all" (asks before every step). Risk is judged per action:
+the loop reads the focus again before each action of a reply (agent.loop).
 
 The human side is the `Supervisor` interface, so a terminal prompt, the desktop app and a remote
 supervisor over the sync connection all answer the same way:
@@ -17,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from agent.actions import is_risky, validate
+from agent.actions import canonical_keys, is_risky, validate
 from agent.schema import Action
 
 GATE_MODES = ("auto", "risky", "all")
@@ -25,14 +27,20 @@ DECISIONS = ("approve", "edit", "reject", "takeover", "stop")
 
 
 # application classes (WM_CLASS) of terminal emulators, lower case; a window whose class or title
-# names one of these, or whose title says "terminal", runs what is typed into it
+# names one of these, or whose title says "terminal", runs what is typed into it. The fast path and
+# the only one off Linux: on Linux the desktop executor also tells a terminal by its process (a
+# shell under it, a pseudo-terminal open: agent.terminal_process), whatever it is called.
 TERMINAL_APPS = ("xterm", "uxterm", "rxvt", "urxvt", "gnome-terminal", "konsole", "xfce4-terminal", "terminator",
                  "tilix", "alacritty", "kitty", "wezterm", "foot", "lxterminal", "mate-terminal", "qterminal",
-                 "terminology", "st-256color", "iterm", "windowsterminal", "powershell", "cmd.exe", "terminal")
+                 "terminology", "st-256color", "org.gnome.console", "kgx", "ptyxis", "ghostty", "tabby", "guake",
+                 "tilda", "yakuake", "blackbox", "cool-retro-term", "sakura", "roxterm", "mlterm", "contour",
+                 "zutty", "cosmic-term", "iterm", "warp", "mintty", "conemu", "windowsterminal", "powershell",
+                 "cmd.exe", "terminal")
 
 
 def terminal_window(observation) -> str | None:
-    """The terminal the observation's focused window is (its class or title), or None."""
+    """The terminal the observation's focused window is (its class or title, and why it is a
+    terminal when its process shows it), or None."""
     fw = getattr(observation, "extra", {}).get("focused_window") if observation is not None else None
     if not fw:
         return None
@@ -40,7 +48,16 @@ def terminal_window(observation) -> str | None:
         low = (field_ or "").lower()
         if any(t in low for t in TERMINAL_APPS):
             return field_
+    if fw.get("terminal"):
+        return f"{fw.get('app') or fw.get('title') or 'a window'}: {fw['terminal']}"
     return None
+
+
+def _submits(action: Action) -> bool:
+    """Does the action end a line (Enter), where a shell would run it?"""
+    if action.name == "type":
+        return "\n" in action.args.get("content", "") or "\r" in action.args.get("content", "")
+    return action.name == "hotkey" and "enter" in canonical_keys(action.args.get("key", "")).split()
 
 
 class GateError(ValueError):
@@ -138,12 +155,28 @@ class Gate:
         if after_call_user:
             return "the agent called the user earlier in this run"
         for a in proposal.actions:
-            if is_risky(a):
-                return f"risky action: {a.name}" + (f" {a.args.get('key')!r}" if a.name == "hotkey" else "")
-            if a.name == "type" and observation is not None and getattr(observation, "extra", {}).get("password_focused"):
-                return "typing into a password field"
-            if a.name == "type" and (term := terminal_window(observation)):
+            why = self.risk(a, observation)
+            if why:
+                return why
+        return None
+
+    @staticmethod
+    def risk(action: Action, observation) -> str | None:
+        """Why this one action is risky on this screen (its focus facts), or None. The loop asks
+        it again before each action of a reply, with the focus read anew (agent.loop)."""
+        if is_risky(action):
+            return f"risky action: {action.name}" + (f" {action.args.get('key')!r}" if action.name == "hotkey" else "")
+        if action.name not in ("type", "hotkey"):
+            return None
+        extra = getattr(observation, "extra", None) or {}
+        if action.name == "type" and extra.get("password_focused"):
+            return "typing into a password field"
+        if term := terminal_window(observation):
+            if action.name == "type":
                 return f"typing into a terminal window ({term}): the text may run as a command"
+            return f"pressing keys in a terminal window ({term}): they may run a command"
+        if extra.get("focus_unknown") and _submits(action):
+            return f"pressing Enter where the focused window is unknown ({extra['focus_unknown']}): it may be a terminal"
         return None
 
     def review(self, request: GateRequest) -> Decision:

@@ -68,6 +68,12 @@ def parse_point(text: str) -> tuple[float, float] | str:
     return f"cannot read coordinates from {text!r}"
 
 
+# The most actions one reply may hold. UI-TARS writes one action a reply (rarely two or three,
+# split by a blank line), the sandbox's experts and the recipe one; a reply with more is not a
+# step but a script the gate would judge from one screen, so it is refused as a format mistake.
+MAX_ACTIONS_PER_REPLY = 16
+
+
 class _Syntax(Exception):
     """Internal: a syntax error inside the action text, turned into a ParseError."""
 
@@ -265,6 +271,9 @@ def parse_response(text, platform: str | None = None) -> ParsedResponse | ParseE
     actions: list[Action] = []
     try:
         while not reader.at_end():
+            if len(actions) == MAX_ACTIONS_PER_REPLY:
+                return ParseError(f"the reply holds more than {MAX_ACTIONS_PER_REPLY} actions; "
+                                  "propose one step (a few actions at most) at a time", raw)
             name, args = reader.call()
             built = _build_action(name, args)
             if isinstance(built, str):

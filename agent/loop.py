@@ -13,6 +13,7 @@ switch calls it): it sets the stop flag and makes the executor let go of held ke
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -101,6 +102,7 @@ class AgentLoop:
         self.stop_event.clear()
         self._stop_reason = "stopped"
         self._has_control = False
+        self._rejections = 0  # rejections in a row (an executed action ends the row)
         self.episode: Episode | None = None
         self.stats: dict[str, list[float]] = {"propose": [], "execute": [], "record": []}
 
@@ -160,16 +162,37 @@ class AgentLoop:
                     if not resume:
                         raise _End("the human ended the run after taking over")
                     continue
-                actions = decision.actions if decision.kind == "edit" and decision.actions is not None else proposal.actions
-                thought = decision.thought if decision.kind == "edit" and decision.thought is not None else proposal.thought
-                for k, action in enumerate(actions):
+                actions, thought = self._decided(proposal, decision)
+                raw, info, k = proposal.raw_text, {**pending, "gate": gate_why}, 0
+                while k < len(actions):
                     self._check(len(ep.steps), t0)
+                    if gate_why is None:
+                        # nobody has seen this reply: judge its next action on the focus as it is
+                        # now, after the previous action ran (a click may have focused a terminal)
+                        frame = self._focus_now(frame)
+                        rest = dataclasses.replace(proposal, actions=actions[k:])
+                        gate_why = self.gate.why_ask(rest, frame, after_call_user=after_call_user)
+                        self._check(len(ep.steps), t0)
+                        if gate_why is not None:
+                            decision = self._ask(instruction, frame, rest, gate_why, pending)
+                            if decision.kind == "reject":
+                                feedback = reject_feedback(rest, decision.reason, self.policy.space)
+                                break
+                            if decision.kind == "takeover":
+                                frame, resume = self._take_over(instruction, frame, rest, gate_why)
+                                if not resume:
+                                    raise _End("the human ended the run after taking over")
+                                break
+                            started = raw is None  # an action of this reply ran and recorded its thought
+                            proposal, (actions, edited) = rest, self._decided(rest, decision)
+                            thought = "" if started and edited == rest.thought else edited
+                            info, k = {**pending, "gate": gate_why}, 0
+                    action = actions[k]
                     prov = self._provenance(proposal, decision, k, thought)
-                    frame, terminated, error = self._execute_and_record(
-                        frame, thought if k == 0 else "", action, prov, proposal.raw_text if k == 0 else None,
-                        {**pending, "gate": gate_why} if k == 0 else {}, source=prov.source,
-                    )
+                    frame, terminated, error = self._execute_and_record(frame, thought, action, prov, raw, info,
+                                                                        source=prov.source)
                     pending = {"parse_failures": [], "rejections": []}
+                    thought, raw, info, k, self._rejections = "", None, {}, k + 1, 0
                     if error:
                         feedback = f"The last action could not be executed: {error}"
                         break
@@ -201,7 +224,7 @@ class AgentLoop:
 
     def _propose(self, instruction, frame, feedback, pending, after_call_user, t0):
         """Ask until a proposal parses and the gate lets it through (or a limit ends the run)."""
-        failures = rejections = 0
+        failures = 0
         while True:
             self._check(len(self.episode.steps), t0)
             t = time.perf_counter()
@@ -220,26 +243,46 @@ class AgentLoop:
             why = self.gate.why_ask(proposal, frame, after_call_user=after_call_user)
             if why is None:
                 return proposal, Decision.approve(), None
-            self._control(False)
-            asked = monotonic()
-            decision = self.gate.review(self._request(instruction, frame, proposal, why))
-            if decision.seconds is None:
-                decision.seconds = round(monotonic() - asked, 3)
-            self._emit("decision", decision=decision)
-            if self.stop_event.is_set():
-                raise _End(self._stop_reason, truncated=True)
-            if decision.kind == "stop":
-                raise _End(stop_reason(decision.reason), truncated=True)
+            decision = self._ask(instruction, frame, proposal, why, pending)
             if decision.kind == "reject":
-                rejections += 1
-                pending["rejections"].append({"thought": proposal.thought, "actions": [a.to_dict() for a in proposal.actions],
-                                              "raw": proposal.raw_text, "reason": decision.reason, "by": decision.decided_by})
-                if rejections > self.config.max_rejections:
-                    raise _End(f"{rejections} proposals rejected in a row", truncated=True)
                 feedback = reject_feedback(proposal, decision.reason, self.policy.space)
                 continue
-            self._control(True)
             return proposal, decision, why
+
+    def _ask(self, instruction, frame, proposal, why, pending) -> Decision:
+        """The supervisor's decision on a proposal. A stop ends the run; a rejection is kept in
+        `pending` (for the next step's info) and too many in a row end the run."""
+        self._control(False)
+        asked = monotonic()
+        decision = self.gate.review(self._request(instruction, frame, proposal, why))
+        if decision.seconds is None:
+            decision.seconds = round(monotonic() - asked, 3)
+        self._emit("decision", decision=decision)
+        if self.stop_event.is_set():
+            raise _End(self._stop_reason, truncated=True)
+        if decision.kind == "stop":
+            raise _End(stop_reason(decision.reason), truncated=True)
+        if decision.kind == "reject":
+            self._rejections += 1
+            pending["rejections"].append({"thought": proposal.thought, "actions": [a.to_dict() for a in proposal.actions],
+                                          "raw": proposal.raw_text, "reason": decision.reason, "by": decision.decided_by})
+            if self._rejections > self.config.max_rejections:
+                raise _End(f"{self._rejections} proposals rejected in a row", truncated=True)
+            return decision
+        self._control(True)
+        return decision
+
+    @staticmethod
+    def _decided(proposal: Proposal, decision: Decision) -> tuple[list[Action], str]:
+        """(actions, thought) to carry out: the proposal's, or the human's edit of them."""
+        edit = decision.kind == "edit"
+        return (decision.actions if edit and decision.actions is not None else proposal.actions,
+                decision.thought if edit and decision.thought is not None else proposal.thought)
+
+    def _focus_now(self, frame):
+        """The frame with the focused window read again, where the executor can (the desktop)."""
+        refresh = getattr(self.executor, "focus_now", None)
+        return refresh(frame) if refresh is not None and self.gate.mode != "auto" else frame
 
     def _provenance(self, proposal: Proposal, decision: Decision, k: int, thought: str) -> Provenance:
         human = decision.decided_by is not None or decision.seconds is not None

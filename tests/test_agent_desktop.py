@@ -6,8 +6,11 @@ in this process, and a 1280x800 display of our own driven through the CLI in a s
 (pyautogui binds to one display per process)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -203,6 +206,9 @@ def test_hotkey_names_map_to_pyautogui():
     assert hotkey_keys("ctrl shift t") == ["ctrl", "shift", "t"]
     assert hotkey_keys("Control+Return") == ["ctrl", "enter"]
     assert hotkey_keys("escape") == ["esc"] and hotkey_keys("super") == ["win"]
+    # the chord the gate judged (agent.actions.canonical_keys) is the chord pressed: once, left/right as one
+    assert hotkey_keys("ctrl w w") == ["ctrl", "w"] and hotkey_keys("ctrl_l+Shift_R+W") == ["ctrl", "shift", "w"]
+    assert hotkey_keys("w lctrl") == ["ctrl", "w"] and hotkey_keys("+") == ["+"] and hotkey_keys("ctrl plus") == ["ctrl", "+"]
 
 
 def test_cli_publish_lets_a_remote_supervisor_edit_the_click(target, xdisplay, tmp_path):
@@ -266,54 +272,120 @@ def test_cli_publish_lets_a_remote_supervisor_edit_the_click(target, xdisplay, t
 
 
 class RejectAll:
-    """A supervisor that says no to every step it is asked about, and remembers why it was asked."""
+    """A supervisor that says no to every step it is asked about, and remembers what and why."""
 
     def __init__(self):
-        self.why = []
+        self.why, self.asked = [], []
 
     def decide(self, request):
         self.why.append(request.why)
+        self.asked.append(request)
         return Decision.reject("not in a terminal", by="tester")
 
     def take_over(self, request):
         raise AssertionError("not used")
 
 
-def test_risky_gate_asks_before_typing_into_a_terminal(xdisplay, desktop, store, tmp_path):
-    """A replayed reply types `rm -rf victim` + Enter; the focused window is a real xterm. The
-    default gate ('risky') asks first, the supervisor says no, and the folder is still there."""
-    import shutil
-
+@contextlib.contextmanager
+def xterm(display, cwd, title, *args, geometry="200x60+0+0"):
+    """A real xterm running bash in `cwd`, its window titled `title` (more xterm arguments in
+    `args`: -class, -name); yields its window id."""
     if not shutil.which("xterm"):
         pytest.fail("xterm is not installed: run `bash packaging/install.sh --test` first")
-    victim = tmp_path / "victim"
-    victim.mkdir()
-    (victim / "keep.txt").write_text("precious")
+
     def start():
-        return subprocess.Popen(["xterm", "-geometry", "200x60+0+0", "-title", "shell", "-e", "bash", "--norc",
-                                 "--noprofile"], cwd=tmp_path, env={**os.environ, "DISPLAY": xdisplay})
+        return subprocess.Popen(["xterm", "-geometry", geometry, *args, "-title", title, "-e", "bash", "--norc",
+                                 "--noprofile"], cwd=cwd, env={**os.environ, "DISPLAY": display})
 
     term, restarts = start(), 0
     try:
         deadline = time.time() + 15
-        while time.time() < deadline:  # wait for the window, then put the pointer on it (focus follows it)
-            found = subprocess.run(["xdotool", "search", "--name", "^shell$"], capture_output=True, text=True).stdout
-            if found.strip():
+        while time.time() < deadline:  # wait for the window
+            found = subprocess.run(["xdotool", "search", "--name", f"^{re.escape(title)}$"], capture_output=True,
+                                   text=True).stdout.split()
+            if found:
                 break
             if term.poll() is not None and restarts < 2:  # seen once: a first xterm that could not open the display
                 term, restarts = start(), restarts + 1
             time.sleep(0.1)
-        assert found.strip(), "the xterm window did not come up"
-        subprocess.run(["xdotool", "mousemove", "400", "300"], check=True)
+        assert found, "the xterm window did not come up"
+        yield int(found[0])
+    finally:
+        term.terminate()
+        term.wait(5)
+
+
+def victim_folder(tmp_path) -> Path:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("precious")
+    return victim
+
+
+RM_REPLY = "Thought: Clean up.\nAction: type(content='rm -rf victim\\n')"
+
+
+def test_risky_gate_asks_before_typing_into_a_terminal(xdisplay, desktop, store, tmp_path):
+    """A replayed reply types `rm -rf victim` + Enter; the focused window is a real xterm. The
+    default gate ('risky') asks first, the supervisor says no, and the folder is still there."""
+    victim = victim_folder(tmp_path)
+    with xterm(xdisplay, tmp_path, "shell"):
+        subprocess.run(["xdotool", "mousemove", "400", "300"], check=True)  # focus follows the pointer
         time.sleep(0.5)
         frame = desktop.observe()
         assert "xterm" in (frame.extra.get("focused_window", {}).get("app") or "").lower()
         sup = RejectAll()
-        policy = ReplayPolicy(["Thought: Clean up.\nAction: type(content='rm -rf victim\\n')", "Action: finished()"])
+        policy = ReplayPolicy([RM_REPLY, "Action: finished()"])
         AgentLoop(policy, desktop, store=store, gate=Gate("risky", sup), config=LoopConfig(max_steps=3)).run("Tidy up")
         time.sleep(1.0)
         assert sup.why and "terminal" in sup.why[0]
         assert (victim / "keep.txt").read_text() == "precious"
-    finally:
-        term.terminate()
-        term.wait(5)
+
+
+@pytest.mark.parametrize("wm_class", ["org.gnome.Console", "Scratchpad"])
+def test_a_terminal_is_known_by_the_shell_under_it_whatever_it_is_called(xdisplay, desktop, store, tmp_path, wm_class):
+    """Issue 38: a terminal whose class and title name no terminal (GNOME Console's, or one on no
+    list at all) let `rm -rf` through. Its process has bash under it: the gate asks."""
+    victim = victim_folder(tmp_path)
+    with xterm(xdisplay, tmp_path, "user@host: ~", "-name", wm_class.lower(), "-class", wm_class):
+        subprocess.run(["xdotool", "mousemove", "400", "300"], check=True)
+        time.sleep(0.5)
+        fw = desktop.focus_now(desktop.observe()).extra["focused_window"]
+        assert (fw["app"], fw["title"], fw["terminal"]) == (wm_class, "user@host: ~", "bash runs under it")
+        sup = RejectAll()
+        policy = ReplayPolicy([RM_REPLY, "Action: finished()"])
+        AgentLoop(policy, desktop, store=store, gate=Gate("risky", sup), config=LoopConfig(max_steps=3)).run("Tidy up")
+        time.sleep(1.0)
+        assert (victim / "keep.txt").read_text() == "precious"
+        assert len(sup.why) == 1 and sup.why[0].startswith("typing into a terminal window (")
+        if wm_class == "Scratchpad":  # the xterm's own process tree, read from /proc: no name gives it away
+            assert sup.why[0].startswith("typing into a terminal window (Scratchpad: bash runs under it)")
+
+
+def test_click_then_type_in_one_reply_is_asked_about_before_the_type(xdisplay, desktop, store, tmp_path):
+    """Issue 38: one reply `click(<the terminal>)` then `type('rm -rf ...\\n')`, made while no
+    terminal had focus. The gate reads the focus again after the click and asks before the type."""
+    victim = victim_folder(tmp_path)
+    with xterm(xdisplay, tmp_path, "shell", geometry="80x24+0+0") as window:
+        subprocess.run(["xdotool", "mousemove", "1500", "900"], check=True)  # on no window: nothing has focus
+        time.sleep(0.5)
+        assert "focused_window" not in desktop.observe().extra
+        geo = dict(line.split("=") for line in subprocess.run(
+            ["xdotool", "getwindowgeometry", "--shell", str(window)], capture_output=True, text=True, check=True
+        ).stdout.split())
+        cx, cy = int(geo["X"]) + int(geo["WIDTH"]) // 2, int(geo["Y"]) + int(geo["HEIGHT"]) // 2
+        rh, rw = coords.smart_resize(1080, 1920)
+        mx, my = round(cx / 1920 * rw), round(cy / 1080 * rh)
+        reply = (f"Thought: Open the terminal and clean up.\nAction: click(start_box='({mx},{my})')\n\n"
+                 "type(content='rm -rf victim\\n')")
+        sup = RejectAll()
+        res = AgentLoop(ReplayPolicy([reply, "Action: finished()"]), desktop, store=store, gate=Gate("risky", sup),
+                        config=LoopConfig(max_steps=4)).run("Tidy up")
+        time.sleep(1.0)
+        assert (victim / "keep.txt").read_text() == "precious"
+        assert len(sup.asked) == 1 and sup.why[0] == "typing into a terminal window (XTerm): the text may run as a command"
+        assert [a.name for a in sup.asked[0].proposal.actions] == ["type"]  # the rest of the reply, after the click
+        assert sup.asked[0].observation.extra["focused_window"]["terminal"] == "bash runs under it"
+        ep = store.load_episode(res.episode.id)
+        assert [s.action.name for s in ep.steps] == ["click", "finished"]
+        assert ep.steps[1].info["rejections"][0]["actions"][0]["args"]["content"] == "rm -rf victim\n"

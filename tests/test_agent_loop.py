@@ -155,6 +155,63 @@ def test_risky_gate_asks_for_password_typing_only(phone, store):
     assert ph.text["password"] == "" and ph.keys == ["back"]
 
 
+def password_then(more: str) -> str:
+    """One reply: tap the password field, then `more` (more actions in the grammar)."""
+    x, y = model_point("password")
+    return f"Thought: Fill in the password.\nAction: click(start_box='({x},{y})')\n\n{more}"
+
+
+def test_one_reply_is_judged_action_by_action_on_the_focus_the_last_one_left(phone, store):
+    """Issue 38: the gate judged a reply once, on the screen before its first action. A click that
+    focuses the password field and a type in the same reply: asked about before the type."""
+    ex, ph = phone
+    sup = Scripted([Decision.reject("never type passwords", by="me")])
+    loop, res = run(ex, [password_then("type(content='hunter2')"), "Action: finished()"], store, gate=Gate("risky", sup))
+    assert ph.focused == "password" and ph.text["password"] == ""  # the click ran, the typing did not
+    assert len(sup.asked) == 1 and sup.asked[0].why == "typing into a password field"
+    assert [a.name for a in sup.asked[0].proposal.actions] == ["type"]  # what is left of the reply
+    assert sup.asked[0].observation.extra["password_focused"] is True  # the screen after the click
+    ep = store.load_episode(res.episode.id)
+    assert [s.action.name for s in ep.steps] == ["click", "finished"]
+    assert ep.steps[0].provenance.decision is None  # nobody was asked before the click
+    assert ep.steps[1].info["rejections"][0]["actions"] == [Action("type", {"content": "hunter2"}).to_dict()]
+
+
+def test_an_answer_in_the_middle_of_a_reply_covers_its_rest(phone, store):
+    ex, ph = phone
+    # approved: the rest of the reply runs, its steps carry the decision; the thought is recorded once
+    sup = Scripted([Decision.approve(by="me")])
+    bx, by = model_point("button")
+    reply = password_then(f"type(content='hunter2')\n\nclick(start_box='({bx},{by})')")
+    loop, res = run(ex, [reply, "Action: finished()"], store, gate=Gate("risky", sup))
+    assert ph.text["password"] == "hunter2" and ph.button_presses == 1 and len(sup.asked) == 1
+    ep = store.load_episode(res.episode.id)
+    assert [s.action.name for s in ep.steps] == ["click", "type", "click", "finished"]
+    assert [s.provenance.decided_by for s in ep.steps[:3]] == [None, "me", "me"]
+    assert ep.steps[1].info["gate"] == "typing into a password field" and "gate" not in ep.steps[2].info
+    assert [s.thought for s in ep.steps[:3]] == ["Fill in the password.", "", ""]
+    assert ep.steps[0].raw_response == reply and ep.steps[1].raw_response is None
+    # edited: the human's actions replace the rest of the reply
+    ph.focused = "field"  # the password field lost focus in between
+    ex2_sup = Scripted([Decision.edit([Action("click", {"start_box": (270 / WIDTH, 550 / HEIGHT)})], by="me")])
+    loop, res = run(ex, [password_then("type(content='hunter3')"), "Action: finished()"], store, gate=Gate("risky", ex2_sup))
+    assert ph.text["password"] == "hunter2" and ph.button_presses == 2
+    s1 = store.load_episode(res.episode.id).steps[1]
+    assert s1.provenance.source == "corrected" and s1.provenance.proposal_action == Action("type", {"content": "hunter3"})
+
+
+def test_a_reply_of_thousands_of_actions_is_reasked_and_never_executed(phone, store):
+    """Issue 38: the parser took 20,000 actions in one reply, and the loop ran them."""
+    ex, ph = phone
+    x, y = model_point("button")
+    flood = "Action: " + "\n\n".join([f"click(start_box='({x},{y})')"] * 20_000)
+    loop, res = run(ex, [flood, "Action: finished()"], store)
+    assert ph.button_presses == 0 and res.reason == "finished"
+    ep = store.load_episode(res.episode.id)
+    assert [s.action.name for s in ep.steps] == ["finished"]
+    assert ep.steps[0].info["parse_failures"][0]["reason"].startswith("the reply holds more than 16 actions")
+
+
 def test_takeover_records_human_steps_then_resumes(phone, store):
     ex, ph = phone
     human = Takeover([HumanStep("I'll tap the button myself.", Action("click", {"start_box": (270 / WIDTH, 550 / HEIGHT)}))], resume=True, by="h")

@@ -307,7 +307,12 @@ def test_a_quote_followed_by_a_real_next_argument_still_closes_the_value():
 
 
 @pytest.mark.parametrize("key", ["control w", "Control+Q", "shift del", "ctrl alt del", "option f4", "alt ctrl delete",
-                                 "shift control delete", "command q"])
+                                 "shift control delete", "command q",
+                                 # issue 38: repeated keys, left/right modifiers, close/quit chords of all three platforms
+                                 "ctrl w w", "ctrl f4", "ctrl shift w", "ctrl shift q", "w ctrl", "lctrl w", "ctrl_r+q",
+                                 "rightctrl f4", "Control_L Shift_R W", "ctrlleft w", "alt_l f4", "ctrl a w",
+                                 "cmd option w", "cmd shift w", "super q", "meta q", "win shift q", "lcmd q",
+                                 "command alt escape", "cmd backspace delete"])
 def test_hotkeys_spelled_otherwise_are_as_risky_as_the_listed_ones(key):
     from agent.actions import is_risky
 
@@ -315,3 +320,31 @@ def test_hotkeys_spelled_otherwise_are_as_risky_as_the_listed_ones(key):
     parsed = parse_response(f"Action: hotkey(key='{key}')")
     assert is_risky(parsed.actions[0])
     assert not is_risky(Action("hotkey", {"key": "ctrl c"}))
+
+
+@pytest.mark.parametrize("key", ["ctrl c", "ctrl v", "ctrl a", "ctrl z", "ctrl shift t", "ctrl t", "alt tab", "cmd tab",
+                                 "enter", "ctrl enter", "shift tab", "delete", "ctrl delete", "ctrl alt t", "cmd c",
+                                 "w", "f4", "ctrl s"])
+def test_everyday_hotkeys_are_not_risky(key):
+    from agent.actions import is_risky
+
+    assert not is_risky(Action("hotkey", {"key": key}))
+    assert not is_risky(parse_response(f"Action: hotkey(key='{key}')").actions[0])
+
+
+@pytest.mark.parametrize("text,canonical", [("ctrl w w", "ctrl w"), ("w ctrl ctrl", "ctrl w"), ("lctrl rshift w", "ctrl shift w"),
+                                            ("Control_L+Alt_R+Delete", "ctrl alt delete"), ("leftalt f4", "alt f4"),
+                                            ("super_l q", "win q"), ("rcmd q", "cmd q"), ("opt shift a", "alt shift a")])
+def test_chords_have_one_spelling_the_parser_hands_on(text, canonical):
+    assert canonical_keys(text) == canonical and canonical_keys(canonical) == canonical
+    assert one(f"Action: hotkey(key='{text}')").args["key"] == canonical  # what the executor presses
+
+
+def test_a_reply_with_more_actions_than_the_limit_is_a_parse_error():
+    from agent.grammar import MAX_ACTIONS_PER_REPLY
+
+    clicks = ["click(start_box='(10,20)')"] * MAX_ACTIONS_PER_REPLY
+    assert len(parse_response("Action: " + "\n\n".join(clicks)).actions) == MAX_ACTIONS_PER_REPLY
+    for n in (MAX_ACTIONS_PER_REPLY + 1, 20_000):  # issue 38: 20,000 actions in one reply were accepted
+        r = parse_response("Thought: x\nAction: " + "\n\n".join(["type(content='y')"] * n))
+        assert isinstance(r, ParseError) and r.reason.startswith(f"the reply holds more than {MAX_ACTIONS_PER_REPLY} actions")

@@ -209,3 +209,82 @@ def test_terminal_windows_are_told_apart_from_others():
     gate = Gate("risky", Ask())
     assert "terminal window (XTerm)" in gate.why_ask(typing, obs("bash", "XTerm"))
     assert gate.why_ask(typing, obs("Untitled - Notes", "gedit")) is None
+
+
+@pytest.mark.parametrize("app,title", [("org.gnome.Console", "user@host: ~"), ("org.gnome.Ptyxis", "user@host: ~"),
+                                       ("com.mitchellh.ghostty", "~"), ("Tabby", "bash"), ("Guake", "Guake!"),
+                                       ("Tilda", "tilda"), ("kgx", "user@host: ~")])
+def test_terminals_missing_from_the_name_list_are_on_it(app, title):
+    from types import SimpleNamespace
+
+    from agent.gate import terminal_window
+
+    assert terminal_window(SimpleNamespace(extra={"focused_window": {"title": title, "app": app}})) is not None
+
+
+def test_the_gate_judges_each_action_on_the_focus_it_is_shown():
+    from types import SimpleNamespace
+
+    def obs(**extra):
+        return SimpleNamespace(extra=extra)
+
+    gate = Gate("risky", object())
+    shell = obs(focused_window={"title": "user@host: ~", "app": "Notes", "terminal": "bash runs under it"})
+    editor = obs(focused_window={"title": "Untitled", "app": "gedit"})
+    # a window no name gives away, whose process has a shell under it (agent.terminal_process)
+    assert gate.risk(Action("type", {"content": "rm -rf ~\n"}), shell) == (
+        "typing into a terminal window (Notes: bash runs under it): the text may run as a command")
+    # keys pressed in a terminal run what was typed, or paste: asked too
+    assert gate.risk(Action("hotkey", {"key": "enter"}), shell).startswith("pressing keys in a terminal window (Notes")
+    assert gate.risk(Action("hotkey", {"key": "ctrl shift v"}), shell) is not None
+    assert gate.risk(Action("click", {"start_box": (0.5, 0.5)}), shell) is None
+    assert gate.risk(Action("type", {"content": "rm -rf ~\n"}), editor) is None
+    assert gate.risk(Action("hotkey", {"key": "enter"}), editor) is None
+    # where the focused window cannot be read (Windows, macOS, no DISPLAY), Enter is asked about
+    unknown = obs(focus_unknown="the focused window is read on Linux/X11 only, not on darwin")
+    assert "focused window is unknown (the focused window is read on Linux/X11 only, not on darwin)" in gate.risk(
+        Action("type", {"content": "ls\n"}), unknown)
+    assert gate.risk(Action("hotkey", {"key": "Return"}), unknown) is not None
+    assert gate.risk(Action("type", {"content": "ls"}), unknown) is None
+    # the proposal-level question is the first risky action's answer
+    reply = Proposal("t", [Action("click", {"start_box": (0.5, 0.5)}), Action("type", {"content": "ls\n"})], "", None)
+    assert gate.why_ask(reply, shell).startswith("typing into a terminal window")
+    assert gate.why_ask(reply, editor) is None
+
+
+def _process(code: str):
+    """A real Python process running `code` in its own process group; returns it once one of its
+    processes printed 'ready'."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_a_process_is_a_terminal_by_the_shell_under_it_or_the_pty_it_holds():
+    """What agent.terminal_process reads from /proc, on real processes: a parent of bash (what a
+    terminal emulator is), a grandparent of sh, a holder of a pseudo-terminal's master side, and
+    none of these."""
+    import os
+    import signal
+
+    from agent.terminal_process import terminal_evidence
+
+    shell_parent = _process("import subprocess; c = subprocess.Popen(['bash', '--norc', '-c', 'sleep 60; true']); "
+                            "print('ready', flush=True); c.wait()")
+    middle = "import subprocess; c = subprocess.Popen(['sh', '-c', 'sleep 60; true']); print('ready', flush=True); c.wait()"
+    grandparent = _process(f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {middle!r}]).wait()")
+    pty_holder = _process("import os, time; m, s = os.openpty(); print('ready', flush=True); time.sleep(60)")
+    plain = _process("import time; print('ready', flush=True); time.sleep(60)")
+    try:
+        assert terminal_evidence(shell_parent.pid) == "bash runs under it"
+        assert terminal_evidence(grandparent.pid) == "sh runs under it"  # deeper down, as under a terminal's helper
+        assert terminal_evidence(pty_holder.pid) == "it holds a pseudo-terminal"
+        assert terminal_evidence(plain.pid) is None
+        assert terminal_evidence(None) is None and terminal_evidence(2 ** 22 + 1) is None  # no such process
+    finally:
+        for p in (shell_parent, grandparent, pty_holder, plain):
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

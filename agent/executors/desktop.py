@@ -11,6 +11,7 @@ user's clipboard is never overwritten.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -19,29 +20,32 @@ import threading
 import time
 
 from agent import coords
+from agent.actions import canonical_keys
 from agent.executors.base import ExecutionError, Frame, interruptible_sleep
 from agent.schema import Action, ScreenGeometry, monotonic
+from agent.terminal_process import terminal_evidence
 
-# UI-TARS key names -> pyautogui key names.
-_KEYS = {
-    "control": "ctrl", "return": "enter", "escape": "esc", "del": "delete", "option": "alt",
-    "super": "win", "meta": "win", "plus": "+", "minus": "-", "printscreen": "printscreen",
-    "pageup": "pageup", "pagedown": "pagedown", "capslock": "capslock",
-}
-_MODIFIERS = ("ctrl", "alt", "shift", "win", "command", "option")
+FOCUS_FACTS = ("focused_window", "password_focused", "focus_unknown")  # the keys _focus_facts may set
+
+# Canonical key names (agent.actions.canonical_keys) that pyautogui spells otherwise.
+_KEYS = {"plus": "+", "minus": "-"}
 
 
 def pyautogui_key(name: str) -> str:
+    """A canonical key name as pyautogui names it; cmd and win are one key (Command on macOS,
+    the Windows/Super key elsewhere), which the gate's reading of hotkeys relies on."""
     k = name.lower()
-    if k in ("cmd", "command", "win", "super", "meta"):
+    if k in ("cmd", "win"):
         return "command" if sys.platform == "darwin" else "win"
     return _KEYS.get(k, k)
 
 
 def hotkey_keys(key: str) -> list[str]:
-    """'ctrl shift t' / 'ctrl+c' -> pyautogui names, in press order."""
-    parts = key.replace("+", " ").split() if key.strip() != "+" else ["+"]
-    return [pyautogui_key(p) for p in parts]
+    """'ctrl shift t' / 'Control+Return' / 'ctrl w w' -> pyautogui names, in press order: the
+    chord in the one spelling the gate judged (agent.actions.canonical_keys), then pyautogui's names."""
+    if key.strip() == "+":
+        return ["+"]
+    return [pyautogui_key(p) for p in canonical_keys(key).split()]
 
 
 class DesktopExecutor:
@@ -128,22 +132,42 @@ class DesktopExecutor:
         if self.hidden_regions is not None:
             pixels = np.array(pixels)  # writable (a view of the grab is not)
             paint_out(pixels, self.hidden_regions(), geometry)
-        self._last = Frame(geometry=geometry, pixels=pixels, bgr=True, time=t)
+        self._last = Frame(geometry=geometry, pixels=pixels, bgr=True, time=t, extra=self._focus_facts(t))
+        return self._last
+
+    def _focus_facts(self, t: float, *, processes: bool = False) -> dict:
+        """Where typed text would go, at time t: the focused window's title and class, whether a
+        password field has focus, or why the focused window cannot be known here. With
+        `processes`, also why the window's process is a terminal, if it is one (a /proc walk of
+        its process tree: tests/bench/bench_gate_focus.py measures it)."""
         if self._focus is None:
             from agent.focused_window import FocusedWindow
 
             self._focus = FocusedWindow()
-        title, app = self._focus.get()  # the gate asks before typing into a terminal
-        if title or app:
-            self._last.extra["focused_window"] = {"title": title, "app": app}
+        facts: dict = {}
+        if not self._focus.available:  # Windows, macOS, no DISPLAY: the gate asks before Enter instead
+            facts["focus_unknown"] = self._focus.reason
+        else:
+            title, app, pid = self._focus.describe() if processes else (*self._focus.get(), None)
+            if title or app:
+                facts["focused_window"] = {"title": title, "app": app}
+            if evidence := terminal_evidence(pid):
+                facts.setdefault("focused_window", {"title": title, "app": app})["terminal"] = evidence
         if self.password_fields:
             if self._password is None:
                 from agent.password_focus import PasswordFocus
 
                 self._password = PasswordFocus().start(timeout=2.0)
             if self._password.active_at(t):
-                self._last.extra["password_focused"] = True
-        return self._last
+                facts["password_focused"] = True
+        return facts
+
+    def focus_now(self, frame: Frame) -> Frame:
+        """`frame` with its focus facts read again now, the terminal test included: the loop calls
+        it before each action the gate judges, as the previous action (a click) or the time the
+        model took may have moved the focus since the screenshot."""
+        extra = {k: v for k, v in frame.extra.items() if k not in FOCUS_FACTS}
+        return dataclasses.replace(frame, extra={**extra, **self._focus_facts(monotonic(), processes=True)})
 
     def reset(self, *, seed=None, options=None):
         # the stop flag is not cleared here: its owner (AgentLoop) clears it when a run is set up

@@ -3,6 +3,10 @@ it holds the master side of a pseudo-terminal (/dev/ptmx open), or a shell runs 
 gate asks before the agent types into such a window (agent.gate), whatever its class or title
 says: GNOME Console, Ptyxis, a terminal started as `xterm -class Anything`.
 
+A window whose process has a shell under it for another reason (a launcher or file manager that
+started a terminal, an editor with a terminal panel) counts as a terminal too: the gate asks
+more, never less. A tree too large to walk (MAX_DESCENDANTS) is not shown to be a terminal.
+
 Linux only: it reads /proc. A process of another user (a root terminal) shows its children but
 not its open files, so only the shell test applies to it. A sandboxed terminal (Flatpak) is
 seen from outside its sandbox when the pid comes from the X server (agent.focused_window).

@@ -211,6 +211,24 @@ def test_hotkey_names_map_to_pyautogui():
     assert hotkey_keys("w lctrl") == ["ctrl", "w"] and hotkey_keys("+") == ["+"] and hotkey_keys("ctrl plus") == ["ctrl", "+"]
 
 
+def test_where_the_focus_cannot_be_read_the_frame_says_why_and_enter_is_asked_about(monkeypatch):
+    """Without an X display (as on Windows and macOS) the focused window is unknown: focus_now
+    drops the stale facts, says why, and the gate asks before a line is submitted."""
+    from agent.executors.base import Frame
+    from agent.executors.desktop import DesktopExecutor
+    from agent.schema import ScreenGeometry
+
+    monkeypatch.delenv("DISPLAY", raising=False)
+    ex = DesktopExecutor(password_fields=False)
+    stale = Frame(geometry=ScreenGeometry.simple(640, 480), text="", extra={"focused_window": {"title": "Notes", "app": "gedit"}})
+    now = ex.focus_now(stale)
+    assert now.extra == {"focus_unknown": "no X display (DISPLAY is not set)"} and "focused_window" in stale.extra
+    gate = Gate("risky", RejectAll())
+    assert "focused window is unknown" in gate.risk(Action("type", {"content": "make\n"}), now)
+    assert gate.risk(Action("type", {"content": "make"}), now) is None
+    ex.close()
+
+
 def test_cli_publish_lets_a_remote_supervisor_edit_the_click(target, xdisplay, tmp_path):
     """`agent --publish`: the headless agent's gate is answered through a real backend on
     loopback; the supervisor moves the click from Alpha to Beta and the window shows it."""

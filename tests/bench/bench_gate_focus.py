@@ -6,6 +6,11 @@ whose process has no children, and on a process tree shaped like a browser's (40
 Starts its own Xvfb; needs Xvfb and xterm.
 
     python tests/bench/bench_gate_focus.py [--reps 200]
+
+Measured on the reference machine (2 CPU cores shared with other jobs, load 3.9), median (p95)
+ms: X11 focus read 0.75 (1.00); /proc on the xterm 0.04 (0.05), on a lone process 0.16 (0.20),
+on 41 processes x 8 threads 5.07 (5.58); focus_now on the xterm 0.93 (1.19); a whole observe()
+at 1920x1080 1.99 (7.86).
 """
 from __future__ import annotations
 

@@ -167,11 +167,12 @@ def canonical_keys(text: str) -> str:
     return " ".join(mods + [k for k in keys if k not in MODIFIER_ORDER])
 
 
-# Hotkeys that can lose work (in canonical_keys spelling): close a tab or window, quit, log out,
+# Hotkeys that can lose work (kept in canonical_keys spelling): close a tab or window, quit, log out,
 # delete for good. The risky gate asks before any hotkey that presses one of them (see
 # presses_destructive_chord), with or without more modifiers held.
-DESTRUCTIVE_HOTKEYS = frozenset({
-    # Linux and Windows: close tab/window, quit, kill the X server, task manager / log out, delete for good
+DESTRUCTIVE_HOTKEYS = frozenset(canonical_keys(k) for k in {
+    # Linux and Windows: close tab/window, quit, kill the X server, log out, delete for good; close
+    # window and exit in tiling window managers (i3, sway: super+q, super+shift+q, super+shift+e)
     "ctrl w", "ctrl f4", "ctrl shift w", "ctrl q", "ctrl shift q", "alt f4", "ctrl alt delete", "ctrl alt backspace",
     "shift delete", "ctrl shift delete", "win q", "win shift q", "win shift e",
     # macOS: close, close all, quit, force quit, move to the bin, empty it, lock

@@ -348,3 +348,11 @@ def test_a_reply_with_more_actions_than_the_limit_is_a_parse_error():
     for n in (MAX_ACTIONS_PER_REPLY + 1, 20_000):  # issue 38: 20,000 actions in one reply were accepted
         r = parse_response("Thought: x\nAction: " + "\n\n".join(["type(content='y')"] * n))
         assert isinstance(r, ParseError) and r.reason.startswith(f"the reply holds more than {MAX_ACTIONS_PER_REPLY} actions")
+
+
+def test_every_destructive_chord_parses_to_itself_and_is_asked_about():
+    from agent.actions import DESTRUCTIVE_HOTKEYS, is_risky
+
+    for key in DESTRUCTIVE_HOTKEYS:
+        a = one(f"Action: hotkey(key='{key}')")
+        assert a.args["key"] == key and is_risky(a)

@@ -155,7 +155,7 @@ def cmd_run(args) -> int:
                     "current": rep["current"], "candidate_success": m.get("mean_success"),
                     "parent_success": rep["parent_metrics"].get("mean_success"),
                     "comparison": m.get("comparison"),
-                    "routed": rep["routed"],
+                    "routed": rep["routed"], "skipped": rep.get("skipped") or {},
                     "pools": rep["pools"], "seconds": rep["seconds"], "decision": rep["decision"],
                     "announce": rep.get("announce"), "candidate_miniwob": miniwob_summary(m)}
             print(json.dumps({"result": line} if args.progress_json else line, default=str), flush=True)

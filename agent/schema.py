@@ -434,6 +434,11 @@ class Episode:
             if isinstance(e, SchemaError):
                 raise
             raise SchemaError(f"{where}: {e}") from None
+        seen = set()
+        for st in ep.steps:  # a step is stored under (episode, index)
+            if st.index in seen:
+                raise SchemaError(f"{where} {ep.id[:80]!r}: step index {st.index} appears twice")
+            seen.add(st.index)
         return ep
 
     def blob_hashes(self) -> set[str]:

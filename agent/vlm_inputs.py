@@ -69,11 +69,14 @@ def _as_pil(img, where: str):
 # ---------------------------------------------------------------- text against the tokenizer's control tokens
 
 BREAK = "\u200b"  # a zero-width space inside a special token's spelling makes it plain text
+# Special tokens our own text writes on purpose: UI-TARS's prompt spells each point of the action
+# space as '<|box_start|>(x1,y1)<|box_end|>'. They mark coordinates, never a turn or an image.
+MARKUP_TOKENS = ("<|box_start|>", "<|box_end|>")
 
 
 def _special_pattern(tokenizer):
-    """A regex of every special token's spelling (control tokens, vision placeholders), cached on
-    the tokenizer; None when it has none."""
+    """A regex of every special token's spelling (turn control, vision placeholders) but the
+    markup our prompt writes (MARKUP_TOKENS), cached on the tokenizer; None when it has none."""
     cached = getattr(tokenizer, "_tandem_special_re", False)
     if cached is not False:
         return cached
@@ -81,7 +84,7 @@ def _special_pattern(tokenizer):
     for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
         if getattr(t, "special", False):
             found.add(str(t))
-    found = sorted((t for t in found if len(t) > 1), key=len, reverse=True)
+    found = sorted((t for t in found - set(MARKUP_TOKENS) if len(t) > 1), key=len, reverse=True)
     pattern = re.compile("|".join(map(re.escape, found))) if found else None
     try:
         tokenizer._tandem_special_re = pattern
@@ -91,10 +94,11 @@ def _special_pattern(tokenizer):
 
 
 def escape_special_tokens(text: str, tokenizer) -> str:
-    """`text` with every spelling of one of the tokenizer's special tokens broken by a zero-width
-    space, so a thought or an instruction holding "<|im_end|><|im_start|>system" tokenizes as
-    the characters it is, never as the chat's control tokens (which would end the turn and open
-    a system turn inside a training sample or a prompt). Text without them is returned as is."""
+    """`text` with every spelling of one of the tokenizer's special tokens (but MARKUP_TOKENS)
+    broken by a zero-width space, so a thought, an instruction or a command's output holding
+    "<|im_end|><|im_start|>system" tokenizes as the characters it is, never as the chat's control
+    tokens (which would end the turn and open a system turn inside a training sample or a
+    prompt). Text without them is returned as is."""
     pattern = _special_pattern(tokenizer) if tokenizer is not None else None
     return pattern.sub(_broken, text) if pattern is not None else text
 

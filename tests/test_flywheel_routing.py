@@ -230,7 +230,7 @@ def test_flywheel_status_and_the_library_say_why_each_episode_went_where(store, 
     assert "route sft (judged successful by annotator, every check passed)" in page.viewer.meta.text()
 
 
-def test_an_episode_the_flywheel_cannot_read_is_skipped_and_named(store, tiny_vlm_dir):  # noqa: F811
+def test_an_episode_the_flywheel_cannot_read_is_skipped_and_named(store, tiny_vlm_dir, capsys):  # noqa: F811
     """One bad upload (a step whose info holds an unknown action, stored before the schema
     refused it) no longer stops every later iteration at its CT stage: the iteration routes and
     trains on the rest and names the episode it skipped."""
@@ -258,3 +258,8 @@ def test_an_episode_the_flywheel_cannot_read_is_skipped_and_named(store, tiny_vl
     assert ct["steps"] == 1 and ct["samples"] == 4  # the two good episodes' steps
     saved = json.loads((store.root / "flywheel" / f"iteration-{rep['iteration']}.json").read_text())
     assert saved["skipped"] == rep["skipped"]
+    from main import main
+
+    assert main(["flywheel", "status", "--json", "--data", str(store.root)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["skipped"] == {"iteration": rep["iteration"], "episodes": rep["skipped"]}

@@ -446,6 +446,20 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
     return report
 
 
+def skipped_last(store) -> tuple[int | None, dict]:
+    """(iteration, {episode id: why}) of the episodes the latest iteration's report names as
+    skipped (they could not be read); (None, {}) before the first report."""
+    reports = {int(p.stem.split("-", 1)[1]): p for p in flywheel_dir(store).glob("iteration-*.json")
+               if p.stem.split("-", 1)[1].isdigit()}
+    if not reports:
+        return None, {}
+    n = max(reports)
+    try:
+        return n, json.loads(reports[n].read_text(encoding="utf-8")).get("skipped") or {}
+    except (OSError, ValueError):
+        return n, {}
+
+
 def _announce(version: str, info: dict, store, target) -> str:
     """Tell the apps through the backend; a failure is reported, never fatal (announce again later)."""
     from trainer.flywheel.announce import announce, backend_target

@@ -9,17 +9,23 @@ episodes of a file are saved in one transaction. A file is untrusted input:
   before it is inflated), encrypted or unknown-compression members are refused by name, and only
   blobs an episode refers to are kept;
 - an episode JSON's screenshot paths must lie inside the JSON file's folder (symlinks resolved)
-  and be image files: a path to ~/.bashrc or /proc/self/environ imports nothing.
+  and be image files: a path to ~/.bashrc or /proc/self/environ imports nothing;
+- memory stays bounded whatever the file holds: JSON is refused by its size and its count of
+  values before it is parsed (parsed JSON takes ~25x its text for tiny values), a bundle's episodes
+  are parsed one at a time (once to check them all, once to save them), and blobs and image files
+  stream to disk in chunks, checked against their hash; a refused file leaves no blob behind.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import sqlite3
 import zipfile
 import zlib
 from pathlib import Path
 
 from agent.schema import Episode, SchemaError
-from agent.store import Store, sha256
+from agent.store import Store, StoreError
 
 
 class ImportError_(Exception):
@@ -32,9 +38,31 @@ MAX_RATIO = 100  # inflated / compressed, per member; screenshots barely compres
 MAX_MEMBERS = 200_000
 MAX_IMAGE_BYTES = 64 * 2**20  # a screenshot file named by an episode JSON
 IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"RIFF", b"GIF8", b"BM")
+MAX_JSON_BYTES = 64 * 2**20  # one episode JSON (a bundle member, a .json/.jsonl file)
+# JSON values one such document may hold, bounded on its text (commas and brackets, strings
+# included: an over-count) before parsing. A recorded step is ~45 values: 1M is ~20,000 steps,
+# and ~100 MB once parsed, where 40 MB of `[{}, {}, ...]` (13M values) took 1.1 GB.
+MAX_JSON_VALUES = 1_000_000
+CHUNK = 1 << 20
+
+
+def _json_text(chunks, where: str) -> bytes:
+    """The bytes of a JSON document read in chunks, refused (before parsing, and as soon as the
+    reading shows it) when it would parse into too much memory."""
+    out, size, values = [], 0, 0
+    for chunk in chunks:
+        size += len(chunk)
+        values += chunk.count(b",") + chunk.count(b"[") + chunk.count(b"{")
+        if size > MAX_JSON_BYTES:
+            raise ImportError_(f"{where}: more than {MAX_JSON_BYTES} bytes of JSON")
+        if values > MAX_JSON_VALUES:
+            raise ImportError_(f"{where}: holds more than {MAX_JSON_VALUES} JSON values")
+        out.append(chunk)
+    return b"".join(out)
 
 
 def _load_json(data: bytes, where: str):
+    """Parse JSON text that _json_text let through."""
     try:
         return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -53,30 +81,35 @@ def _episode(doc, where: str) -> Episode:
         raise ImportError_(f"{where}: not a valid episode ({type(e).__name__}: {e})") from None
 
 
-def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, budget: list[int]) -> bytes:
-    """A member's bytes, refused past the limits whatever its header claims."""
+def _member_chunks(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, budget: list[int],
+                   limit: int = MAX_MEMBER_BYTES):
+    """A member's bytes in chunks, refused past the limits whatever its header claims."""
     name = info.filename
     if info.flag_bits & 0x1:
         raise ImportError_(f"{path}: member {name} is encrypted")
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA):
         raise ImportError_(f"{path}: member {name} uses an unknown compression method ({info.compress_type})")
-    ratio_limit = max(info.compress_size * MAX_RATIO, 8 * 2**20) if info.compress_type != zipfile.ZIP_STORED else MAX_MEMBER_BYTES
-    limit = min(MAX_MEMBER_BYTES, budget[0], ratio_limit)
+    ratio_limit = max(info.compress_size * MAX_RATIO, 8 * 2**20) if info.compress_type != zipfile.ZIP_STORED else limit
+    limit = min(limit, budget[0], ratio_limit)
     if info.file_size > limit:
         raise ImportError_(f"{path}: member {name} inflates to {info.file_size} bytes, over the limit of {limit} "
                            f"(a compression bomb or an oversized file)")
-    out, n = [], 0
+    n = 0
     try:
         with z.open(info) as f:
-            while chunk := f.read(1 << 20):
+            while chunk := f.read(CHUNK):
                 n += len(chunk)
                 if n > limit:  # the header lied about the size
                     raise ImportError_(f"{path}: member {name} inflates past the limit of {limit} bytes")
-                out.append(chunk)
+                budget[0] -= len(chunk)
+                yield chunk
     except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, ValueError, zlib.error) as e:
         raise ImportError_(f"{path}: member {name} is corrupt or unreadable ({e})") from None
-    budget[0] -= n
-    return b"".join(out)
+
+
+def _member_episode(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, budget: list[int]) -> Episode:
+    where = f"{path}: {info.filename}"
+    return _episode(_load_json(_json_text(_member_chunks(z, info, path, budget, MAX_JSON_BYTES), where), where), where)
 
 
 def write_bundle(store: Store, out_path, episode_ids) -> dict:
@@ -94,42 +127,75 @@ def write_bundle(store: Store, out_path, episode_ids) -> dict:
     return {"episodes": len(list(episode_ids)), "blobs": n_blobs, "path": str(out_path)}
 
 
-def _read_bundle(path: Path) -> tuple[list[Episode], dict[str, bytes]]:
+def _import_bundle(store: Store, path: Path) -> dict:
+    """Check every episode of a bundle, then store the blobs they refer to and the episodes
+    (_store_all); each episode is parsed once per pass and let go, blobs stream to disk."""
     try:
         z = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError) as e:
         raise ImportError_(f"{path}: not a readable Tandem bundle ({e})") from None
-    episodes, blobs, budget = [], {}, [MAX_TOTAL_BYTES]
     with z:
         infos = z.infolist()
         if len(infos) > MAX_MEMBERS:
             raise ImportError_(f"{path}: {len(infos)} members, over the limit of {MAX_MEMBERS}")
-        for info in infos:  # the episodes first: they say which blobs are wanted
-            name = info.filename
-            if name.startswith("episodes/") and name.endswith(".json"):
-                doc = _load_json(_read_member(z, info, path, budget), f"{path}: {name}")
-                episodes.append(_episode(doc, f"{path}: {name}"))
-        wanted = set().union(*(ep.blob_hashes() for ep in episodes)) if episodes else set()
-        for info in infos:
-            name = info.filename
-            if name.startswith("blobs/") and name[6:] in wanted:
-                data = _read_member(z, info, path, budget)
-                if sha256(data) != name[6:]:
-                    raise ImportError_(f"{path}: blob {name[6:]} does not match its content hash")
-                blobs[name[6:]] = data
-    return episodes, blobs
+        episodes = [i for i in infos if i.filename.startswith("episodes/") and i.filename.endswith(".json")]
+        members = {i.filename[6:]: i for i in infos if i.filename.startswith("blobs/")}
+        budget, wanted = [MAX_TOTAL_BYTES], set()
+        for info in episodes:  # the episodes first: they say which blobs are wanted
+            ep = _member_episode(z, info, path, budget)
+            _check_blobs(ep, path, lambda h: h in members or store.has_blob(h))
+            wanted |= ep.blob_hashes()
+        blobs = {h: (lambda info=members[h]: _member_chunks(z, info, path, budget)) for h in wanted if h in members}
+        again = (lambda info=info: _member_episode(z, info, path, [MAX_TOTAL_BYTES]) for info in episodes)
+        return _store_all(store, path, blobs, again)
 
 
-def _read_episode_json(path: Path, store: Store) -> tuple[list[Episode], dict[str, bytes]]:
+def _check_blobs(ep: Episode, path: Path, present) -> None:
+    missing = sorted(h for h in ep.blob_hashes() if not present(h))
+    if missing:
+        raise ImportError_(f"{path}: episode {ep.id} refers to blobs that are not in the file: {missing[0]}")
+
+
+def _store_all(store: Store, path: Path, blobs: dict, episodes) -> dict:
+    """Write the blobs (hash -> a function giving its chunks) the store lacks, then save the
+    episodes (functions giving each) in one transaction. Whatever is refused on the way removes
+    the blobs this import wrote: the store is left as it was, and `check` stays sound."""
+    written, replaced, n = [], 0, 0
+    try:
+        for h, chunks in sorted(blobs.items()):
+            if store.put_blob_chunks(h, chunks()):
+                written.append(h)
+        with store.transaction():  # the file's episodes all, or none
+            for get in episodes:
+                ep = get()
+                replaced += store.has_episode(ep.id)
+                store.save_episode(ep)
+                n += 1
+    except (StoreError, sqlite3.Error) as e:
+        store.remove_unreferenced(written, own=written)
+        raise ImportError_(f"{path}: nothing was imported: {e}") from None
+    except BaseException:
+        store.remove_unreferenced(written, own=written)
+        raise
+    return {"episodes": n, "replaced": replaced, "blobs": len(blobs)}
+
+
+def _file_chunks(path: Path):
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            yield chunk
+
+
+def _import_episode_json(store: Store, path: Path) -> dict:
     """A JSON episode (or JSONL of episodes) whose screenshot fields are hashes already in the
-    store or paths of image files relative to the JSON file."""
-    raw = path.read_bytes()
+    store or paths of image files relative to the JSON file (hashed here, streamed to the store)."""
+    raw = _json_text(_file_chunks(path), str(path))  # the whole file: its lines are parsed together
     if path.suffix == ".json":
         docs = [_load_json(raw, str(path))]
     else:
         docs = [_load_json(line, f"{path} line {k + 1}") for k, line in enumerate(raw.splitlines()) if line.strip()]
     base = path.parent.resolve()
-    episodes, blobs = [], {}
+    episodes, images = [], {}
     for doc in docs:
         steps = doc.get("steps") if isinstance(doc, dict) else None
         for s in steps if isinstance(steps, list) else []:
@@ -145,24 +211,35 @@ def _read_episode_json(path: Path, store: Store) -> tuple[list[Episode], dict[st
                     raise ImportError_(f"{where} must be a blob hash or a file path")
                 if len(ref) == 64 and all(c in "0123456789abcdef" for c in ref) and store.has_blob(ref):
                     continue
-                try:
-                    img = (base / ref).resolve()
-                except (ValueError, OSError) as e:  # a NUL byte, a path too long...
-                    raise ImportError_(f"{where} is not a usable path ({e})") from None
-                if not img.is_relative_to(base):
-                    raise ImportError_(f"{where} lies outside the JSON file's folder {base}; nothing was imported")
-                if not img.is_file():
-                    raise ImportError_(f"{where} is neither a stored blob nor a file")
-                if img.stat().st_size > MAX_IMAGE_BYTES:
-                    raise ImportError_(f"{where} is larger than {MAX_IMAGE_BYTES} bytes")
-                data = img.read_bytes()
-                if not data.startswith(IMAGE_MAGIC):
-                    raise ImportError_(f"{where} is not an image file (PNG, JPEG, WebP, GIF or BMP)")
-                h = sha256(data)
-                blobs[h] = data
-                obs[key] = h
+                img = _image_file(base, ref, where)
+                h = hashlib.sha256()
+                for chunk in _file_chunks(img):
+                    h.update(chunk)
+                images[h.hexdigest()] = img
+                obs[key] = h.hexdigest()
         episodes.append(_episode(doc, str(path)))
-    return episodes, blobs
+    for ep in episodes:
+        _check_blobs(ep, path, lambda h: h in images or store.has_blob(h))
+    blobs = {h: (lambda img=img: _file_chunks(img)) for h, img in images.items()}
+    return _store_all(store, path, blobs, (lambda ep=ep: ep for ep in episodes))
+
+
+def _image_file(base: Path, ref: str, where: str) -> Path:
+    """The image file a screenshot path names, inside `base` (symlinks resolved)."""
+    try:
+        img = (base / ref).resolve()
+    except (ValueError, OSError) as e:  # a NUL byte, a path too long...
+        raise ImportError_(f"{where} is not a usable path ({e})") from None
+    if not img.is_relative_to(base):
+        raise ImportError_(f"{where} lies outside the JSON file's folder {base}; nothing was imported")
+    if not img.is_file():
+        raise ImportError_(f"{where} is neither a stored blob nor a file")
+    if img.stat().st_size > MAX_IMAGE_BYTES:
+        raise ImportError_(f"{where} is larger than {MAX_IMAGE_BYTES} bytes")
+    with open(img, "rb") as f:
+        if not f.read(16).startswith(IMAGE_MAGIC):
+            raise ImportError_(f"{where} is not an image file (PNG, JPEG, WebP, GIF or BMP)")
+    return img
 
 
 def import_file(store: Store, path) -> dict:
@@ -170,21 +247,7 @@ def import_file(store: Store, path) -> dict:
     if not path.exists():
         raise ImportError_(f"{path}: no such file")
     if zipfile.is_zipfile(path):
-        episodes, blobs = _read_bundle(path)
-    elif path.suffix in (".json", ".jsonl"):
-        episodes, blobs = _read_episode_json(path, store)
-    else:
-        raise ImportError_(f"{path}: expected a Tandem bundle (.zip), an episode .json or .jsonl")
-    for ep in episodes:
-        missing = [h for h in ep.blob_hashes() if h not in blobs and not store.has_blob(h)]
-        if missing:
-            raise ImportError_(f"{path}: episode {ep.id} refers to blobs that are not in the file: {missing[0]}")
-    for data in blobs.values():
-        store.put_blob(data)
-    replaced = 0
-    with store.transaction():  # the file's episodes all, or none
-        for ep in episodes:
-            if store.has_episode(ep.id):
-                replaced += 1
-            store.save_episode(ep)
-    return {"episodes": len(episodes), "replaced": replaced, "blobs": len(blobs)}
+        return _import_bundle(store, path)
+    if path.suffix in (".json", ".jsonl"):
+        return _import_episode_json(store, path)
+    raise ImportError_(f"{path}: expected a Tandem bundle (.zip), an episode .json or .jsonl")

@@ -8,6 +8,7 @@ same JSON travels through the store, the export and the sync protocol.
 """
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -27,6 +28,38 @@ class SchemaError(ValueError):
 def monotonic() -> float:
     """The one clock for frames, input and audio (seconds, arbitrary origin)."""
     return time.monotonic()
+
+
+def _lone_surrogate_at(obj) -> str | None:
+    """Where in a decoded JSON document a string holds a lone UTF-16 surrogate ("\\ud800" decodes
+    to one): such a string is not text, and UTF-8 (SQLite, the wire, content hashes) refuses it."""
+    todo = [("", obj)]
+    while todo:
+        path, o = todo.pop()
+        if isinstance(o, str):
+            try:
+                o.encode("utf-8")
+            except UnicodeEncodeError:
+                return path or "the document"
+        elif isinstance(o, dict):
+            todo += [(f"{path}.{k}" if path else str(k), v) for k, v in o.items()]
+            todo += [(f"{path} key", k) for k in o if isinstance(k, str)]
+        elif isinstance(o, (list, tuple)):
+            todo += [(f"{path}[{i}]", v) for i, v in enumerate(o)]
+    return None
+
+
+def check_text(d, where: str) -> None:
+    """SchemaError when a string anywhere in `d` is not encodable text (a lone surrogate)."""
+    try:
+        json.dumps(d, ensure_ascii=False).encode("utf-8")  # the C encoder: fast on the usual, clean document
+        return
+    except UnicodeEncodeError:
+        pass
+    except (TypeError, ValueError, RecursionError):  # not JSON-shaped: the field checks name what is wrong
+        return
+    at = str(_lone_surrogate_at(d)).encode("utf-8", "backslashreplace").decode()  # a key may hold it too
+    raise SchemaError(f"{where}: {at} holds a lone UTF-16 surrogate, which is not text")
 
 
 def _require(d: dict, key: str, where: str) -> Any:
@@ -293,12 +326,26 @@ class Step:
                 terminated=bool(d.get("terminated", False)),
                 truncated=bool(d.get("truncated", False)),
                 raw_response=d.get("raw_response"),
-                info=dict(d.get("info") or {}),
+                info=_step_info(d.get("info")),
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, SchemaError):
                 raise
             raise SchemaError(f"{where}: {e}") from None
+
+
+def _step_info(info) -> dict:
+    """A step's info, with the actions it holds validated: `more_actions` (the later actions of a
+    multi-action reply) become training targets, so an unknown one is refused here, where the
+    episode arrives, not when the flywheel builds its samples."""
+    info = dict(info or {})
+    more = info.get("more_actions")
+    if more is not None:
+        if not isinstance(more, list):
+            raise SchemaError(f"step info: more_actions must be a list of actions, got {type(more).__name__}")
+        for a in more:
+            Action.from_dict(a)
+    return info
 
 
 @dataclass
@@ -363,6 +410,7 @@ class Episode:
     def from_dict(cls, d: dict) -> "Episode":
         where = "episode"
         version = int(_require(d, "schema_version", where))
+        check_text(d, f"{where} {str(d.get('id'))[:80]!r}")
         if version > SCHEMA_VERSION:
             raise SchemaError(f"{where}: schema_version {version} is newer than this Tandem ({SCHEMA_VERSION})")
         try:
@@ -386,6 +434,11 @@ class Episode:
             if isinstance(e, SchemaError):
                 raise
             raise SchemaError(f"{where}: {e}") from None
+        seen = set()
+        for st in ep.steps:  # a step is stored under (episode, index)
+            if st.index in seen:
+                raise SchemaError(f"{where} {ep.id[:80]!r}: step index {st.index} appears twice")
+            seen.add(st.index)
         return ep
 
     def blob_hashes(self) -> set[str]:

@@ -94,13 +94,24 @@ def sha256(data: bytes) -> str:
 def atomic_write(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a fresh temporary file (created exclusively beside it, so a
     planted link is never followed), flushed to disk, then renamed over `path`."""
+    atomic_write_chunks(path, (data,))
+
+
+def atomic_write_chunks(path: Path, chunks, sha256_hex: str | None = None) -> None:
+    """atomic_write of bytes that arrive in chunks (never whole in memory); with sha256_hex, the
+    file replaces `path` only when its content has that hash (StoreError otherwise)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    h = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for chunk in chunks:
+                h.update(chunk)
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
+        if sha256_hex is not None and h.hexdigest() != sha256_hex:
+            raise StoreError(f"blob {sha256_hex} does not match its content hash")
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -212,12 +223,20 @@ class Store:
         is saved (or PIN_SECONDS pass), so a concurrent removal of an identical, unreferenced
         blob cannot delete the file this caller is about to refer to."""
         digest = sha256(data)
+        self.put_blob_chunks(digest, (data,))
+        return digest
+
+    def put_blob_chunks(self, digest: str, chunks) -> bool:
+        """put_blob of a blob whose hash is known and whose bytes arrive in chunks (a bundle's
+        member, an image file): written without holding it whole, refused (StoreError) when the
+        bytes do not have that hash. False when the store had it already (chunks not read)."""
         path = self.blob_path(digest)
         with self.transaction():  # pinned first: a removal after this sees the pin, one before it runs first
             self.db.execute("INSERT OR REPLACE INTO blob_pins (hash, at) VALUES (?, ?)", [digest, time.time()])
-        if not path.exists():
-            atomic_write(path, data)
-        return digest
+        if path.exists():
+            return False
+        atomic_write_chunks(path, chunks, digest)
+        return True
 
     def has_blob(self, digest: str) -> bool:
         return self.blob_path(digest).exists()

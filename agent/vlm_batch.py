@@ -201,7 +201,7 @@ def build_batch_inputs(processor, chats, cache: ImageCache | None = None) -> tup
     merge = processor.image_processor.merge_size ** 2
     texts, keys_per_chat = [], []
     for i, messages in enumerate(chats):
-        tmessages, pil = to_template_messages(messages)
+        tmessages, pil = to_template_messages(messages, tokenizer=tok)
         text = processor.apply_chat_template(tmessages, tokenize=False, add_generation_prompt=True)
         keys = cache.prepare(processor, pil) if pil else []
         if text.count(image_token) != len(keys):

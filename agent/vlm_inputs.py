@@ -10,6 +10,8 @@ torch and transformers are imported inside the functions.
 """
 from __future__ import annotations
 
+import re
+
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 
@@ -64,8 +66,51 @@ def _as_pil(img, where: str):
     raise VLMError(f"{where}: expected a PIL image, an HxWx3 RGB array or a Frame, got {type(img).__name__}")
 
 
-def to_template_messages(messages, images=None) -> tuple[list[dict], list]:
-    """Neutral messages -> (messages for the chat template, PIL images in order)."""
+# ---------------------------------------------------------------- text against the tokenizer's control tokens
+
+BREAK = "\u200b"  # a zero-width space inside a special token's spelling makes it plain text
+# Special tokens our own text writes on purpose: UI-TARS's prompt spells each point of the action
+# space as '<|box_start|>(x1,y1)<|box_end|>'. They mark coordinates, never a turn or an image.
+MARKUP_TOKENS = ("<|box_start|>", "<|box_end|>")
+
+
+def _special_pattern(tokenizer):
+    """A regex of every special token's spelling (turn control, vision placeholders) but the
+    markup our prompt writes (MARKUP_TOKENS), cached on the tokenizer; None when it has none."""
+    cached = getattr(tokenizer, "_tandem_special_re", False)
+    if cached is not False:
+        return cached
+    found = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(t, "special", False):
+            found.add(str(t))
+    found = sorted((t for t in found - set(MARKUP_TOKENS) if len(t) > 1), key=len, reverse=True)
+    pattern = re.compile("|".join(map(re.escape, found))) if found else None
+    try:
+        tokenizer._tandem_special_re = pattern
+    except AttributeError:
+        pass
+    return pattern
+
+
+def escape_special_tokens(text: str, tokenizer) -> str:
+    """`text` with every spelling of one of the tokenizer's special tokens (but MARKUP_TOKENS)
+    broken by a zero-width space, so a thought, an instruction or a command's output holding
+    "<|im_end|><|im_start|>system" tokenizes as the characters it is, never as the chat's control
+    tokens (which would end the turn and open a system turn inside a training sample or a
+    prompt). Text without them is returned as is."""
+    pattern = _special_pattern(tokenizer) if tokenizer is not None else None
+    return pattern.sub(_broken, text) if pattern is not None else text
+
+
+def _broken(m) -> str:
+    return m.group(0)[0] + BREAK + m.group(0)[1:]
+
+
+def to_template_messages(messages, images=None, tokenizer=None) -> tuple[list[dict], list]:
+    """Neutral messages -> (messages for the chat template, PIL images in order). With the
+    tokenizer, every text is escaped against its special tokens (escape_special_tokens): the
+    template's own control tokens are then the only ones."""
     if not messages:
         raise VLMError("no messages: the chat is empty")
     out, found = [], []
@@ -76,7 +121,7 @@ def to_template_messages(messages, images=None) -> tuple[list[dict], list]:
         if role not in ("system", "user", "assistant"):
             raise VLMError(f"message {i}: role must be system, user or assistant, got {role!r}")
         if isinstance(content, str):
-            out.append({"role": role, "content": content})
+            out.append({"role": role, "content": escape_special_tokens(content, tokenizer)})
             continue
         if not isinstance(content, list):
             raise VLMError(f"message {i}: content must be a string or a list of parts, got {type(content).__name__}")
@@ -84,7 +129,7 @@ def to_template_messages(messages, images=None) -> tuple[list[dict], list]:
         for j, p in enumerate(content):
             kind = p.get("type") if isinstance(p, dict) else None
             if kind == "text":
-                parts.append({"type": "text", "text": str(p.get("text", ""))})
+                parts.append({"type": "text", "text": escape_special_tokens(str(p.get("text", "")), tokenizer)})
             elif kind == "image":
                 parts.append({"type": "image"})
                 if images is None:
@@ -107,7 +152,7 @@ def build_inputs(processor, messages, images=None, *, add_generation_prompt: boo
     """Model inputs (batch of 1) for a chat. add_generation_prompt defaults to True unless the
     chat ends with an assistant turn. With assistant_mask, adds "assistant_mask": the tokens
     the assistant wrote (see assistant_token_mask)."""
-    tmessages, pil = to_template_messages(messages, images)
+    tmessages, pil = to_template_messages(messages, images, processor.tokenizer)
     if add_generation_prompt is None:
         add_generation_prompt = tmessages[-1]["role"] != "assistant"
     text = processor.apply_chat_template(tmessages, tokenize=False, add_generation_prompt=add_generation_prompt)

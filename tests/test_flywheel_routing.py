@@ -228,3 +228,38 @@ def test_flywheel_status_and_the_library_say_why_each_episode_went_where(store, 
     page.select_episode(marked.id)
     qtbot.waitUntil(lambda: page.viewer.episode is not None)
     assert "route sft (judged successful by annotator, every check passed)" in page.viewer.meta.text()
+
+
+def test_an_episode_the_flywheel_cannot_read_is_skipped_and_named(store, tiny_vlm_dir, capsys):  # noqa: F811
+    """One bad upload (a step whose info holds an unknown action, stored before the schema
+    refused it) no longer stops every later iteration at its CT stage: the iteration routes and
+    trains on the rest and names the episode it skipped."""
+    import torch
+
+    from trainer.flywheel.iteration import FlywheelConfig, run_iteration
+    from trainer.flywheel.registry import Registry
+
+    torch.set_num_threads(1)
+    good = [make_episode(store, 2, width=224, height=168) for _ in range(2)]  # unjudged recordings: CT
+    bad = make_episode(store, 2, width=224, height=168)
+    store.execute("UPDATE steps SET info = ? WHERE episode_id = ? AND idx = 1",
+                  [json.dumps({"more_actions": [{"name": "no_such_action"}]}), bad.id])
+    reg = Registry(store)
+    reg.make_first(reg.register(tiny_vlm_dir).version, "first model")
+    cfg = FlywheelConfig(width=224, height=168, max_steps=2, families=["click_button"], eval_episodes=1, rollouts=0,
+                         ct_steps=1, sft_steps=0, dpo_steps=0, batch=2, ppo_updates=0, max_new_tokens=8,
+                         miniwob_episodes=0)
+    rep = run_iteration(store, cfg)
+    assert "error" not in rep, rep.get("error")
+    assert list(rep["skipped"]) == [bad.id]
+    assert rep["skipped"][bad.id].startswith("does not load: SchemaError: action: unknown action 'no_such_action'")
+    assert rep["routed"] == {"sft": 0, "ct": 2, "rejected": 0}
+    ct = next(s for s in reg.get(rep["candidate"]).lineage["stages"] if s["phase"] == "ct")
+    assert ct["steps"] == 1 and ct["samples"] == 4  # the two good episodes' steps
+    saved = json.loads((store.root / "flywheel" / f"iteration-{rep['iteration']}.json").read_text())
+    assert saved["skipped"] == rep["skipped"]
+    from main import main
+
+    assert main(["flywheel", "status", "--json", "--data", str(store.root)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["skipped"] == {"iteration": rep["iteration"], "episodes": rep["skipped"]}

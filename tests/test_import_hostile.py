@@ -158,6 +158,86 @@ def test_encrypted_member_is_refused_by_name(tmp_path, store):
         import_file(store, bundle)
 
 
+def _blob_files(store):
+    return [p for p in store.blob_dir.rglob("*") if p.is_file()]
+
+
+def test_a_repeated_step_index_is_refused_first_and_leaves_no_blob(tmp_path, store):
+    """The second episode of a bundle repeats a step index: refused by name before anything is
+    written (it ended in a raw sqlite3.IntegrityError with 2 orphan blobs, and `check` failed)."""
+    src = Store(tmp_path / "src")
+    one, two = make_episode(src, n_steps=2), make_episode(src, n_steps=2)
+    bundle = tmp_path / "b.zip"
+    write_bundle(src, bundle, [one.id, two.id])
+    src.close()
+    doc = two.to_dict()
+    doc["steps"][1]["index"] = 0
+    with zipfile.ZipFile(bundle, "a") as z:
+        z.writestr(f"episodes/{two.id}.json", json.dumps(doc))  # the later member of that name is the one read
+    with pytest.raises(ImportError_, match=f"episodes/{two.id}.json: not a valid episode .*step index 0 appears twice"):
+        import_file(store, bundle)
+    assert store.counts()["episodes"] == 0 and _blob_files(store) == [] and store.check() == []
+
+
+def test_a_refusal_while_saving_removes_the_blobs_it_wrote(tmp_path, store):
+    """Whatever goes wrong after the blobs are written (here: the episodes' table is locked by
+    another connection), the import leaves no blob behind and says why in one line."""
+    import sqlite3
+
+    bundle, ep = _bundle_of_one(tmp_path, n_steps=2)
+    other = sqlite3.connect(store.root / "tandem.db", timeout=0)
+    other.execute("BEGIN EXCLUSIVE")
+    store.db.conn.execute("PRAGMA busy_timeout = 50")
+    try:
+        with pytest.raises(ImportError_, match=f"{bundle}: nothing was imported: database is locked"):
+            import_file(store, bundle)
+    finally:
+        other.rollback()
+        other.close()
+    assert store.counts()["episodes"] == 0 and _blob_files(store) == [] and store.check() == []
+
+
+@pytest.mark.parametrize("kind", ["bundle", "json", "jsonl"])
+def test_json_that_would_parse_into_gigabytes_is_refused_before_parsing(tmp_path, store, kind):
+    """40 MB of `[{}, {}, ...]` (a 532 KB zip) parsed into 1.1 GB; it is refused by its count of
+    values, which is read off the text."""
+    import random
+
+    rnd = random.Random(0)  # whitespace that deflate cannot squeeze past the ratio limit, as in the attack
+    block = b"".join(b"{}," + b" " * rnd.randrange(3) for _ in range(250_000))
+    doc = b"[" + block * 40 + b"{}]"
+    if kind == "bundle":
+        path = tmp_path / "b.zip"
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            z.writestr("episodes/e.json", doc)
+        assert path.stat().st_size * 100 > len(doc) > 38 * 2**20
+    else:
+        path = tmp_path / f"e.{kind}"
+        path.write_bytes(doc if kind == "json" else b"{}\n" * (4 * 2**20))
+    with pytest.raises(ImportError_, match="holds more than 1000000 JSON values"):
+        import_file(store, path)
+    assert store.counts()["episodes"] == 0
+
+
+@pytest.mark.parametrize("field", ["instruction", "meta"])
+def test_a_lone_surrogate_is_refused_by_name(tmp_path, store, field):
+    """"\\ud800" in JSON decodes to a lone surrogate, which is not text: refused at import (in the
+    instruction it ended in a raw traceback; in meta it later crashed sync's content hash)."""
+    path = _episode_json(tmp_path, store, "shot.png")
+    (path.parent / "shot.png").write_bytes(screenshot_png(40, 30))
+    text = path.read_text()
+    doc = json.loads(text)
+    if field == "instruction":
+        doc["instruction"] = "Press OK \ud800"
+    else:
+        doc["meta"] = {"note": ["fine", "x\udfffy"]}
+    path.write_text(json.dumps(doc))  # ASCII JSON with the escape, as a hostile file has it
+    where = "instruction" if field == "instruction" else r"meta\.note\[1\]"
+    with pytest.raises(ImportError_, match=rf"{where} holds a lone UTF-16 surrogate, which is not text"):
+        import_file(store, path)
+    assert store.counts()["episodes"] == 0 and _blob_files(store) == []
+
+
 # ---------------------------------------------------------------- fuzzing
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402

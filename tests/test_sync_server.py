@@ -562,3 +562,99 @@ def test_a_revoked_supervisor_stops_receiving_live_screenshots(tmp_path, backend
     assert isinstance(first, P.ProposalReceived) and first.proposal_id == "p0"
     assert not any(isinstance(e, P.ProposalReceived) and e.proposal_id == "p1" for e in later)
     assert isinstance(end, SyncError) and "revoked" in str(end)
+
+
+def _claiming(store, *, decided_by=None, outcome_source=None, corrected=True):
+    """An episode whose step 1 is a supervisor's correction of the agent's proposal (decided_by),
+    and/or whose outcome names who judged it."""
+    from agent.schema import Action, Outcome, Provenance
+
+    ep = make_episode(store, 2, kind="supervised" if corrected else "recording")
+    if corrected:
+        ep.steps[1].provenance = Provenance("corrected", proposal_thought="Type rubbish.",
+                                            proposal_action=Action("type", {"content": "rubbish"}),
+                                            decision="edit", decided_by=decided_by)
+    if outcome_source:
+        ep.outcome = Outcome(True, 1.0, outcome_source)
+    store.save_episode(ep)
+    Outbox(store).submit(ep.id)
+    return ep
+
+
+@pytest.mark.parametrize("user, claim, refused", [
+    # an annotator forging a named supervisor's correction, or one in its own name: annotators do not correct
+    ("ann", {"decided_by": "sup"}, "step 1 is marked as a supervisor's correction (provenance 'corrected'); "
+                                   "role 'annotator' may not upload corrections"),
+    ("ann", {"decided_by": "ann"}, "role 'annotator' may not upload corrections"),
+    ("ann", {"corrected": False, "outcome_source": "supervisor"},
+     "the outcome is marked as judged by a supervisor; role 'annotator' may not upload that"),
+    ("ann", {"corrected": False, "outcome_source": "annotator"}, None),  # its own mark on its own recording
+    ("sup", {"decided_by": "sup2"}, "step 1 is a correction decided by 'sup2'; 'sup' may upload corrections only "
+                                    "in its own name"),
+    ("sup", {"decided_by": "sup", "outcome_source": "supervisor"}, None),
+    ("root", {"decided_by": None}, None),  # a correction in nobody's name is the sender's
+])
+def test_corrections_and_judged_outcomes_are_stored_only_from_their_own_supervisor(tmp_path, backend, user, claim,
+                                                                                   refused):
+    """The flywheel trains on corrections (SFT, DPO) and trusts a supervisor's outcome: the backend
+    stores them only from a supervisor's or admin's session, in its own name. A refused upload is
+    failed with the reason before any of its blobs is sent, and leaves the backend's store sound."""
+    store = local(tmp_path)
+    ep = _claiming(store, **claim)
+    other = make_episode(store, 1)  # queued behind it: sent either way
+    Outbox(store).submit(other.id)
+    report = sync(store, backend, user)
+    bs = backend.store.store
+    if refused is None:
+        assert report.ok and sorted(report.sent) == sorted([(ep.id, "stored"), (other.id, "stored")])
+        assert bs.load_episode(ep.id).to_dict() == ep.to_dict()
+    else:
+        (eid, reason), = report.failed
+        assert report.sent == [(other.id, "stored")] and eid == ep.id
+        assert reason.startswith(f"forbidden: episode {ep.id}: ") and refused in reason
+        assert not bs.has_episode(ep.id) and report.blobs_sent == 1  # the other's screenshot, none of the refused one's
+        assert [r["status"] for r in bs.query("SELECT status FROM ingest_log WHERE episode_id = ?", [ep.id])] == ["forbidden"]
+    assert bs.check() == []
+
+
+def test_a_lone_surrogate_fails_its_episode_and_not_the_queue_behind_it(tmp_path, backend):
+    """An episode whose meta holds a lone surrogate (stored before the schema refused it) cannot be
+    hashed or sent: it fails with the reason, and the episodes queued behind it are sent."""
+    store = local(tmp_path)
+    bad = make_episode(store, 1)
+    store.update_episode_fields(bad.id, meta={"note": "x\ud800y"})  # json.dumps keeps it as an escape
+    good = [make_episode(store, 1) for _ in range(2)]
+    for e in [bad, *good]:
+        Outbox(store).submit(e.id)
+    report = sync(store, backend)
+    assert sorted(report.sent) == sorted((e.id, "stored") for e in good)
+    (eid, reason), = report.failed
+    assert eid == bad.id and "meta.note holds a lone UTF-16 surrogate" in reason
+
+
+def test_an_unknown_action_inside_a_steps_info_is_refused_on_upload(tmp_path, backend):
+    """A step's info.more_actions become training targets: an unknown action there is refused
+    where the episode arrives (not later, by the flywheel), and the episode is not stored; our own
+    client does not even send it."""
+    store = local(tmp_path)
+    ep = make_episode(store, 2)
+    doc = ep.to_dict()
+    doc["steps"][1]["info"] = {"more_actions": [{"name": "no_such_action"}]}
+
+    async def upload_raw():  # as a hostile client would: the manifest as it is
+        s = await Session.open(backend.url, backend.tokens["ann"])
+        s.conn.send("manifest", episode=doc, blobs=sorted(ep.blob_hashes()), content_hash=P.content_hash(doc), ref="m1")
+        await s.flush()
+        ev = await s.next_event(10)
+        await s.close()
+        return ev
+
+    ev = asyncio.run(upload_raw())
+    assert isinstance(ev, P.ErrorReceived) and ev.code == "bad_episode" and ev.ref == "m1"
+    assert "unknown action 'no_such_action'" in ev.reason
+    assert not backend.store.store.has_episode(ep.id) and backend.store.store.check() == []
+    ep.steps[1].info = doc["steps"][1]["info"]
+    store.save_episode(ep)
+    Outbox(store).submit(ep.id)
+    report = sync(store, backend)
+    assert report.failed == [(ep.id, "the local episode does not load: action: unknown action 'no_such_action'")]

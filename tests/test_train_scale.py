@@ -4,6 +4,7 @@ measured training step of the tiny model."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -283,6 +284,40 @@ def test_gradient_sums_over_two_gloo_processes(tmp_path):
     r = torch.load(tmp_path / "r.pt")
     assert [g.tolist() for g in r["grads"]] == [[3.0, 3.0], [6.0, 6.0, 6.0], [6.0], [12.0] * 4]
     assert r["sums"] == {"a": 1.0, "b": 2.0} and r["obj"] == "from 0"
+
+
+def _listening_job(rank: int, world: int, out: str) -> None:
+    """Rank 0 writes where the job's sockets listen: (local address, port) of every LISTEN row of
+    /proc/net/tcp and tcp6 whose inode belongs to this process."""
+    import torch.distributed as dist
+
+    dist.barrier()  # every rank joined: the store and gloo's pairs are up
+    if rank == 0:
+        mine = {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                if os.path.islink(f"/proc/self/fd/{fd}")}
+        rows = []
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in open(table).read().splitlines()[1:]:
+                f = line.split()
+                if f[3] == "0A" and f"socket:[{f[9]}]" in mine:  # 0A: LISTEN
+                    addr, port = f[1].split(":")
+                    rows.append([addr, int(port, 16)])
+        with open(out, "w") as fh:
+            json.dump({"port": int(os.environ["MASTER_PORT"]), "listening": rows}, fh)
+    dist.barrier()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket tables")
+def test_the_rendezvous_store_listens_on_loopback_only(tmp_path):
+    """--nproc's c10d store has no authentication: it listens on the rendezvous address it was
+    given (127.0.0.1), not on every interface as TCPStore's own server does."""
+    from trainer.distributed import launch
+
+    launch(_listening_job, 2, str(tmp_path / "r.json"))
+    r = json.loads((tmp_path / "r.json").read_text())
+    loopback = ("0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000")  # 127.0.0.1, ::1
+    assert [r["port"]] == [p for a, p in r["listening"] if p == r["port"]]  # the store, once
+    assert r["listening"] and all(a in loopback for a, _ in r["listening"]), r  # it and gloo's: loopback only
 
 
 def test_train_default_passes_the_rollout_engine_to_its_ppo_stage():

@@ -39,6 +39,7 @@ class BackendError(Exception):
         self.code = code
 
 
+SUPERVISING_ROLES = ("supervisor", "admin")  # may store corrections and a supervisor's outcome (claims_problem)
 DEFAULT_TOKEN_DAYS = 90  # a user token's lifetime unless `backend user add --days` says otherwise
 
 
@@ -63,6 +64,28 @@ def _hash_secret(salt: bytes, secret: str) -> str:
     # The secret is 32 random bytes, so a salted SHA-256 cannot be brute-forced; a slow KDF
     # (scrypt) would only slow every connection down.
     return hashlib.sha256(salt + secret.encode()).hexdigest()
+
+
+def claims_problem(ep: Episode, user: User) -> str | None:
+    """What an upload claims that its sender may not vouch for, or None. The flywheel trains on
+    corrections (SFT samples, DPO pairs) and trusts a supervisor's outcome, so only a supervisor's
+    or admin's session stores them, and only in its own name: an annotator cannot forge them, and
+    nobody signs them with another user's name. An annotator's own outcome mark ("annotator") and
+    a sandbox verifier's stay open to every role."""
+    may = user.role in SUPERVISING_ROLES
+    for s in ep.steps:
+        p = s.provenance
+        if p.source != "corrected":
+            continue
+        if not may:
+            return (f"step {s.index} is marked as a supervisor's correction (provenance 'corrected'); "
+                    f"role {user.role!r} may not upload corrections")
+        if p.decided_by not in (None, user.name):
+            return (f"step {s.index} is a correction decided by {str(p.decided_by)[:80]!r}; {user.name!r} may upload "
+                    "corrections only in its own name")
+    if ep.outcome.source == "supervisor" and not may:
+        return f"the outcome is marked as judged by a supervisor; role {user.role!r} may not upload that"
+    return None
 
 
 # agent.store.Store.migrate. Step 1 is the schema every release before migrations made (a store
@@ -174,8 +197,11 @@ class BackendStore:
             return "superseded"  # the server already has a later revision; keep it
         return None
 
-    def precheck(self, episode_id: str, revision: int, digest: str, user: User) -> str | None:
-        """Before asking for blobs: a status to ack at once, or None to go on."""
+    def precheck(self, episode_id: str, revision: int, digest: str, user: User, episode: dict | None = None) -> str | None:
+        """Before asking for blobs: a status to ack at once, or None to go on. Raises when the
+        episode claims what `user` may not (claims_problem), before any blob is sent."""
+        if episode is not None:
+            self._check_claims(Episode.from_dict(episode), user, digest)
         with self.store.transaction():
             return self._verdict(self._current(episode_id), user, revision, digest)
 
@@ -236,6 +262,7 @@ class BackendStore:
     def ingest(self, episode: dict, digest: str, user: User) -> tuple[int, str]:
         """Store one received episode; returns (revision, status)."""
         ep = Episode.from_dict(episode)
+        self._check_claims(ep, user, digest)
         self.sync_blobs()  # blobs durable before the episode that refers to them commits
         now = time.time()
         with self.store.transaction():
@@ -252,6 +279,12 @@ class BackendStore:
                 status = "replaced" if cur else "stored"
             self.log_ingest(user, ep.id, ep.revision, digest, status, now)
         return ep.revision, status
+
+    def _check_claims(self, ep: Episode, user: User, digest: str) -> None:
+        problem = claims_problem(ep, user)
+        if problem:
+            self.log_ingest(user, ep.id, ep.revision, digest, "forbidden")
+            raise BackendError("forbidden", f"episode {ep.id}: {problem}")
 
     def log_ingest(self, user: User, episode_id: str, revision: int, digest: str, status: str,
                    t: float | None = None) -> None:

@@ -95,13 +95,28 @@ def launch(fn, nproc: int, *args) -> None:
 
 
 def _entry(rank: int, world: int, port: int, fn, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+    host = "127.0.0.1"
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-    _join(rank, world, fn, args)
+    _join(rank, world, fn, args, store=rendezvous_store(host, port, rank, world))
 
 
-def _join(rank: int, world: int, fn, args) -> None:
-    """Join the process group the environment describes (env://), run fn(rank, world, *args), leave."""
+def rendezvous_store(host: str, port: int, rank: int, world: int):
+    """The job's c10d store, its server (rank 0) listening on `host` only. Given a host, TCPStore
+    still listens on every interface, and it has no authentication: anyone who reaches the port
+    could join or stall the job. So rank 0 binds the socket itself and hands it over."""
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    if rank != 0:
+        return dist.TCPStore(host, port, world, False, timeout=default_pg_timeout)
+    fd = socket.create_server((host, port)).detach()  # the store owns the listening socket from here
+    return dist.TCPStore(host, port, world, True, timeout=default_pg_timeout, master_listen_fd=fd)
+
+
+def _join(rank: int, world: int, fn, args, store=None) -> None:
+    """Join the process group of `store`, or else the one the environment describes (env://, as
+    torchrun sets it), run fn(rank, world, *args), leave."""
     import torch
     import torch.distributed as dist
 
@@ -112,7 +127,7 @@ def _join(rank: int, world: int, fn, args) -> None:
     nccl = torch.cuda.is_available() and torch.cuda.device_count() >= per_machine
     if nccl:
         torch.cuda.set_device(local)
-    dist.init_process_group("nccl" if nccl else "gloo", rank=rank, world_size=world)
+    dist.init_process_group("nccl" if nccl else "gloo", rank=rank, world_size=world, store=store)
     try:
         fn(rank, world, *args)
     finally:

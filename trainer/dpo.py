@@ -60,21 +60,21 @@ def sequence_logprob(model, inputs: dict):
     return action_logprobs(model, inputs, inputs["assistant_mask"]).sum()
 
 
-def correction_pairs(store, episode_ids) -> list[PreferencePair]:
+def correction_pairs(store, episode_ids, skipped: dict | None = None) -> list[PreferencePair]:
     """(chosen, rejected) of every corrected step in these episodes, prompted as the agent was:
-    the supervisor's edit against the agent's own proposal."""
+    the supervisor's edit against the agent's own proposal. An episode that cannot be read is
+    left out and named in `skipped` (trainer.flywheel.routing.load_or_skip)."""
     from agent import coords
     from agent.grammar import format_normalized
-    from trainer.flywheel.routing import corrected_steps
-    from trainer.sft import runtime_samples
+    from trainer.flywheel.routing import corrected_steps, load_or_skip, samples_or_skip
 
     out = []
     for eid in episode_ids:
-        ep = store.load_episode(eid)
-        fixed = {s.index: s for s in corrected_steps(ep)}
+        ep = load_or_skip(store, eid, skipped)
+        fixed = {s.index: s for s in corrected_steps(ep)} if ep else {}
         if not fixed or not all(s.observation.screenshot for s in ep.steps):
             continue
-        for step, sample in zip(ep.steps, runtime_samples(ep, store.get_blob)):
+        for step, sample in zip(ep.steps, samples_or_skip(store, ep, skipped)):
             s = fixed.get(step.index)
             if s is None:
                 continue

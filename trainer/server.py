@@ -288,7 +288,7 @@ class BackendServer:
             raise BackendError("forbidden", f"role {s.user.role!r} may not {what}")
 
     async def _manifest(self, s: Session, m: P.ManifestReceived) -> None:
-        status = await self._io(self.store.precheck, m.episode_id, m.revision, m.content_hash, s.user)
+        status = await self._io(self.store.precheck, m.episode_id, m.revision, m.content_hash, s.user, m.episode)
         if status:
             await self._io(self._log_only, m, s.user, status)
             s.conn.ack(m.episode_id, m.revision, m.content_hash, status, ref=m.ref)

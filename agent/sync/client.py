@@ -19,6 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from agent import protocol as P
 from agent.redaction import RedactionError
 from agent.redaction.review import upload_view
+from agent.schema import SchemaError
 from agent.store import NotFound, Store
 from agent.sync.outbox import Outbox
 from agent.sync.session import Session, SyncError
@@ -119,6 +120,9 @@ class SyncClient:
         except NotFound:
             self._fail(eid, "the episode no longer exists locally", report)
             return None
+        except SchemaError as e:  # stored before a check that now refuses it: it alone stays behind
+            self._fail(eid, f"the local episode does not load: {e}", report)
+            return None
         try:  # personal data out: the reviewed, redacted version is what leaves the machine
             ep = upload_view(self.store, ep)
         except RedactionError as e:
@@ -128,8 +132,8 @@ class SyncClient:
         ref = f"m{session.conn.next_ref()}"
         try:
             digest = session.conn.upload(d, ref=ref)
-        except P.ProtocolUsageError as e:  # e.g. larger than the server's message limit
-            self._fail(eid, str(e), report)
+        except (P.ProtocolUsageError, SchemaError) as e:  # larger than the server's limit, not valid text...
+            self._fail(eid, str(e), report)  # this episode fails; the ones queued behind it go on
             return None
         missing_local = [h for h in ep.blob_hashes() if not self.store.has_blob(h)]
         if missing_local:

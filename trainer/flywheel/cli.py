@@ -155,7 +155,7 @@ def cmd_run(args) -> int:
                     "current": rep["current"], "candidate_success": m.get("mean_success"),
                     "parent_success": rep["parent_metrics"].get("mean_success"),
                     "comparison": m.get("comparison"),
-                    "routed": rep["routed"],
+                    "routed": rep["routed"], "skipped": rep.get("skipped") or {},
                     "pools": rep["pools"], "seconds": rep["seconds"], "decision": rep["decision"],
                     "announce": rep.get("announce"), "candidate_miniwob": miniwob_summary(m)}
             print(json.dumps({"result": line} if args.progress_json else line, default=str), flush=True)
@@ -174,7 +174,7 @@ def cmd_status(args) -> int:
     from trainer.flywheel.plots import summary
 
     from trainer.flywheel import FlywheelError
-    from trainer.flywheel.iteration import FlywheelConfig, first_model
+    from trainer.flywheel.iteration import FlywheelConfig, first_model, skipped_last
 
     from trainer.flywheel.registry import eval_summary
     from trainer.flywheel.routing import Router
@@ -191,12 +191,14 @@ def cmd_status(args) -> int:
         routing = [{"episode_id": r["episode_id"], "instruction": store.instruction_of(r["episode_id"]),
                     "route": r["route"], "why": r["reasons"]}
                    for r in (Router(store).decisions(last) if last is not None else [])]
+        skipped_in, skipped = skipped_last(store)  # episodes the last iteration could not read
     finally:
         store.close()
     if args.json:
         print(json.dumps({"pools": s["pools"], "current": s["current"], "growth": s["growth"],
                           "versions": [version_record(v) for v in s["versions"]], "first_model": first,
-                          "store": str(store.root), "routing": {"iteration": last, "decisions": routing}}, default=str))
+                          "store": str(store.root), "routing": {"iteration": last, "decisions": routing},
+                          "skipped": {"iteration": skipped_in, "episodes": skipped}}, default=str))
         return 0
     print("pools: " + ", ".join(f"{k} {v}" for k, v in s["pools"].items()))
     for g in s["growth"]:
@@ -205,6 +207,8 @@ def cmd_status(args) -> int:
         print(f"routing of iteration {last}:")
         for r in routing:
             print(f"  {r['route']:<8} {(r['instruction'] or '?')[:40]:<40}  {r['why'][0] if r['why'] else ''}")
+    for eid, why in skipped.items():
+        print(f"  skipped by iteration {skipped_in}: episode {eid}: {why}")
     print(f"current model: {s['current'] or 'none yet; the first iteration starts from ' + first}")
     print(f"{'version':<8} {'it':>3} {'status':<9} {'parent':<7} {'held-out success':<26} decision")
     for v in s["versions"]:

@@ -28,7 +28,9 @@ from pathlib import Path
 
 from trainer.flywheel import FlywheelError
 from trainer.flywheel.registry import Registry
-from trainer.flywheel.routing import Router, RoutingConfig, correction_samples, export_corrections, pool_samples
+from trainer.flywheel.routing import (
+    Router, RoutingConfig, correction_samples, export_corrections, load_or_skip, pool_samples,
+)
 
 CONFIG_KEY = "flywheel.config"
 ROLLOUT_SEED_BASE = 500_000  # on-policy data uses training seeds far from `sandbox generate`'s
@@ -219,7 +221,9 @@ def bootstrap_model(store, cfg: FlywheelConfig, registry: Registry):
     else:
         texts = []
         for e in store.list_episodes():
-            ep = store.load_episode(e.id)
+            ep = load_or_skip(store, e.id, {})  # one that does not load is named by the routing stage
+            if ep is None:
+                continue
             texts.append(ep.instruction)
             for s in ep.steps:
                 try:
@@ -270,8 +274,10 @@ def collect_rollouts(store, model_dir, version: str, cfg: FlywheelConfig, iterat
     return [trajectory_to_episode(t, store, producer=version, policy_version=version).id for t in trajs]
 
 
-def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _StageLog, prog: _Progress) -> list[dict]:
-    """CT -> SFT -> DPO -> PPO from the parent checkpoint; saves the candidate; returns stage summaries."""
+def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _StageLog, prog: _Progress,
+                    skipped: dict | None = None) -> list[dict]:
+    """CT -> SFT -> DPO -> PPO from the parent checkpoint; saves the candidate; returns stage
+    summaries. An episode that cannot be read is left out and named in `skipped`."""
     from trainer.dpo import DPOConfig, correction_pairs, train_dpo
     from trainer.ppo import PPOConfig, train_ppo
     from trainer.sft import SFTConfig, load_for_training, save_checkpoint, train_sft
@@ -293,7 +299,7 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
     slog.on_row = on_row
 
     # -- CT: the lower-quality pool, lower learning rate
-    ct = pool_samples(store, "ct") if (cfg.ct_steps and ct_ids) else []
+    ct = pool_samples(store, "ct", skipped) if (cfg.ct_steps and ct_ids) else []
     if ct:
         r = train_sft(model, processor, ct, SFTConfig(lr=cfg.ct_lr, batch_size=cfg.batch, max_steps=cfg.ct_steps,
                                                       seed=cfg.seed), log=slog, phase="ct", progress=False)
@@ -303,7 +309,7 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
     prog.finish("ct")
 
     # -- SFT: the high-quality pool plus every corrected step
-    sft = (pool_samples(store, "sft") if sft_ids else []) + correction_samples(store, ct_ids)
+    sft = (pool_samples(store, "sft", skipped) if sft_ids else []) + correction_samples(store, ct_ids, skipped)
     if sft and cfg.sft_steps:
         r = train_sft(model, processor, sft, SFTConfig(lr=cfg.sft_lr, batch_size=cfg.batch, max_steps=cfg.sft_steps,
                                                        warmup_steps=5, seed=cfg.seed), log=slog, phase="sft", progress=False)
@@ -313,7 +319,7 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
     prog.finish("sft")
 
     # -- DPO: where a supervisor edited a step, the edit is preferred over the agent's proposal
-    pairs = correction_pairs(store, sft_ids + ct_ids) if cfg.dpo_steps else []
+    pairs = correction_pairs(store, sft_ids + ct_ids, skipped) if cfg.dpo_steps else []
     if pairs:
         r = train_dpo(model, processor, pairs, DPOConfig(beta=cfg.dpo_beta, lr=cfg.dpo_lr, batch_size=min(cfg.batch, 4),
                                                          max_steps=cfg.dpo_steps, seed=cfg.seed),
@@ -379,9 +385,12 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
     prog.finish("collect")
 
     # -- 2. score and route what is new; corrections out as JSONL
-    report["routed"] = router.route(iteration, progress=lambda d, n: prog.stage("route", d, n, "episodes"))
+    # an episode that cannot be read is left out and named here, never stops the iteration
+    report["skipped"] = skipped = {}
+    report["routed"] = router.route(iteration, progress=lambda d, n: prog.stage("route", d, n, "episodes"),
+                                    skipped=skipped)
     report["pools"] = router.pools()
-    report["corrections"] = export_corrections(store, fw / f"iteration-{iteration}")
+    report["corrections"] = export_corrections(store, fw / f"iteration-{iteration}", skipped=skipped)
     prog.finish("route")
 
     # -- 3. train a candidate, 4. evaluate, register, decide
@@ -393,7 +402,7 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
                "new_rollouts": report["rollouts"], "routed": report["routed"]}
     metrics, current_metrics, note = {}, None, ""
     try:
-        lineage["stages"] = train_candidate(store, cfg, current.path, out_dir, slog, prog)
+        lineage["stages"] = train_candidate(store, cfg, current.path, out_dir, slog, prog, skipped)
         # both models on one fresh block of held-out seeds: paired, and never used to choose before
         per_family = cfg.eval_seeds
         seed_start = reserve_eval_seeds(store, per_family)
@@ -435,6 +444,20 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
     log.close()
     (fw / f"iteration-{iteration}.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     return report
+
+
+def skipped_last(store) -> tuple[int | None, dict]:
+    """(iteration, {episode id: why}) of the episodes the latest iteration's report names as
+    skipped (they could not be read); (None, {}) before the first report."""
+    reports = {int(p.stem.split("-", 1)[1]): p for p in flywheel_dir(store).glob("iteration-*.json")
+               if p.stem.split("-", 1)[1].isdigit()}
+    if not reports:
+        return None, {}
+    n = max(reports)
+    try:
+        return n, json.loads(reports[n].read_text(encoding="utf-8")).get("skipped") or {}
+    except (OSError, ValueError):
+        return n, {}
 
 
 def _announce(version: str, info: dict, store, target) -> str:

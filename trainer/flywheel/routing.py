@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent.schema import Episode, Outcome
+from agent.schema import Episode, Outcome, SchemaError
 from trainer.flywheel import FlywheelError
 from trainer.flywheel.scoring import Score, score_episode
 
@@ -95,12 +95,15 @@ class Router:
     def unscored(self) -> list[str]:
         return [e.id for e in reversed(self.store.list_episodes(route="unscored"))]  # oldest first
 
-    def route(self, iteration: int, episode_ids=None, *, progress=None) -> dict:
-        """Score and route `episode_ids` (default: every unscored episode); counts per route."""
+    def route(self, iteration: int, episode_ids=None, *, progress=None, skipped: dict | None = None) -> dict:
+        """Score and route `episode_ids` (default: every unscored episode); counts per route. One
+        that does not load stays unscored and is named in `skipped` (see load_or_skip)."""
         ids = list(episode_ids) if episode_ids is not None else self.unscored()
         counts = {"sft": 0, "ct": 0, "rejected": 0}
         for k, eid in enumerate(ids):
-            ep = self.store.load_episode(eid)
+            ep = load_or_skip(self.store, eid, skipped)
+            if ep is None:
+                continue
             score = score_episode(ep, image_of=self.store.get_blob, orm=self.orm)
             route, why = decide(ep, score, self.cfg)
             self._apply(ep, iteration, route, score, why)
@@ -165,6 +168,38 @@ class Router:
         return asdict(self.cfg)
 
 
+# ---------------------------------------------------------------- episodes the flywheel cannot read
+
+UNREADABLE = (SchemaError, ValueError, KeyError, OSError)  # KeyError: agent.store.NotFound (an episode, a blob)
+
+
+def load_or_skip(store, episode_id: str, skipped: dict | None) -> Episode | None:
+    """The episode, or None when it does not load (stored before a check that now refuses it, a
+    row damaged by hand): it is named in `skipped` (episode id -> why) and the flywheel goes on
+    without it, instead of one bad upload stopping every later iteration. skipped=None raises."""
+    try:
+        return store.load_episode(episode_id)
+    except UNREADABLE as e:
+        if skipped is None:
+            raise
+        skipped[episode_id] = f"does not load: {type(e).__name__}: {e}"[:300]
+        return None
+
+
+def samples_or_skip(store, ep: Episode, skipped: dict | None) -> list:
+    """trainer.sft.runtime_samples of the episode, or [] (named in `skipped`) when they cannot be
+    built, e.g. a screenshot missing from the store."""
+    from trainer.sft import runtime_samples
+
+    try:
+        return runtime_samples(ep, store.get_blob)
+    except UNREADABLE as e:
+        if skipped is None:
+            raise
+        skipped[ep.id] = f"no training samples: {type(e).__name__}: {e}"[:300]
+        return []
+
+
 # ---------------------------------------------------------------- corrections
 
 
@@ -173,36 +208,34 @@ def corrected_steps(ep: Episode) -> list:
     return [s for s in ep.steps if s.provenance.source == "corrected" and s.provenance.proposal_action is not None]
 
 
-def pool_samples(store, route: str) -> list:
+def pool_samples(store, route: str, skipped: dict | None = None) -> list:
     """SFT samples (trainer.sft.Sample) of a pool's episodes, prompted as the agent was, leaving
-    out the steps that failed the rule checks (an unparseable output must not become a target)."""
+    out the steps that failed the rule checks (an unparseable output must not become a target).
+    An episode that cannot be read is left out and named in `skipped` (load_or_skip)."""
     from trainer.flywheel.scoring import step_problems
-    from trainer.sft import runtime_samples
 
     out = []
     for e in store.list_episodes(route=route):
-        ep = store.load_episode(e.id)
-        if not ep.steps or not all(s.observation.screenshot for s in ep.steps):
+        ep = load_or_skip(store, e.id, skipped)
+        if ep is None or not ep.steps or not all(s.observation.screenshot for s in ep.steps):
             continue
         bad = step_problems(ep)
-        out += [smp for s, smp in zip(ep.steps, runtime_samples(ep, store.get_blob)) if s.index not in bad]
+        out += [smp for s, smp in zip(ep.steps, samples_or_skip(store, ep, skipped)) if s.index not in bad]
     return out
 
 
-def correction_samples(store, episode_ids) -> list:
+def correction_samples(store, episode_ids, skipped: dict | None = None) -> list:
     """SFT samples (trainer.sft.Sample) of the corrected steps only, prompted as the agent was."""
-    from trainer.sft import runtime_samples
-
     out = []
     for eid in episode_ids:
-        ep = store.load_episode(eid)
-        fixed = {s.index for s in corrected_steps(ep)}
+        ep = load_or_skip(store, eid, skipped)
+        fixed = {s.index for s in corrected_steps(ep)} if ep else set()
         if fixed and all(s.observation.screenshot for s in ep.steps):
-            out += [smp for s, smp in zip(ep.steps, runtime_samples(ep, store.get_blob)) if s.index in fixed]
+            out += [smp for s, smp in zip(ep.steps, samples_or_skip(store, ep, skipped)) if s.index in fixed]
     return out
 
 
-def export_corrections(store, out_dir, episode_ids=None) -> dict:
+def export_corrections(store, out_dir, episode_ids=None, skipped: dict | None = None) -> dict:
     """Write corrections.jsonl (the corrected step as an SFT sample) and preferences.jsonl
     ({prompt messages, images, chosen, rejected}, the usual DPO layout) into out_dir."""
     from agent import coords
@@ -217,8 +250,8 @@ def export_corrections(store, out_dir, episode_ids=None) -> dict:
     tmp = {k: p.with_suffix(".jsonl.tmp") for k, p in paths.items()}
     with open(tmp["corrections"], "w", encoding="utf-8") as fs, open(tmp["preferences"], "w", encoding="utf-8") as fp:
         for eid in ids:
-            ep = store.load_episode(eid)
-            fixed = {s.index: s for s in corrected_steps(ep)}
+            ep = load_or_skip(store, eid, skipped)
+            fixed = {s.index: s for s in corrected_steps(ep)} if ep else {}
             if not fixed:
                 continue
             for sample in episode_samples(ep, space=coords.SMART_RESIZE):

@@ -15,6 +15,9 @@ def test_wilson_matches_newcombes_published_intervals():
     assert wilson(0, 20) == approx((0.0, 0.1611), abs=1e-4)
     assert wilson(1, 29) == approx((0.0061, 0.1718), abs=1e-4)
     assert wilson(0, 0) == (0.0, 1.0)
+    # no successes (or all): the interval holds the observed rate exactly, with no rounding crumb
+    for n in range(1, 200):
+        assert wilson(0, n)[0] == 0.0 and wilson(n, n)[1] == 1.0
     with pytest.raises(ValueError, match="successes=3, n=2"):
         wilson(3, 2)
 

@@ -24,6 +24,7 @@ class ProtocolError:
     code: str
     reason: str
     fatal: bool = False
+    ref: str | None = None  # the request a malformed reply answered, when it says
 
 
 @dataclass(frozen=True)

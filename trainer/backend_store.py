@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.model_files import ModelFilesError, check_model_version
 from agent.protocol import ROLES
 from agent.schema import Episode
 from agent.store import AddColumn, NotFound, Store, sha256
@@ -310,6 +311,10 @@ class BackendStore:
 
     # ------------------------------------------------------------ models
     def announce_model(self, version: str, info: dict) -> None:
+        try:
+            check_model_version(version)  # clients pull it into a folder of that name
+        except ModelFilesError as e:
+            raise BackendError("bad_field", str(e)) from None
         self.store.upsert("models", {"version": version, "info": json.dumps(info), "announced_at": time.time()}, pk="version")
 
     def model(self, version: str) -> tuple[str, dict] | None:

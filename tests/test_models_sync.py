@@ -375,7 +375,7 @@ def test_hostile_file_names_end_in_one_clear_error_and_leave_nothing(tmp_path, f
 @pytest.mark.parametrize("how", ["silent", "forged"])
 def test_a_chunk_that_never_arrives_times_out_by_name_and_is_retried(tmp_path, how):
     """A server that never sends a chunk, or sends bytes that do not match its hash, ends each try
-    after chunk_timeout with the chunk named; the pull is tried again, and what arrived is kept."""
+    after `timeout` with the chunk named; the pull is tried again, and what arrived is kept."""
     from agent import protocol as P
     from agent.sync.model_pull import pull_model
     from agent.sync.session import SyncError
@@ -392,10 +392,21 @@ def test_a_chunk_that_never_arrives_times_out_by_name_and_is_retried(tmp_path, h
     dest = tmp_path / "models"
     with HostileBackend(model_server("v0001", manifest, chunks, chunk=chunk)) as hb:
         with pytest.raises(SyncError, match=f"chunk {bad} of model v0001 did not arrive from the server within 0.5 s"):
-            pull_model(hb.url, "token", dest, chunk_timeout=0.5)
+            pull_model(hb.url, "token", dest, timeout=0.5)
         asked = [ev.body["hash"] for ev in hb.asked if ev.type == "get_model_chunk"]
     assert asked.count(bad) == 3 and len(asked) == len(chunks) + 2  # three tries; the rest fetched once
     assert sorted(p.name for p in (dest / "v0001.partial" / "chunks").iterdir()) == sorted(set(chunks) - {bad})
+
+
+def test_a_backend_that_never_answers_is_named_and_retried(tmp_path):
+    from agent.sync.model_pull import pull_model
+    from agent.sync.session import SyncError
+    from tests.hostile_backend import HostileBackend
+
+    with HostileBackend(lambda ev: []) as hb:
+        with pytest.raises(SyncError, match="no reply to get_model from the server within 0.5 s"):
+            pull_model(hb.url, "token", tmp_path / "models", timeout=0.5)
+    assert [ev.type for ev in hb.asked] == ["get_model"] * 3 and not any((tmp_path / "models").iterdir())
 
 
 @pytest.mark.parametrize("link", ["files", "chunks", ""])

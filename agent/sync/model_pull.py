@@ -10,7 +10,7 @@ backend names instead.
 What the backend says is checked before it touches the disk: the version must be a plain name
 (agent.model_files.is_model_version) and its folder a child of <data>/models/; the manifest
 must pass check_manifest, with the model at most `max_bytes` (DEFAULT_MAX_PULL_BYTES unless
-told otherwise). A chunk that does not arrive within `chunk_timeout` ends the try with a
+told otherwise). A reply or a chunk that does not arrive within `timeout` ends the try with a
 SyncError naming it, and the pull is tried again (what arrived is kept).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from agent.model_files import (DEFAULT_MAX_PULL_BYTES, ModelDownload, ModelFiles
 from agent.sync.session import Session, SyncError
 
 WINDOW = 4  # chunks asked for at once: keeps the socket busy without holding much in memory
-CHUNK_TIMEOUT = 120.0  # seconds for one window's chunks (4 x 8 MiB) to arrive: 2.2 Mbit/s at least
+TIMEOUT = 120.0  # seconds for the model reply, or for one window's chunks (4 x 8 MiB: 2.2 Mbit/s at least)
 
 
 def models_dir(store) -> Path:
@@ -39,10 +39,10 @@ def max_pull_bytes(store) -> int:
 
 
 async def _pull_once(url: str, token: str, dest_root: Path, version: str | None, progress, ssl, max_bytes: int,
-                     chunk_timeout: float) -> dict:
+                     timeout: float) -> dict:
     session = await Session.open(url, token, ssl=ssl, client="tandem-models")
     try:
-        reply = (await session.request("get_model", version=version)).body
+        reply = (await session.request("get_model", timeout, version=version)).body
         if version is not None and reply["version"] != version:
             raise SyncError(f"asked the backend for model {version} and it answered {reply['version']!r:.80}",
                             permanent=True)
@@ -60,7 +60,7 @@ async def _pull_once(url: str, token: str, dest_root: Path, version: str | None,
             progress(dl.bytes_done(), total)
         for k in range(0, len(missing), WINDOW):
             batch = missing[k:k + WINDOW]
-            got = await asyncio.gather(*(session.get_model_chunk(version, h, chunk_timeout) for h in batch),
+            got = await asyncio.gather(*(session.get_model_chunk(version, h, timeout) for h in batch),
                                        return_exceptions=True)
             for digest, data in zip(batch, got):  # what arrived is kept even when a chunk of the window did not
                 if not isinstance(data, BaseException):
@@ -80,7 +80,7 @@ async def _pull_once(url: str, token: str, dest_root: Path, version: str | None,
 
 async def pull_model_async(url: str, token: str, dest_root, version: str | None = None, *, progress=None,
                            ssl=None, attempts: int = 3, max_bytes: int = DEFAULT_MAX_PULL_BYTES,
-                           chunk_timeout: float = CHUNK_TIMEOUT) -> dict:
+                           timeout: float = TIMEOUT) -> dict:
     """Download a model; returns {"version", "path", "hash", "fetched", ...} or, for a model the
     backend does not ship, {"version", "endpoint": {"url", "model"}}. progress(done_bytes, total).
     ModelFilesError for a version, manifest or model this machine refuses; SyncError for the rest."""
@@ -90,7 +90,7 @@ async def pull_model_async(url: str, token: str, dest_root, version: str | None 
     dest_root.mkdir(parents=True, exist_ok=True)
     for k in range(attempts):
         try:
-            return await _pull_once(url, token, dest_root, version, progress, ssl, max_bytes, chunk_timeout)
+            return await _pull_once(url, token, dest_root, version, progress, ssl, max_bytes, timeout)
         except SyncError as e:
             if e.permanent or k == attempts - 1:
                 raise

@@ -149,7 +149,11 @@ class Session:
         self._waiting[ref] = fut
         self.conn.request(mtype, ref=ref, **fields)
         await self.flush()
-        reply = await asyncio.wait_for(fut, timeout)
+        try:
+            reply = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            self._waiting.pop(ref, None)
+            raise SyncError(f"no reply to {mtype} from the server within {timeout:g} s") from None
         if isinstance(reply, P.ErrorReceived):
             raise RequestRefused(f"{mtype}: {reply.reason}", code=reply.code, permanent=True)
         return reply

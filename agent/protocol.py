@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.model_files import is_model_version  # a model version names the folder it is pulled into
@@ -332,8 +332,9 @@ class Connection:
             if self.state != "open":
                 return self._fail("bad_state", "blob frame before the handshake finished", fatal=True)
             digest, payload = decode_blob(data, self.limits)
-            if digest is None:
-                return self._fail(*payload)
+            if digest is None:  # the event names the blob its header claims: whoever waits for it can stop
+                framed = len(data) >= BLOB_HEADER_LEN and data[:3] == BLOB_MAGIC
+                return [replace(ev, hash=data[4:BLOB_HEADER_LEN].hex() if framed else None) for ev in self._fail(*payload)]
             return self._on_blob(digest, payload)
         except Exception as e:
             return self._fail("internal", f"could not handle the blob: {type(e).__name__}: {e}")

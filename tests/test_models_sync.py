@@ -374,8 +374,9 @@ def test_hostile_file_names_end_in_one_clear_error_and_leave_nothing(tmp_path, f
 
 @pytest.mark.parametrize("how", ["silent", "forged"])
 def test_a_chunk_that_never_arrives_times_out_by_name_and_is_retried(tmp_path, how):
-    """A server that never sends a chunk, or sends bytes that do not match its hash, ends each try
-    after `timeout` with the chunk named; the pull is tried again, and what arrived is kept."""
+    """A server that never sends a chunk ends each try after `timeout` with the chunk named; one that
+    sends bytes that do not match its hash ends it at once. The pull is tried again, and what
+    arrived is kept."""
     from agent import protocol as P
     from agent.sync.model_pull import pull_model
     from agent.sync.session import SyncError
@@ -391,7 +392,9 @@ def test_a_chunk_that_never_arrives_times_out_by_name_and_is_retried(tmp_path, h
 
     dest = tmp_path / "models"
     with HostileBackend(model_server("v0001", manifest, chunks, chunk=chunk)) as hb:
-        with pytest.raises(SyncError, match=f"chunk {bad} of model v0001 did not arrive from the server within 0.5 s"):
+        says = (f"chunk {bad} of model v0001 did not arrive from the server within 0.5 s" if how == "silent"
+                else f"refused what the server sent: blob {bad} does not match its content")
+        with pytest.raises(SyncError, match=says):
             pull_model(hb.url, "token", dest, timeout=0.5)
         asked = [ev.body["hash"] for ev in hb.asked if ev.type == "get_model_chunk"]
     assert asked.count(bad) == 3 and len(asked) == len(chunks) + 2  # three tries; the rest fetched once

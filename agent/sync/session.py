@@ -113,6 +113,11 @@ class Session:
             if not fut.done():
                 fut.set_exception(SyncError(f"the server's reply is invalid: {ev.reason}", code=ev.code, permanent=True))
             return
+        if isinstance(ev, P.ProtocolError) and ev.hash in self._blobs:  # it came, but not as it should
+            fut = self._blobs.pop(ev.hash)
+            if not fut.done():
+                fut.set_exception(SyncError(f"refused what the server sent: {ev.reason}"))
+            return
         if isinstance(ev, P.BlobReceived) and ev.hash in self._blobs:
             fut = self._blobs.pop(ev.hash)
             if not fut.done():
@@ -166,8 +171,8 @@ class Session:
                                  f"chunk {digest} of model {version}")
 
     async def _fetch(self, digest: str, ask, timeout: float, what: str = "") -> bytes:
-        """The blob asked for; SyncError (worth a retry) naming it when it has not come in `timeout`
-        (a server that never sends it, or sends bytes that do not match its hash)."""
+        """The blob asked for; SyncError (worth a retry) naming it when it has not come in `timeout`,
+        or came with bytes that do not match its hash."""
         self._check_open()
         fut = asyncio.get_running_loop().create_future()
         self._blobs[digest] = fut

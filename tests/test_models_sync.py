@@ -453,6 +453,11 @@ def test_clients_are_not_told_where_the_backend_keeps_its_models(backend, model_
     assert reply["info"] == {"mean_success": 0.3} and str(model_dir) not in json.dumps(reply)
     with pytest.raises(BackendError, match="not a model version name: '../x'"):
         bt.store.announce_model("../x", {"path": str(model_dir)})
+    # one an older release let through stays in the table, and is never pushed
+    bt.store.store.upsert("models", {"version": "..", "info": "{}", "announced_at": 2e9}, pk="version")
+    assert bt.store.latest_model()[0] == "v0003"
+    pushed = asyncio.run(told(tokens["annotator"], False))
+    assert isinstance(pushed, P.ModelVersion) and pushed.version == "v0003"
 
 
 def test_the_flywheel_registers_only_version_names(store, model_dir):

@@ -21,7 +21,9 @@ supervisors; claim makes one supervisor the decider; decision(approve|edit|rejec
 travels back; model_version announces a new policy to everyone.
 Models: get_model(version?) -> model(version, info, manifest | endpoint): the files of a checkpoint
 as SHA-256-named chunks (agent.model_files); get_model_chunk(version, hash) -> that chunk as a blob
-frame. A download resumes by asking only for the chunks it lacks.
+frame. A download resumes by asking only for the chunks it lacks. A model version is a plain name
+(agent.model_files.is_model_version), since the puller makes a folder of it; the info clients get
+never holds the backend's paths.
 
 Bad input (malformed JSON, unknown types or versions, wrong field types, oversized frames,
 unexpected blobs) never raises: it becomes a ProtocolError event and an error message queued for
@@ -32,8 +34,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from agent.model_files import is_model_version  # a model version names the folder it is pulled into
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
@@ -86,6 +90,7 @@ def _is_id(v) -> bool:
 _CHECKS = {
     "str": (lambda v: isinstance(v, str), "a string"),
     "id": (_is_id, "a non-empty string of at most 200 characters"),
+    "version": (is_model_version, "a model version name such as v0003 (letters, digits, '.', '_', '-', at most 64)"),
     "int": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
     "dict": (lambda v: isinstance(v, dict), "an object"),
@@ -120,11 +125,11 @@ MESSAGES: dict[str, tuple[str, dict[str, str]]] = {
     "proposal": (BOTH, {"run_id": "id", "proposal_id": "id", "step": "dict", "screenshot": "hash?", "sender": "id?"}),
     "decision": (BOTH, {"run_id": "id", "proposal_id": "id", "decision": "decision", "step": "dict?", "reason": "str?", "by": "id?"}),
     "run_end": (BOTH, {"run_id": "id", "reason": "str?"}),
-    "announce_model": (C2S, {"version": "id", "info": "dict?"}),
-    "model_version": (S2C, {"version": "id", "info": "dict?"}),
-    "get_model": (C2S, {"version": "id?"}),  # None: the latest announced
-    "model": (S2C, {"version": "id", "info": "dict?", "manifest": "dict?", "endpoint": "dict?"}),
-    "get_model_chunk": (C2S, {"version": "id", "hash": "hash"}),  # answered by the blob frame itself
+    "announce_model": (C2S, {"version": "version", "info": "dict?"}),
+    "model_version": (S2C, {"version": "version", "info": "dict?"}),
+    "get_model": (C2S, {"version": "version?"}),  # None: the latest announced
+    "model": (S2C, {"version": "version", "info": "dict?", "manifest": "dict?", "endpoint": "dict?"}),
+    "get_model_chunk": (C2S, {"version": "version", "hash": "hash"}),  # answered by the blob frame itself
     "user_add": (C2S, {"name": "id", "role": "role"}),
     "user_token": (S2C, {"name": "id", "role": "role", "token": "str"}),
     "user_list": (C2S, {}),
@@ -327,8 +332,9 @@ class Connection:
             if self.state != "open":
                 return self._fail("bad_state", "blob frame before the handshake finished", fatal=True)
             digest, payload = decode_blob(data, self.limits)
-            if digest is None:
-                return self._fail(*payload)
+            if digest is None:  # the event names the blob its header claims: whoever waits for it can stop
+                framed = len(data) >= BLOB_HEADER_LEN and data[:3] == BLOB_MAGIC
+                return [replace(ev, hash=data[4:BLOB_HEADER_LEN].hex() if framed else None) for ev in self._fail(*payload)]
             return self._on_blob(digest, payload)
         except Exception as e:
             return self._fail("internal", f"could not handle the blob: {type(e).__name__}: {e}")
@@ -343,7 +349,7 @@ class Connection:
         self._out.append(encode_message("error", code=code, reason=reason[:500], fatal=fatal or None, detail=detail, ref=ref))
         if fatal:
             self._close(CLOSE_POLICY if code in ("auth_failed", "auth_required", "too_many_errors") else CLOSE_PROTOCOL, reason)
-        return [ProtocolError(code, reason, fatal)]
+        return [ProtocolError(code, reason, fatal, ref)]
 
     def _close(self, code: int, reason: str) -> None:
         self.state = "closed"

@@ -24,6 +24,8 @@ class ProtocolError:
     code: str
     reason: str
     fatal: bool = False
+    ref: str | None = None  # the request a malformed reply answered, when it says
+    hash: str | None = None  # the blob a refused blob frame said it carries
 
 
 @dataclass(frozen=True)

@@ -170,8 +170,9 @@ class MainWindow(QMainWindow):
         about = f" (held-out success {100 * success:.0f}%)" if isinstance(success, (int, float)) else ""
         self.model_btn.setEnabled(True)
         self.model_btn.setText(f"Use model {version}")
-        if self._model_is_here(info):
-            self.model_btn.setToolTip(f"Switch Supervise and Drive to {info['path']}{about}")
+        here = self._model_here(version)
+        if here:
+            self.model_btn.setToolTip(f"Switch Supervise and Drive to {here}{about}")
             self.notify(f"New model version {version}{about}: 'Use model {version}' switches the agent to it", 15000)
         else:
             self.model_btn.setToolTip(f"Download {version} from {self.sync_url} and switch Supervise and Drive to it{about}")
@@ -179,22 +180,25 @@ class MainWindow(QMainWindow):
                         "and switches the agent to it", 15000)
         self.model_btn.show()
 
-    def _model_is_here(self, info: dict) -> bool:
-        """The announced folder is this machine's only when the backend is the embedded one."""
-        from pathlib import Path
+    def _model_here(self, version: str) -> str | None:
+        """The announced model's folder when it is on this machine: only with the embedded backend."""
+        if self._stop_embedded is None:
+            return None
+        from app.sync.embedded import embedded_model_path
 
-        return self._stop_embedded is not None and bool(info.get("path")) and Path(info["path"]).is_dir()
+        return embedded_model_path(self.store, version)
 
     def use_announced_model(self) -> None:
         """Supervise and Drive run the announced model from now on (their forms and settings),
         downloaded first when it lives on a remote backend."""
         if self.announced is None:
             return
-        version, info = self.announced
-        if self._model_is_here(info):
-            self._switch_to_model(version, info["path"])
+        version, _ = self.announced
+        here = self._model_here(version)
+        if here:
+            self._switch_to_model(version, here)
             return
-        from agent.sync.model_pull import models_dir, pull_model
+        from agent.sync.model_pull import max_pull_bytes, models_dir, pull_model
         from app.workers import run_in_background
 
         from agent.secret_store import saved_secret
@@ -226,8 +230,10 @@ class MainWindow(QMainWindow):
             self.model_progress.setValue(done_kib)
             self.model_btn.setText(f"Downloading {version}… {done_kib / 1024:.1f} of {total_kib / 1024:.1f} MiB")
 
+        limit = max_pull_bytes(self.store)
+
         def fetch(progress):  # in KiB: Qt's signal carries 32-bit ints
-            return pull_model(self.sync_url, token, models_dir(self.store), version,
+            return pull_model(self.sync_url, token, models_dir(self.store), version, max_bytes=limit,
                               progress=lambda d, t: progress(d // 1024, max(1, t // 1024)))
 
         run_in_background(fetch, on_result=done, on_error=failed, on_progress=on_progress)

@@ -337,3 +337,45 @@ def test_server_still_serves_after_the_fuzz(fuzz_backend):
         return items
 
     assert len(asyncio.run(run())) == 1
+
+
+@pytest.mark.parametrize("asks_for", ["original", "other episode", "both with the right one"])
+def test_a_hostile_servers_need_gets_nothing_outside_the_redacted_upload(tmp_path, asks_for):
+    """A `need` may name any hash the server likes: the client sent it (here the unblurred original
+    behind a reviewed frame, or another episode's frame). Only blobs the uploaded (redacted)
+    episode references leave the machine; a need for any other fails the upload, sending none."""
+    import cv2
+    import numpy as np
+
+    from agent.redaction import review
+    from agent.redaction.plan import empty_plan, new_box
+    from tests.hostile_backend import HostileBackend, frame
+
+    store = Store(tmp_path / "A")
+    noise = np.random.default_rng(0).integers(0, 255, (200, 320, 3), dtype=np.uint8)
+    original = store.put_blob(cv2.imencode(".png", noise)[1].tobytes())
+    ep = Episode(instruction="pay the bill", meta={"recording": {"app": "test"}}, steps=[
+        Step(index=0, observation=Observation(original, 320, 200, ScreenGeometry.simple(320, 200), 0.0),
+             thought="the card field", action=Action("click", {"start_box": (0.5, 0.5)}))])
+    store.save_episode(ep)
+    plan = empty_plan("test")
+    plan["frames"][original] = {"boxes": [new_box((0.1, 0.1, 0.6, 0.5), "card", "ana")], "redacted": None}
+    redacted = review.approve(store, ep.id, "ana", plan=plan, keep_originals=True)["frames"][original]["redacted"]
+    other = unique_episodes(store, 1, steps=1)[0].steps[0].observation.screenshot
+    assert len({original, redacted, other}) == 3 and store.has_blob(original)
+    wanted = {"original": [original], "other episode": [other], "both with the right one": [redacted, original]}[asks_for]
+
+    def answer(ev):
+        if isinstance(ev, P.ManifestReceived):
+            assert ev.blobs == (redacted,)  # what the client offers: the redacted frame only
+            return [frame("need", episode_id=ev.episode_id, revision=ev.revision, hashes=wanted, ref=ev.ref)]
+        return []
+
+    Outbox(store).submit(ep.id)
+    with HostileBackend(answer, role="annotator") as hb:
+        report = asyncio.run(SyncClient(store, hb.url, "token").sync(deadline=time.monotonic() + 30))
+    stray = next(h for h in wanted if h != redacted)
+    assert hb.blobs == [] and len(hb.asked) == 1
+    assert report.failed == [(ep.id, f"the server asked for blob {stray}, which this episode's upload does not "
+                                     "contain: nothing was sent")]
+    assert Outbox(store).get(ep.id).state == "failed"

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.model_files import ModelFilesError, check_model_version, is_model_version
 from agent.protocol import ROLES
 from agent.schema import Episode
 from agent.store import AddColumn, NotFound, Store, sha256
@@ -343,6 +344,10 @@ class BackendStore:
 
     # ------------------------------------------------------------ models
     def announce_model(self, version: str, info: dict) -> None:
+        try:
+            check_model_version(version)  # clients pull it into a folder of that name
+        except ModelFilesError as e:
+            raise BackendError("bad_field", str(e)) from None
         self.store.upsert("models", {"version": version, "info": json.dumps(info), "announced_at": time.time()}, pk="version")
 
     def model(self, version: str) -> tuple[str, dict] | None:
@@ -350,5 +355,7 @@ class BackendStore:
         return (rows[0]["version"], json.loads(rows[0]["info"] or "{}")) if rows else None
 
     def latest_model(self) -> tuple[str, dict] | None:
-        rows = self.store.query("SELECT * FROM models ORDER BY announced_at DESC LIMIT 1")
-        return (rows[0]["version"], json.loads(rows[0]["info"] or "{}")) if rows else None
+        """The newest announced version whose name clients may pull (an older release stored any)."""
+        rows = self.store.query("SELECT * FROM models ORDER BY announced_at DESC")
+        row = next((r for r in rows if is_model_version(r["version"])), None)
+        return (row["version"], json.loads(row["info"] or "{}")) if row else None

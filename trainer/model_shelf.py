@@ -15,6 +15,13 @@ from trainer.backend_store import BackendError
 
 DEFAULT_READERS = ("supervisor", "admin")  # who runs agents; annotators record and never need weights
 DEFAULT_MAX_BYTES = 4 * 2**30
+SERVER_ONLY_INFO = ("path",)  # where the backend keeps a model is no client's business
+
+
+def client_info(info: dict | None) -> dict:
+    """What clients are told about a model version (`model_version`, `model`): its info without
+    the backend's own paths."""
+    return {k: v for k, v in (info or {}).items() if k not in SERVER_ONLY_INFO}
 
 
 class ModelShelf:
@@ -59,10 +66,10 @@ class ModelShelf:
         manifest, _ = self._manifest(version, info)
         if manifest["bytes"] > self.max_bytes:
             if self.endpoint:
-                return {"version": version, "info": info, "endpoint": dict(self.endpoint)}
+                return {"version": version, "info": client_info(info), "endpoint": dict(self.endpoint)}
             raise BackendError("too_large", f"model {version} is {manifest['bytes'] / 2**20:.0f} MiB, more than this "
                                             f"backend ships ({self.max_bytes / 2**20:.0f} MiB), and no endpoint serves it")
-        return {"version": version, "info": info, "manifest": manifest}
+        return {"version": version, "info": client_info(info), "manifest": manifest}
 
     def chunk(self, version: str, digest: str, user) -> bytes:
         """One chunk's bytes, checked against its hash (a file changed under the backend is refused)."""

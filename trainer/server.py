@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 
 from agent import protocol as P
 from trainer.backend_store import BackendError, BackendStore, User
-from trainer.model_shelf import ModelShelf
+from trainer.model_shelf import ModelShelf, client_info
 
 log = logging.getLogger("tandem.backend")
 SERVER_NAME = "tandem-backend/1"
@@ -271,7 +271,7 @@ class BackendServer:
         s.conn.accept(s.user.name, s.user.role, SERVER_NAME)
         latest = await self._io(self.store.latest_model)
         if latest:
-            s.conn.send("model_version", version=latest[0], info=latest[1])
+            s.conn.send("model_version", version=latest[0], info=client_info(latest[1]))
 
     async def _still_valid(self, s: Session) -> bool:
         """Re-read the user's token state now and then, so a revocation takes effect."""
@@ -475,5 +475,5 @@ class BackendServer:
         self._announced = version
         for other in list(self.sessions):
             if other.user and not other.dropped:
-                other.conn.send("model_version", version=version, info=info or {})
+                other.conn.send("model_version", version=version, info=client_info(info))
                 self._push(other)

@@ -86,7 +86,8 @@ class SyncClient:
                     continue
                 ev = await session.next_event(self.reply_timeout)
                 if isinstance(ev, P.BlobsNeeded) and ev.episode_id in inflight:
-                    await self._send_blobs(session, ev, inflight[ev.episode_id], report)
+                    if not await self._send_blobs(session, ev, inflight[ev.episode_id], report):
+                        by_ref.pop(inflight.pop(ev.episode_id)["ref"], None)
                 elif isinstance(ev, P.Acked) and ev.episode_id in inflight:
                     info = inflight.pop(ev.episode_id)
                     by_ref.pop(info["ref"], None)
@@ -142,9 +143,18 @@ class SyncClient:
             return None
         self.outbox.mark_sending(eid, new_attempt=True)
         await session.flush()
-        return {"ref": ref, "digest": digest, "steps": len(ep.steps), "sent": 0, "total": 0, "hashes": set()}
+        return {"ref": ref, "digest": digest, "steps": len(ep.steps), "sent": 0, "total": 0, "hashes": set(),
+                "blobs": set(ep.blob_hashes())}
 
-    async def _send_blobs(self, session: Session, ev: P.BlobsNeeded, info: dict, report: SyncReport) -> None:
+    async def _send_blobs(self, session: Session, ev: P.BlobsNeeded, info: dict, report: SyncReport) -> bool:
+        """Send the blobs the server needs for this upload. Only blobs the uploaded (redacted)
+        episode references leave the machine: a `need` naming any other (an original behind a
+        reviewed frame, another episode's) fails the upload and sends nothing; False then."""
+        foreign = [h for h in ev.hashes if h not in info["blobs"]]
+        if foreign:
+            self._fail(ev.episode_id, f"the server asked for blob {foreign[0]}, which this episode's upload does "
+                                      "not contain: nothing was sent", report)
+            return False
         info["hashes"] = set(ev.hashes)
         paths = [self.store.blob_path(h) for h in ev.hashes]
         info["total"] = sum(p.stat().st_size for p in paths if p.exists())
@@ -157,6 +167,7 @@ class SyncClient:
             report.blobs_sent += 1
             report.bytes_sent += len(data)
             self.outbox.progress(ev.episode_id, info["sent"], info["total"])
+        return True
 
     def _fail(self, eid: str, reason: str, report: SyncReport) -> None:
         self.outbox.mark_failed(eid, reason)

@@ -6,6 +6,12 @@ its SHA-256 as it arrives; the files are assembled, checked and moved to <data>/
 A dropped connection is retried; an interrupted pull resumes where it stopped, on the next try
 or the next run. A model the backend will not ship (too large) comes back as the endpoint the
 backend names instead.
+
+What the backend says is checked before it touches the disk: the version must be a plain name
+(agent.model_files.is_model_version) and its folder a child of <data>/models/; the manifest
+must pass check_manifest, with the model at most `max_bytes` (DEFAULT_MAX_PULL_BYTES unless
+told otherwise). A reply or a chunk that does not arrive within `timeout` ends the try with a
+SyncError naming it, and the pull is tried again (what arrived is kept).
 """
 from __future__ import annotations
 
@@ -13,55 +19,78 @@ import asyncio
 import time
 from pathlib import Path
 
-from agent.model_files import ModelDownload, ModelFilesError, model_manifest, pulled_record
+from agent.model_files import (DEFAULT_MAX_PULL_BYTES, ModelDownload, ModelFilesError, check_model_version, inside,
+                               model_manifest, pulled_record)
 from agent.sync.session import Session, SyncError
 
 WINDOW = 4  # chunks asked for at once: keeps the socket busy without holding much in memory
+TIMEOUT = 120.0  # seconds for the model reply, or for one window's chunks (4 x 8 MiB: 2.2 Mbit/s at least)
 
 
 def models_dir(store) -> Path:
     return Path(store.root) / "models"
 
 
-async def _pull_once(url: str, token: str, dest_root: Path, version: str | None, progress, ssl) -> dict:
+def max_pull_bytes(store) -> int:
+    """The most one pull may write: the setting models.max_gib, else DEFAULT_MAX_PULL_BYTES."""
+    gib = store.get_setting("models.max_gib")
+    ok = isinstance(gib, (int, float)) and not isinstance(gib, bool) and gib > 0
+    return int(gib * 2**30) if ok else DEFAULT_MAX_PULL_BYTES
+
+
+async def _pull_once(url: str, token: str, dest_root: Path, version: str | None, progress, ssl, max_bytes: int,
+                     timeout: float) -> dict:
     session = await Session.open(url, token, ssl=ssl, client="tandem-models")
     try:
-        reply = (await session.request("get_model", version=version)).body
-        version, info = reply["version"], reply.get("info") or {}
+        reply = (await session.request("get_model", timeout, version=version)).body
+        if version is not None and reply["version"] != version:
+            raise SyncError(f"asked the backend for model {version} and it answered {reply['version']!r:.80}",
+                            permanent=True)
+        version, info = check_model_version(reply["version"]), reply.get("info") or {}
         if reply.get("endpoint"):
             return {"version": version, "info": info, "endpoint": reply["endpoint"]}
-        dest = dest_root / version
+        dest = inside(dest_root, version)
         have = pulled_record(dest)
-        if have and have.get("hash") == reply["manifest"].get("hash"):
+        if have and have.get("hash") == (reply.get("manifest") or {}).get("hash"):
             return {"version": version, "info": info, "path": str(dest), "hash": have["hash"], "fetched": 0,
                     "already": True}
-        dl = ModelDownload(reply["manifest"], dest)
-        missing, fetched, total = dl.missing(), 0, reply["manifest"]["bytes"]
+        dl = ModelDownload(reply.get("manifest"), dest, max_bytes)
+        missing, fetched, total = dl.missing(), 0, dl.manifest["bytes"]
         if progress:
             progress(dl.bytes_done(), total)
         for k in range(0, len(missing), WINDOW):
             batch = missing[k:k + WINDOW]
-            for digest, data in zip(batch, await asyncio.gather(*(session.get_model_chunk(version, h) for h in batch))):
-                dl.add(digest, data)
-                fetched += len(data)
+            got = await asyncio.gather(*(session.get_model_chunk(version, h, timeout) for h in batch),
+                                       return_exceptions=True)
+            for digest, data in zip(batch, got):  # what arrived is kept even when a chunk of the window did not
+                if not isinstance(data, BaseException):
+                    dl.add(digest, data)
+                    fetched += len(data)
+            failed = next((e for e in got if isinstance(e, BaseException)), None)
+            if failed is not None:
+                raise failed
             if progress:
                 progress(dl.bytes_done(), total)
         path = dl.finish({"version": version, "source": url, "info": info, "pulled_at": time.time()})
-        return {"version": version, "info": info, "path": str(path), "hash": reply["manifest"]["hash"],
+        return {"version": version, "info": info, "path": str(path), "hash": dl.manifest["hash"],
                 "fetched": fetched, "resumed_chunks": dl.resumed, "already": False}
     finally:
         await session.close()
 
 
 async def pull_model_async(url: str, token: str, dest_root, version: str | None = None, *, progress=None,
-                           ssl=None, attempts: int = 3) -> dict:
+                           ssl=None, attempts: int = 3, max_bytes: int = DEFAULT_MAX_PULL_BYTES,
+                           timeout: float = TIMEOUT) -> dict:
     """Download a model; returns {"version", "path", "hash", "fetched", ...} or, for a model the
-    backend does not ship, {"version", "endpoint": {"url", "model"}}. progress(done_bytes, total)."""
+    backend does not ship, {"version", "endpoint": {"url", "model"}}. progress(done_bytes, total).
+    ModelFilesError for a version, manifest or model this machine refuses; SyncError for the rest."""
+    if version is not None:
+        check_model_version(version)
     dest_root = Path(dest_root)
     dest_root.mkdir(parents=True, exist_ok=True)
     for k in range(attempts):
         try:
-            return await _pull_once(url, token, dest_root, version, progress, ssl)
+            return await _pull_once(url, token, dest_root, version, progress, ssl, max_bytes, timeout)
         except SyncError as e:
             if e.permanent or k == attempts - 1:
                 raise
@@ -69,8 +98,9 @@ async def pull_model_async(url: str, token: str, dest_root, version: str | None 
     raise AssertionError("unreachable")
 
 
-def pull_model(url: str, token: str, dest_root, version: str | None = None, *, progress=None, ssl=None) -> dict:
-    return asyncio.run(pull_model_async(url, token, dest_root, version, progress=progress, ssl=ssl))
+def pull_model(url: str, token: str, dest_root, version: str | None = None, *, progress=None, ssl=None,
+               **kw) -> dict:
+    return asyncio.run(pull_model_async(url, token, dest_root, version, progress=progress, ssl=ssl, **kw))
 
 
 def local_models(store) -> list[dict]:

@@ -108,6 +108,16 @@ class Session:
             if not fut.done():
                 fut.set_result(ev)
             return
+        if isinstance(ev, P.ProtocolError) and ev.ref in self._waiting:  # a reply that does not validate
+            fut = self._waiting.pop(ev.ref)
+            if not fut.done():
+                fut.set_exception(SyncError(f"the server's reply is invalid: {ev.reason}", code=ev.code, permanent=True))
+            return
+        if isinstance(ev, P.ProtocolError) and ev.hash in self._blobs:  # it came, but not as it should
+            fut = self._blobs.pop(ev.hash)
+            if not fut.done():
+                fut.set_exception(SyncError(f"refused what the server sent: {ev.reason}"))
+            return
         if isinstance(ev, P.BlobReceived) and ev.hash in self._blobs:
             fut = self._blobs.pop(ev.hash)
             if not fut.done():
@@ -144,7 +154,11 @@ class Session:
         self._waiting[ref] = fut
         self.conn.request(mtype, ref=ref, **fields)
         await self.flush()
-        reply = await asyncio.wait_for(fut, timeout)
+        try:
+            reply = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            self._waiting.pop(ref, None)
+            raise SyncError(f"no reply to {mtype} from the server within {timeout:g} s") from None
         if isinstance(reply, P.ErrorReceived):
             raise RequestRefused(f"{mtype}: {reply.reason}", code=reply.code, permanent=True)
         return reply
@@ -153,15 +167,22 @@ class Session:
         return await self._fetch(digest, lambda: self.conn.get_blob(digest), timeout)
 
     async def get_model_chunk(self, version: str, digest: str, timeout: float = 120.0) -> bytes:
-        return await self._fetch(digest, lambda: self.conn.get_model_chunk(version, digest), timeout)
+        return await self._fetch(digest, lambda: self.conn.get_model_chunk(version, digest), timeout,
+                                 f"chunk {digest} of model {version}")
 
-    async def _fetch(self, digest: str, ask, timeout: float) -> bytes:
+    async def _fetch(self, digest: str, ask, timeout: float, what: str = "") -> bytes:
+        """The blob asked for; SyncError (worth a retry) naming it when it has not come in `timeout`,
+        or came with bytes that do not match its hash."""
         self._check_open()
         fut = asyncio.get_running_loop().create_future()
         self._blobs[digest] = fut
         ask()
         await self.flush()
-        return await asyncio.wait_for(fut, timeout)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            self._blobs.pop(digest, None)
+            raise SyncError(f"{what or f'blob {digest}'} did not arrive from the server within {timeout:g} s") from None
 
     # -- live supervision, for the supervise feature
     async def propose(self, run_id: str, proposal_id: str, step: dict, screenshot: bytes | None = None) -> None:

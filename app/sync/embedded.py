@@ -32,3 +32,19 @@ def start_embedded_backend(store: Store, host: str = "127.0.0.1", port: int = 0)
         token = bstore.add_user(LOCAL_USER, "admin", days=EMBEDDED_TOKEN_DAYS)  # re-issued here once expired
         secrets.set(EMBEDDED_TOKEN_KEY, token)
     return backend.url, token, backend.stop
+
+
+def embedded_model_path(store: Store, version: str) -> str | None:
+    """The folder of a model the embedded backend announced, when it is on this machine (clients
+    are not told the backend's paths: the app running the backend reads them from its store)."""
+    from pathlib import Path
+
+    from trainer.backend_store import BackendStore
+
+    bstore = BackendStore(store.root / "backend")
+    try:
+        found = bstore.model(version)
+    finally:
+        bstore.close()
+    path = found[1].get("path") if found else None
+    return str(path) if path and Path(path).is_dir() else None

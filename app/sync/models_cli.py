@@ -16,6 +16,8 @@ def register(sub, common) -> None:
     pull.add_argument("--server", metavar="URL", help="ws:// or wss:// URL of the backend (default: sync.server_url)")
     pull.add_argument("--token", help="a token whose role may read models (default: sync.token)")
     pull.add_argument("--version", help="the version to pull (default: the latest announced)")
+    pull.add_argument("--max-gib", type=float, metavar="GIB",
+                      help="refuse a model larger than this (default: the setting models.max_gib, else 16)")
     pull.add_argument("--json", action="store_true", help="print the result as JSON")
     pull.set_defaults(func=cmd_pull)
     ls = ms.add_parser("list", parents=[common], help="models on this machine with their hashes")
@@ -34,7 +36,7 @@ def cmd_pull(args) -> int:
 
     from agent.model_files import ModelFilesError
     from agent.secret_store import saved_secret
-    from agent.sync.model_pull import models_dir, pull_model
+    from agent.sync.model_pull import max_pull_bytes, models_dir, pull_model
     from agent.sync.session import SyncError
 
     store = _store(args)
@@ -42,6 +44,7 @@ def cmd_pull(args) -> int:
         url = args.server or store.get_setting("sync.server_url")
         token = args.token or saved_secret(store, "sync.token")
         dest = models_dir(store)
+        max_bytes = int(args.max_gib * 2**30) if args.max_gib else max_pull_bytes(store)
     finally:
         store.close()
     if not url or not token:
@@ -54,7 +57,7 @@ def cmd_pull(args) -> int:
         bar.update(done - bar.n)
 
     try:
-        res = pull_model(url, token, dest, args.version, progress=progress)
+        res = pull_model(url, token, dest, args.version, progress=progress, max_bytes=max_bytes)
     except (SyncError, ModelFilesError) as e:
         print(f"models pull: {e}", file=sys.stderr)
         return 1

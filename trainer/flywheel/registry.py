@@ -12,6 +12,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from agent.model_files import ModelFilesError, check_model_version
 from agent.store import AddColumn
 from trainer.flywheel import FlywheelError
 
@@ -138,6 +139,10 @@ class Registry:
             self.get(parent)  # names a version that exists
         mv = ModelVersion(version or self.next_version(), str(path), "candidate", parent, int(iteration),
                           dict(metrics or {}), dict(lineage or {}), note=note)
+        try:
+            check_model_version(mv.version)  # apps pull it into a folder of that name
+        except ModelFilesError as e:
+            raise FlywheelError(str(e)) from None
         with self.store.transaction():
             if self.store.query(f"SELECT 1 FROM {MODELS_TABLE} WHERE version = ?", [mv.version]):
                 raise FlywheelError(f"model version {mv.version!r} is already registered")

@@ -109,6 +109,7 @@ def cmd_agent(args) -> int:
     from agent.loop import AgentLoop, LoopConfig
     from agent.policies import PolicyError
     from agent.store import Store
+    from agent.sync.client import signing_name
     from agent.terminal_supervisor import TerminalSupervisor
 
     try:
@@ -148,7 +149,7 @@ def cmd_agent(args) -> int:
         supervisor = publisher.supervisor
         print(f"run id: {publisher.run_id} (open it in Supervise -> Watch a run)", flush=True)
     else:
-        supervisor = TerminalSupervisor() if args.gate != "auto" else None
+        supervisor = TerminalSupervisor(name=signing_name(store, "terminal")) if args.gate != "auto" else None
     loop = AgentLoop(policy, executor, store=store, gate=Gate(args.gate, supervisor), tools=tools,
                      config=LoopConfig(max_steps=args.max_steps, max_seconds=args.max_seconds, image_format=args.image_format),
                      on_step=_print_step, on_control=lambda on: print("[agent has control]" if on else "[agent idle]", flush=True))

@@ -37,6 +37,7 @@ from app.decisions_view import DecisionsView
 from app.proposal_panel import ProposalPanel
 from app.qt_supervisor import Pending, QtSupervisor
 from app.run_form import RunForm
+from agent.sync.client import signing_name
 from agent.sync.session import SyncError
 
 
@@ -69,7 +70,7 @@ class SupervisePage(QWidget):
     def __init__(self, store, window=None, name: str | None = None):
         super().__init__()
         self.store, self.window = store, window
-        self.name = name or store.get_setting("supervise.name") or "supervisor"
+        self.name = name or signing_name(store, "supervisor")
         self.run: AgentRun | None = None
         self.supervisor: QtSupervisor | None = None
         self.publisher = None

@@ -244,3 +244,20 @@ def test_an_installation_without_torch_offers_the_endpoint_and_says_why(qtbot, s
     full = rf.RunForm(store, "supervise")
     qtbot.addWidget(full)
     assert full.policy.currentData() == "default" and full.policy.model().item(i).isEnabled()
+
+
+def test_the_page_signs_as_the_backend_user_its_store_syncs_as(qtbot, store):
+    """The backend stores a supervisor's corrections only in its own name: once the store has
+    synced as a backend user (agent.sync.client records it), the page signs with that name rather
+    than its configured one."""
+    from agent.sync.client import SYNCED_USER
+
+    store.set_setting("supervise.name", "Sam")
+    pages = [SupervisePage(store)]
+    store.set_setting(SYNCED_USER, "sup")
+    pages.append(SupervisePage(store))
+    for p in pages:
+        qtbot.addWidget(p)
+    assert [(p.name, p.panel.name) for p in pages] == [("Sam", "Sam"), ("sup", "sup")]
+    for p in pages:
+        p.shutdown()

@@ -617,6 +617,26 @@ def test_corrections_and_judged_outcomes_are_stored_only_from_their_own_supervis
     assert bs.check() == []
 
 
+def test_a_local_supervisor_signs_with_the_backend_user_it_syncs_as(tmp_path, backend):
+    """A supervisor's app (and `tandem agent`) signed local decisions with a name of its own,
+    "supervisor" unless configured, so the backend refused every correction it uploaded. Once its
+    store has synced as 'sup', they are signed 'sup' and stored; the refusal before says why."""
+    from agent.sync.client import signing_name
+
+    store = local(tmp_path)
+    store.set_setting("supervise.name", "Sam")
+    early = _claiming(store, decided_by=signing_name(store, "supervisor"))
+    report = sync(store, backend, "sup")
+    (eid, reason), = report.failed
+    assert eid == early.id and "decided by 'Sam'; 'sup' may upload corrections only in its own name" in reason
+    assert "sign as the backend user they sync as, 'sup', once they have synced" in reason
+    assert signing_name(store, "supervisor") == "sup"
+    ep = _claiming(store, decided_by=signing_name(store, "supervisor"))
+    report = sync(store, backend, "sup")
+    assert report.sent == [(ep.id, "stored")]
+    assert backend.store.store.load_episode(ep.id).steps[1].provenance.decided_by == "sup"
+
+
 def test_a_lone_surrogate_fails_its_episode_and_not_the_queue_behind_it(tmp_path, backend):
     """An episode whose meta holds a lone surrogate (stored before the schema refused it) cannot be
     hashed or sent: it fails with the reason, and the episodes queued behind it are sent."""

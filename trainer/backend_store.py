@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.model_files import ModelFilesError, check_model_version, is_model_version
-from agent.protocol import ROLES
-from agent.schema import Episode
+from agent.protocol import ROLES, _is_id
+from agent.schema import Action, Episode, SchemaError
 from agent.store import AddColumn, NotFound, Store, sha256
 
 try:  # syncfs(2): flush one filesystem, not every mounted one as os.sync() would
@@ -41,6 +41,7 @@ class BackendError(Exception):
 
 
 SUPERVISING_ROLES = ("supervisor", "admin")  # may store corrections and a supervisor's outcome (claims_problem)
+RELAYED_STEPS_MAX = 64  # steps one relayed decision may vouch for (an edit's actions, a takeover's steps)
 DEFAULT_TOKEN_DAYS = 90  # a user token's lifetime unless `backend user add --days` says otherwise
 
 
@@ -67,26 +68,47 @@ def _hash_secret(salt: bytes, secret: str) -> str:
     return hashlib.sha256(salt + secret.encode()).hexdigest()
 
 
-def claims_problem(ep: Episode, user: User) -> str | None:
+def claims_problem(ep: Episode, user: User, relayed: frozenset = frozenset()) -> str | None:
     """What an upload claims that its sender may not vouch for, or None. The flywheel trains on
     corrections (SFT samples, DPO pairs) and trusts a supervisor's outcome, so only a supervisor's
     or admin's session stores them, and only in its own name: an annotator cannot forge them, and
     nobody signs them with another user's name. An annotator's own outcome mark ("annotator") and
-    a sandbox verifier's stay open to every role."""
+    a sandbox verifier's stay open to every role.
+
+    The exception is remote supervision: the agent's machine (any role) stores a correction that
+    a supervisor made of its proposal through this backend. `relayed` holds the steps the backend
+    relayed such a correction for to this uploader (BackendStore.relayed_corrections) as
+    _relayed_key tuples (step index, decided_by, action, thought): a corrected step matching one
+    exactly is the supervisor's own decision, whoever uploads it."""
     may = user.role in SUPERVISING_ROLES
     for s in ep.steps:
         p = s.provenance
-        if p.source != "corrected":
+        if p.source != "corrected" or _relayed_key(s.index, p.decided_by, s.action, s.thought) in relayed:
             continue
+        by = repr(str(p.decided_by)[:80]) if p.decided_by is not None else "anyone"
         if not may:
             return (f"step {s.index} is marked as a supervisor's correction (provenance 'corrected'); "
-                    f"role {user.role!r} may not upload corrections")
+                    f"role {user.role!r} may not upload corrections, and this backend relayed no such correction "
+                    f"by {by} of step {s.index} to {user.name!r}")
         if p.decided_by not in (None, user.name):
-            return (f"step {s.index} is a correction decided by {str(p.decided_by)[:80]!r}; {user.name!r} may upload "
-                    "corrections only in its own name")
+            return (f"step {s.index} is a correction decided by {by}; {user.name!r} may upload "
+                    "corrections only in its own name or ones this backend relayed to it live (a supervisor's app "
+                    f"and `tandem agent` sign as the backend user they sync as, {user.name!r}, once they have synced)")
     if ep.outcome.source == "supervisor" and not may:
         return f"the outcome is marked as judged by a supervisor; role {user.role!r} may not upload that"
     return None
+
+
+def _relayed_key(index: int | None, decided_by, action, thought: str) -> tuple:
+    """What identifies a relayed correction's step: where, by whom, and what it holds (its action
+    as canonical JSON, its thought's hash), so that an uploader cannot change a relayed
+    correction's content either."""
+    d = action.to_dict() if hasattr(action, "to_dict") else action
+    return index, decided_by, json.dumps(d, sort_keys=True), _NO_THOUGHT if not thought else \
+        hashlib.sha256(thought.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+_NO_THOUGHT = hashlib.sha256(b"").hexdigest()
 
 
 # agent.store.Store.migrate. Step 1 is the schema every release before migrations made (a store
@@ -106,6 +128,12 @@ MIGRATIONS = [
     AddColumn("users", "expires_at", "REAL"),
     # who sent which blob's bytes: proof of having them (missing_blobs)
     """CREATE TABLE IF NOT EXISTS "blob_uploads" ("hash" TEXT, "user" TEXT, PRIMARY KEY ("hash", "user"))""",
+    # every decision the backend relayed from a supervisor to an agent's machine, one row per step
+    # it makes that machine record (record_decision): what lets that machine upload the correction
+    """CREATE TABLE IF NOT EXISTS "relayed_decisions" ("id" INTEGER PRIMARY KEY, "t" REAL, "run_id" TEXT,
+        "proposal_id" TEXT, "episode_id" TEXT, "step_index" INTEGER, "decision" TEXT, "decided_by" TEXT,
+        "publisher" TEXT, "action" TEXT, "thought_sha256" TEXT);
+    CREATE INDEX IF NOT EXISTS "idx_relayed_decisions_episode" ON "relayed_decisions" ("episode_id", "publisher")""",
 ]
 
 
@@ -282,7 +310,8 @@ class BackendStore:
         return ep.revision, status
 
     def _check_claims(self, ep: Episode, user: User, digest: str) -> None:
-        problem = claims_problem(ep, user)
+        corrects = any(s.provenance.source == "corrected" for s in ep.steps)
+        problem = claims_problem(ep, user, self.relayed_corrections(ep.id, user.name) if corrects else frozenset())
         if problem:
             self.log_ingest(user, ep.id, ep.revision, digest, "forbidden")
             raise BackendError("forbidden", f"episode {ep.id}: {problem}")
@@ -292,6 +321,59 @@ class BackendStore:
         """One line of the ingest log: who sent which revision, and what became of it."""
         self.store.insert("ingest_log", {"t": time.time() if t is None else t, "user": user.name, "episode_id": episode_id,
                                          "revision": revision, "content_hash": digest, "status": status})
+
+    # ------------------------------------------------------------ live supervision
+    def record_decision(self, run_id: str, proposal_id: str, proposed, publisher: str, decided_by: str, kind: str,
+                        answer) -> int:
+        """Remember a decision the server relays from `decided_by` to the agent of `publisher`, on
+        the proposal `proposed` (agent.supervision's proposal step: episode_id, step_index,
+        thought, actions). One row per step it makes the agent record, as agent.loop records them:
+        an edit carries out its actions (or the proposal's) from the proposal's step index on, the
+        first with the edited (or proposed) thought, the others with none; a takeover records the
+        human's steps from there; an approval or a rejection gets one row without an action. What
+        neither side can read records no action, and so vouches for nothing. Returns the rows."""
+        proposed, answer = proposed if isinstance(proposed, dict) else {}, answer if isinstance(answer, dict) else {}
+        index, episode_id = proposed.get("step_index"), proposed.get("episode_id")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0 or not _is_id(episode_id):
+            index, episode_id = None, None
+        steps: list = [(None, "")]  # a proposal naming no step of an episode: logged, vouching for nothing
+        if index is not None and kind == "edit":
+            actions = answer.get("actions") if answer.get("actions") is not None else proposed.get("actions")
+            thought = answer.get("thought") if answer.get("thought") is not None else proposed.get("thought")
+            steps = [(a, thought if k == 0 else "") for k, a in enumerate(actions if isinstance(actions, list) else [])]
+        elif index is not None and kind == "takeover":
+            human = answer.get("steps")
+            steps = [(h.get("action"), h.get("thought")) for h in human if isinstance(h, dict)] if isinstance(human, list) else []
+        now, rows = time.time(), []
+        for k, (action, thought) in enumerate(steps[:RELAYED_STEPS_MAX] or [(None, "")]):
+            try:
+                action = Action.from_dict(action) if action is not None else None
+            except (SchemaError, TypeError, AttributeError):
+                action = None
+            at = None if index is None else index + k
+            _, _, action_key, thought_key = _relayed_key(at, decided_by, action, thought if isinstance(thought, str) else "")
+            rows.append({"t": now, "run_id": run_id, "proposal_id": proposal_id, "episode_id": episode_id,
+                         "step_index": at, "decision": kind, "decided_by": decided_by, "publisher": publisher,
+                         "action": action_key if action is not None else None, "thought_sha256": thought_key})
+        with self.store.transaction():
+            for row in rows:
+                self.store.insert("relayed_decisions", row)
+        return len(rows)
+
+    def relayed_corrections(self, episode_id: str, publisher: str) -> frozenset:
+        """claims_problem's `relayed`: the corrected steps of `episode_id` this backend relayed to
+        `publisher`. A relayed step recorded without its thought (the agent keeps the thought on
+        the first step a reply carries out) is the same correction."""
+        rows = self.store.query(
+            "SELECT step_index, decided_by, action, thought_sha256 FROM relayed_decisions WHERE episode_id = ? "
+            "AND publisher = ? AND decision = 'edit' AND action IS NOT NULL", [episode_id, publisher])
+        return frozenset(k for r in rows for k in ((r["step_index"], r["decided_by"], r["action"], r["thought_sha256"]),
+                                                  (r["step_index"], r["decided_by"], r["action"], _NO_THOUGHT)))
+
+    def relayed_decisions(self, run_id: str | None = None) -> list[dict]:
+        if run_id:
+            return self.store.query("SELECT * FROM relayed_decisions WHERE run_id = ? ORDER BY id", [run_id])
+        return self.store.query("SELECT * FROM relayed_decisions ORDER BY id")
 
     # ------------------------------------------------------------ reads
     def list_episodes(self, user: User, owner: str | None = None, limit: int | None = None) -> list[dict]:

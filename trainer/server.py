@@ -250,15 +250,21 @@ class BackendServer:
     async def _write_blob(self, s: Session, data: bytes) -> None:
         """Queue the write and read on: the writer thread runs jobs in order, so the episode's
         ingest (queued later) finds its blobs written. Bounded by WRITE_AHEAD bytes per session."""
-        fut = asyncio.get_running_loop().run_in_executor(self._writer, self.store.put_blob, data, s.user)
-        self._inflight.add(fut)
-        fut.add_done_callback(self._inflight.discard)
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception() and log.error("blob write failed: %s", f.exception()))
+        fut = self._write_soon("blob write", self.store.put_blob, data, s.user)
         s.writes.append((fut, len(data)))
         self.stats["blobs"] += 1
         self.stats["blob_bytes"] += len(data)
         while s.writes and (s.writes[0][0].done() or sum(n for _, n in s.writes) > WRITE_AHEAD):
             await asyncio.shield(s.writes.pop(0)[0])
+
+    def _write_soon(self, what: str, fn, *args) -> asyncio.Future:
+        """Queue a store write on the writer thread without waiting for it; a failure is logged.
+        The thread runs jobs in order, so a later read or ingest sees it."""
+        fut = asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+        self._inflight.add(fut)
+        fut.add_done_callback(self._inflight.discard)
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception() and log.error("%s failed: %s", what, f.exception()))
+        return fut
 
     async def _hello(self, s: Session, ev: P.HelloReceived) -> None:
         try:
@@ -448,7 +454,10 @@ class BackendServer:
             raise BackendError("bad_state", f"claim run {ev.run_id} before deciding on its proposals")
         if ev.proposal_id not in run.pending:
             raise BackendError("not_found", f"run {ev.run_id} has no open proposal {ev.proposal_id}")
-        del run.pending[ev.proposal_id]
+        proposed, _, _, publisher = run.pending.pop(ev.proposal_id)
+        # recorded before the agent hears it, so the upload of the correction finds it (claims_problem)
+        self._write_soon("recording a decision", self.store.record_decision, ev.run_id, ev.proposal_id, proposed,
+                         publisher, s.user.name, ev.decision, ev.step)
         self._broadcast(run, lambda c: c.send_decision(ev.run_id, ev.proposal_id, ev.decision, step=ev.step,
                                                        reason=ev.reason, by=s.user.name), exclude=s)
         s.conn.send("ok", what="decision", ref=ev.ref)

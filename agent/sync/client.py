@@ -26,6 +26,14 @@ from agent.sync.session import Session, SyncError
 
 # Error codes about one episode that a retry would only repeat.
 PERMANENT = ("bad_episode", "bad_manifest", "forbidden", "hash_mismatch", "too_large", "conflict", "bad_field")
+SYNCED_USER = "sync.user"  # setting: the backend user this store last synced as
+
+
+def signing_name(store: Store, default: str) -> str:
+    """The name a supervisor on this machine signs decisions with: the backend user the store
+    syncs as (the backend stores a correction from a supervisor's session only in that user's
+    name), else the configured `supervise.name`, else `default`."""
+    return store.get_setting(SYNCED_USER) or store.get_setting("supervise.name") or default
 
 
 class Backoff:
@@ -190,8 +198,7 @@ class SyncClient:
                 if e.permanent or not await self._wait(deadline, stop):
                     break
                 continue
-            self.backoff.reset()
-            self._connection(True, f"{session.user} ({session.role})")
+            self._connected(session)
             try:
                 await self.upload_pending(session, report)
             except SyncError as e:
@@ -221,6 +228,12 @@ class SyncClient:
         except asyncio.TimeoutError:
             return True
 
+    def _connected(self, session: Session) -> None:
+        self.backoff.reset()
+        if self.store.get_setting(SYNCED_USER) != session.user:
+            self.store.set_setting(SYNCED_USER, session.user)
+        self._connection(True, f"{session.user} ({session.role})")
+
     def _connection(self, up: bool, detail: str) -> None:
         if self.on_connection:
             self.on_connection(up, detail)
@@ -238,8 +251,7 @@ class SyncClient:
                 if not await self._after_failure(e, stop, wake):
                     return
                 continue
-            self.backoff.reset()
-            self._connection(True, f"{session.user} ({session.role})")
+            self._connected(session)
             try:
                 while not stop.is_set():
                     wake.clear()

@@ -184,14 +184,18 @@ def test_scan_approve_and_upload_view(qapp, store, engine):
 
 def test_exported_training_data_is_the_redacted_version(qapp, store, engine, tmp_path):
     """`export` writes what a sync would send: the approved review's blurred frames and masked
-    text; a recording not reviewed yet is exported as it is and named in the result."""
+    text; a recording not reviewed yet is refused, or exported as it is when the originals are
+    asked for, and named in the result."""
     import json
 
-    from agent.export import export_jsonl
+    from agent.export import ExportRefused, export_jsonl
 
     ep = _recording(store, _window_png())
-    raw = export_jsonl(store, tmp_path / "a" / "samples.jsonl", [ep.id])
-    assert raw["unreviewed"] == [ep.id]
+    with pytest.raises(ExportRefused, match="1 of 1 episode has no approved privacy review"):
+        export_jsonl(store, tmp_path / "a" / "samples.jsonl", [ep.id])
+    assert not (tmp_path / "a" / "samples.jsonl").exists()
+    raw = export_jsonl(store, tmp_path / "a" / "samples.jsonl", [ep.id], include_originals=True)
+    assert raw["unreviewed"] == [ep.id] and raw["originals"]
     review.scan(store, ep.id, engine=engine)
     review.approve(store, ep.id, "ana", keep_originals=True)
     res = export_jsonl(store, tmp_path / "b" / "samples.jsonl", [ep.id])

@@ -46,11 +46,13 @@ def check_exportable(store, episode_ids, include_originals: bool) -> list[str]:
     ids = list(episode_ids)
     missing = without_review(store, ids)
     if missing and not include_originals:
+        one = len(missing) == 1
+        it = "it" if one else "them"
         raise ExportRefused(
-            f"{len(missing)} of {plural(len(ids), 'episode')} {'has' if len(missing) == 1 else 'have'} no approved "
-            f"privacy review ({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}): exporting would write "
-            f"their original screenshots and text. Review them first (`{command_name()} redact scan ID`, then "
-            f"`redact approve ID --by NAME`), or export the originals on purpose with --include-originals")
+            f"{len(missing)} of {plural(len(ids), 'episode')} {'has' if one else 'have'} no approved privacy review "
+            f"({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}): exporting {it} would write the original "
+            f"screenshots and text. Review {it} first (`{command_name()} redact scan ID`, then `redact approve ID "
+            f"--by NAME`), or export the originals on purpose with --include-originals")
     return missing
 
 

@@ -1,6 +1,7 @@
 """The Library page: every local episode in a sortable, filterable table, and the step viewer of
 the selected one below it. Actions on the selected episodes: mark the outcome, delete, export
-(training JSONL or a .zip bundle) and import a bundle; export and import run in the background.
+(training JSONL or a .zip bundle: what a sync would send, asking first about episodes without an
+approved privacy review) and import a bundle; export and import run in the background.
 """
 from __future__ import annotations
 

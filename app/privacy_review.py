@@ -2,7 +2,8 @@
 
 Scanning (OCR of every frame) starts in a worker when the dialog opens, with progress shown;
 the annotator looks through the frames, clicks a box to keep that region clear (or blur it
-again), drags to add a box, unticks a text span to leave it, then approves: the blurred frames
+again), drags to add a box, unticks a text span to leave it, ticks "Upload the audio as it is"
+for audio that has no transcript (else that audio stays here), then approves: the blurred frames
 are written in a worker and the episode is queued for sync. Nothing here runs on the capture
 path. Models (agent.redaction) hold the plan; this widget only shows it and writes decisions back.
 """

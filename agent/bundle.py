@@ -1,5 +1,6 @@
-"""Lossless episode bundles: a zip of episodes/<id>.json and blobs/<hash>, for moving episodes
-between machines; and import of plain episode JSON whose screenshots are image files.
+"""Episode bundles: a zip of episodes/<id>.json and blobs/<hash>, for moving episodes between
+machines (an export writes what a sync would send, the privacy review's redacted version, unless
+the originals are asked for); and import of plain episode JSON whose screenshots are image files.
 
 Import validates everything (schema, every blob's hash) before it writes anything, so a corrupt
 or truncated file is refused whole, with the reason, and the store is left as it was; the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import zipfile
 import zlib
@@ -112,19 +114,32 @@ def _member_episode(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, budge
     return _episode(_load_json(_json_text(_member_chunks(z, info, path, budget, MAX_JSON_BYTES), where), where), where)
 
 
-def write_bundle(store: Store, out_path, episode_ids) -> dict:
+def write_bundle(store: Store, out_path, episode_ids, *, include_originals: bool = False) -> dict:
+    """A bundle of the episodes as agent.export.export_view gives them: the privacy review's
+    redacted version (refused, ExportRefused, when an episode has none), or with
+    include_originals every episode as stored. Written beside `out_path`, then moved in place."""
+    from agent.export import check_exportable, export_view
+
+    ids = list(episode_ids)
+    unreviewed = check_exportable(store, ids, include_originals)
     out_path = Path(out_path)
+    tmp = out_path.with_name(out_path.name + ".tmp")
     n_blobs = 0
-    with zipfile.ZipFile(out_path, "w", compression=zipfile.ZIP_STORED) as z:
-        seen = set()
-        for eid in episode_ids:
-            ep = store.load_episode(eid)
-            z.writestr(f"episodes/{ep.id}.json", json.dumps(ep.to_dict()))
-            for h in sorted(ep.blob_hashes() - seen):
-                z.write(store.blob_path(h), f"blobs/{h}")
-                seen.add(h)
-                n_blobs += 1
-    return {"episodes": len(list(episode_ids)), "blobs": n_blobs, "path": str(out_path)}
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as z:
+            seen = set()
+            for eid in ids:
+                ep = export_view(store, store.load_episode(eid), include_originals)
+                z.writestr(f"episodes/{ep.id}.json", json.dumps(ep.to_dict()))
+                for h in sorted(ep.blob_hashes() - seen):
+                    z.write(store.blob_path(h), f"blobs/{h}")
+                    seen.add(h)
+                    n_blobs += 1
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"episodes": len(ids), "blobs": n_blobs, "path": str(out_path), "unreviewed": unreviewed,
+            "originals": include_originals}
 
 
 def _import_bundle(store: Store, path: Path) -> dict:

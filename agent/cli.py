@@ -5,6 +5,7 @@ import json
 import sys
 
 from agent import coords
+from agent.wording import plural
 
 
 def _store(args):
@@ -49,6 +50,9 @@ def register(sub, common) -> None:
     p.add_argument("--route", choices=("sft", "ct", "rejected", "unscored"), help="only episodes routed here")
     p.add_argument("--coords", choices=coords.SPACES, default=coords.SMART_RESIZE)
     p.add_argument("--images", type=int, default=5, help="screenshots of history per sample (default 5)")
+    p.add_argument("--include-originals", action="store_true",
+                   help="write every episode as stored, original screenshots and text included (default: the privacy "
+                        "review's redacted version, what a sync sends; refused when a recording has no approved review)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("info", parents=[common], help="show the data location and counts")
@@ -105,7 +109,7 @@ def cmd_export(args) -> int:
     from tqdm import tqdm
 
     from agent.bundle import write_bundle
-    from agent.export import export_jsonl
+    from agent.export import ExportRefused, export_jsonl
     from agent.store import NotFound
 
     missing = _missing_store(args)
@@ -116,20 +120,20 @@ def cmd_export(args) -> int:
     ids = args.episodes or [e.id for e in store.list_episodes(route=args.route)]
     try:
         if args.out.endswith(".zip"):
-            res = write_bundle(store, args.out, ids)
-            print(f"wrote {res['episodes']} episode(s) and {res['blobs']} blob(s) to {res['path']}")
+            res = write_bundle(store, args.out, ids, include_originals=args.include_originals)
+            print(f"wrote {plural(res['episodes'], 'episode')} and {plural(res['blobs'], 'blob')} to {res['path']}")
         else:
             with tqdm(total=len(ids), unit="episode", disable=None) as bar:
                 res = export_jsonl(
                     store, args.out, ids, space=args.coords, max_images=args.images,
-                    progress=lambda done, total: bar.update(done - bar.n),
+                    progress=lambda done, total: bar.update(done - bar.n), include_originals=args.include_originals,
                 )
-            print(f"wrote {res['samples']} sample(s) from {res['episodes']} episode(s), {res['images']} image(s) to {res['path']}")
-            if res["unreviewed"]:
-                print(f"warning: {len(res['unreviewed'])} recording(s) had no approved privacy review and were exported "
-                      f"unredacted (`python main.py redact scan ID`, then `redact approve ID --by NAME`): "
-                      f"{', '.join(res['unreviewed'][:5])}", file=sys.stderr)
-    except NotFound as e:
+            print(f"wrote {plural(res['samples'], 'sample')} from {plural(res['episodes'], 'episode')}, "
+                  f"{plural(res['images'], 'image')} to {res['path']}")
+        if res["originals"]:
+            print(f"warning: written as stored, original screenshots and text included "
+                  f"({len(res['unreviewed'])} without an approved privacy review)", file=sys.stderr)
+    except (NotFound, ExportRefused) as e:
         print(f"export failed: {e}", file=sys.stderr)
         return 2
     return 0

@@ -19,6 +19,7 @@ import sys
 from agent import coords
 from agent.gate import GATE_MODES
 from agent.killswitch import DEFAULT_HOTKEY
+from agent.wording import command_name
 
 
 def register(sub, common) -> None:
@@ -137,7 +138,7 @@ def cmd_agent(args) -> int:
         token = args.token or saved_secret(store, "sync.token")
         if not url or not token:
             store.close()
-            return _fail("--publish needs a backend: run `python main.py sync --server URL --token T --save` or pass "
+            return _fail(f"--publish needs a backend: run `{command_name()} sync --server URL --token T --save` or pass "
                          "--server and --token")
         from agent.sync.live_link import RunPublisher
 

@@ -15,9 +15,52 @@ from pathlib import Path
 
 from agent import coords
 from agent.grammar import format_normalized, system_prompt
+from agent.redaction import RedactionError
+from agent.redaction.review import redacted_episode, upload_view
 from agent.schema import Episode
+from agent.wording import command_name, plural
 
 IMAGE_TOKEN = "<image>"
+
+
+class ExportRefused(Exception):
+    """An export that would write data the privacy review has not cleared, refused; the message
+    says how many episodes and which."""
+
+
+def without_review(store, episode_ids) -> list[str]:
+    """The episodes that have no redacted version to export: recordings whose privacy review is
+    not approved (or that changed since). Exporting them writes their original frames and text."""
+    out = []
+    for eid in episode_ids:
+        try:
+            upload_view(store, store.load_episode(eid))
+        except RedactionError:
+            out.append(eid)
+    return out
+
+
+def check_exportable(store, episode_ids, include_originals: bool) -> list[str]:
+    """The ids without an approved review (see without_review); ExportRefused when there are any
+    and the originals were not asked for."""
+    ids = list(episode_ids)
+    missing = without_review(store, ids)
+    if missing and not include_originals:
+        one = len(missing) == 1
+        it = "it" if one else "them"
+        raise ExportRefused(
+            f"{len(missing)} of {plural(len(ids), 'episode')} {'has' if one else 'have'} no approved privacy review "
+            f"({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}): exporting {it} would write the original "
+            f"screenshots and text. Review {it} first (`{command_name()} redact scan ID`, then `redact approve ID "
+            f"--by NAME`), or export the originals on purpose with --include-originals")
+    return missing
+
+
+def export_view(store, ep: Episode, include_originals: bool = False) -> Episode:
+    """What an export writes of `ep`: the version a sync sends (the privacy review's blurred
+    frames and masked text, audio only as the review allows), or as stored with include_originals.
+    A recording not reviewed yet raises RedactionError unless include_originals."""
+    return ep if include_originals else redacted_episode(store, ep)
 
 
 def image_ext(data: bytes) -> str:
@@ -67,18 +110,21 @@ def episode_samples(ep: Episode, *, space: str = coords.SMART_RESIZE, max_images
         }
 
 
-def export_jsonl(store, out_path, episode_ids=None, *, space=coords.SMART_RESIZE, max_images=5, route=None, progress=None) -> dict:
-    """Write samples to `out_path` and their images into `images/` beside it. Episodes whose privacy
-    review was approved are written redacted (blurred screenshots, masked text: what a sync would
-    send); recordings not reviewed yet are written as they are and listed under "unreviewed".
+def export_jsonl(store, out_path, episode_ids=None, *, space=coords.SMART_RESIZE, max_images=5, route=None, progress=None,
+                 include_originals: bool = False) -> dict:
+    """Write samples to `out_path` and their images into `images/` beside it: the privacy
+    review's redacted version of each episode (export_view). A recording without an approved
+    review refuses the export (ExportRefused, nothing written) unless include_originals, which
+    writes every episode as stored; those without a review are listed under "unreviewed".
 
     Returns counts. The image files are hard links to the store's blobs where possible.
     """
+    ids = list(episode_ids) if episode_ids else [e.id for e in store.list_episodes(route=route)]
+    unreviewed = check_exportable(store, ids, include_originals)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     img_dir = out_path.parent / "images"
     img_dir.mkdir(exist_ok=True)
-    ids = list(episode_ids) if episode_ids else [e.id for e in store.list_episodes(route=route)]
     names: dict[str, str] = {}
 
     def image_ref(h: str) -> str:
@@ -95,18 +141,11 @@ def export_jsonl(store, out_path, episode_ids=None, *, space=coords.SMART_RESIZE
             names[h] = f"images/{dst.name}"
         return names[h]
 
-    from agent.redaction import RedactionError
-    from agent.redaction.review import upload_view
-
-    n_samples, unreviewed = 0, []
+    n_samples = 0
     tmp = out_path.with_suffix(out_path.suffix + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for k, eid in enumerate(ids):
-            ep = store.load_episode(eid)
-            try:  # training data is what may leave the machine: the privacy review's redacted version
-                ep = upload_view(store, ep)
-            except RedactionError:  # a recording not reviewed yet: exported as it is, and said
-                unreviewed.append(eid)
+            ep = export_view(store, store.load_episode(eid), include_originals)
             for sample in episode_samples(ep, space=space, max_images=max_images, image_ref=image_ref):
                 f.write(json.dumps(sample, ensure_ascii=False) + "\n")
                 n_samples += 1
@@ -114,4 +153,4 @@ def export_jsonl(store, out_path, episode_ids=None, *, space=coords.SMART_RESIZE
                 progress(k + 1, len(ids))
     os.replace(tmp, out_path)
     return {"episodes": len(ids), "samples": n_samples, "images": len(names), "path": str(out_path),
-            "unreviewed": unreviewed}
+            "unreviewed": unreviewed, "originals": include_originals}

@@ -1,6 +1,7 @@
 """The Library page: every local episode in a sortable, filterable table, and the step viewer of
 the selected one below it. Actions on the selected episodes: mark the outcome, delete, export
-(training JSONL or a .zip bundle) and import a bundle; export and import run in the background.
+(training JSONL or a .zip bundle: what a sync would send, asking first about episodes without an
+approved privacy review) and import a bundle; export and import run in the background.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from agent.bundle import import_file, write_bundle
-from agent.export import export_jsonl
+from agent.export import export_jsonl, without_review
 from agent.schema import Outcome
 from agent.store import StoreError
 from agent.wording import command_name, outcome_name, plural
@@ -42,12 +43,13 @@ OUTCOME_COLORS = {True: "#2b9348", False: "#c92a2a"}
 EXPORT_DIR_KEY = "app.export_dir"  # store setting: the folder export and import dialogs open in
 
 
-def export_episodes(store, path, episode_ids, progress=None) -> dict:
-    """Export to `path`: a .zip is a lossless bundle, anything else training JSONL."""
+def export_episodes(store, path, episode_ids, progress=None, include_originals: bool = False) -> dict:
+    """Export to `path`: a .zip is a bundle, anything else training JSONL; the privacy review's
+    redacted version of each episode unless include_originals (agent.export.export_view)."""
     path = Path(path)
     if path.suffix.lower() == ".zip":
-        return write_bundle(store, path, list(episode_ids))
-    return export_jsonl(store, path, list(episode_ids), progress=progress)
+        return write_bundle(store, path, list(episode_ids), include_originals=include_originals)
+    return export_jsonl(store, path, list(episode_ids), progress=progress, include_originals=include_originals)
 
 
 class LibraryPage(QWidget):
@@ -339,18 +341,47 @@ class LibraryPage(QWidget):
     def visible_episode_ids(self) -> list[str]:
         return [self.proxy.index(r, 0).data(ID_ROLE) for r in range(self.proxy.rowCount())]
 
-    def export_to(self, path, episode_ids=None) -> None:
+    def export_to(self, path, episode_ids=None) -> bool:
         """Export in the background: a .zip path writes a bundle, any other JSONL samples
-        (with their images in images/ beside it). Emits taskFinished("export", ...)."""
+        (with their images in images/ beside it), each episode as its privacy review redacted it.
+        Episodes without an approved review are asked about first (confirm_originals); False
+        when the person cancelled. Emits taskFinished("export", ...)."""
         ids = list(episode_ids) if episode_ids else self.visible_episode_ids()
+        unreviewed = without_review(self.store, ids)
+        include_originals = False
+        if unreviewed:
+            choice = self.confirm_originals(len(unreviewed), len(ids))
+            if choice == "cancel":
+                return False
+            include_originals = choice == "originals"
+            if not include_originals:
+                ids = [i for i in ids if i not in set(unreviewed)]
         self._start(f"Exporting {plural(len(ids), 'episode')}…", len(ids))
         run_in_background(
-            export_episodes, self.store, path, ids,
+            export_episodes, self.store, path, ids, include_originals=include_originals,
             on_progress=self._progress,
-            on_result=lambda r: self._done("export", r, f"Exported {r.get('samples', r.get('episodes'))} "
-                                           f"{'samples' if 'samples' in r else 'episodes'} to {r['path']}"),
+            on_result=lambda r: self._done("export", r, f"Exported {plural(r['samples'], 'sample') if 'samples' in r else plural(r['episodes'], 'episode')}"
+                                           f"{', originals included,' if r['originals'] else ''} to {r['path']}"),
             on_error=lambda e: self._failed("export", e, "Export failed"),
         )
+        return True
+
+    def confirm_originals(self, n_unreviewed: int, n_total: int) -> str:
+        """Ask before an export writes episodes the privacy review has not cleared: 'originals'
+        (every episode as stored), 'reviewed' (leave those out) or 'cancel'."""
+        rest = n_total - n_unreviewed
+        box = QMessageBox(QMessageBox.Warning, "Export original recordings?",
+                          f"{n_unreviewed} of {plural(n_total, 'episode')} {'has' if n_unreviewed == 1 else 'have'} "
+                          f"no approved privacy review. Exporting {'it' if n_unreviewed == 1 else 'them'} writes the "
+                          "original screenshots and text, personal data included.", QMessageBox.NoButton, self)
+        box.setInformativeText("Export as recorded: every episode as stored, originals included."
+                               + (f"\nLeave them out: the other {plural(rest, 'episode')}, redacted as a sync sends them."
+                                  if rest else "") + "\nOr review them first: select one and choose Review privacy… below.")
+        originals = box.addButton("Export as recorded", QMessageBox.DestructiveRole)
+        reviewed = box.addButton("Leave them out", QMessageBox.AcceptRole) if rest else None
+        box.setDefaultButton(box.addButton(QMessageBox.Cancel))
+        box.exec()
+        return {originals: "originals", reviewed: "reviewed"}.get(box.clickedButton(), "cancel")
 
     def _ask_import(self) -> None:
         path, _ = QFileDialog.getOpenFileName(

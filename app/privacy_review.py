@@ -2,7 +2,8 @@
 
 Scanning (OCR of every frame) starts in a worker when the dialog opens, with progress shown;
 the annotator looks through the frames, clicks a box to keep that region clear (or blur it
-again), drags to add a box, unticks a text span to leave it, then approves: the blurred frames
+again), drags to add a box, unticks a text span to leave it, ticks "Upload the audio as it is"
+for audio that has no transcript (else that audio stays here), then approves: the blurred frames
 are written in a worker and the episode is queued for sync. Nothing here runs on the capture
 path. Models (agent.redaction) hold the plan; this widget only shows it and writes decisions back.
 """
@@ -166,6 +167,10 @@ class PrivacyReviewDialog(QDialog):
         self.keep = QCheckBox("Keep the unredacted originals on this computer")
         self.keep.setChecked(bool(store.get_setting(review.KEEP_ORIGINALS_KEY, True)))
         self.keep.setToolTip("Off: after approval this recording is replaced by its redacted version here too")
+        self.audio = QCheckBox("Upload the audio as it is")
+        self.audio.setToolTip("This recording's audio has no transcript, so nothing checked what it says. "
+                              "Listen to it first; unticked, the audio stays on this computer")
+        self.audio.toggled.connect(lambda _: self._update_state())
         self.approve_btn = QPushButton("Approve and submit")
         self.approve_btn.setDefault(True)
         self.approve_btn.clicked.connect(self.approve)
@@ -192,6 +197,7 @@ class PrivacyReviewDialog(QDialog):
         bottom.addWidget(QLabel("Reviewer"))
         bottom.addWidget(self.reviewer)
         bottom.addWidget(self.keep)
+        bottom.addWidget(self.audio)
         bottom.addStretch(1)
         bottom.addWidget(close)
         bottom.addWidget(self.approve_btn)
@@ -210,6 +216,10 @@ class PrivacyReviewDialog(QDialog):
         self.episode = ep
         self.plan = copy.deepcopy(P.plan_of(ep))
         self.frames = review._frames(ep)
+        self.audio.setVisible(review.untranscribed_audio(ep))
+        self.audio.blockSignals(True)
+        self.audio.setChecked(bool((self.plan or {}).get("audio")))
+        self.audio.blockSignals(False)
         row = max(0, self.frame_list.currentRow())
         self.frame_list.blockSignals(True)
         self.frame_list.clear()
@@ -261,8 +271,12 @@ class PrivacyReviewDialog(QDialog):
             self.status.setText(f"{plural(unscanned, 'frame')} not scanned yet.")
         else:
             state = "Approved" if self.plan and self.plan["status"] == "approved" else "Ready to approve"
+            audio = ""
+            if review.untranscribed_audio(self.episode):
+                audio = (" The audio has no transcript: it is uploaded as it is." if self.audio.isChecked() else
+                         " The audio has no transcript and stays on this computer unless you tick “Upload the audio”.")
             self.status.setText(f"{state}: {plural(c['boxes'], 'region')} to blur on {plural(c['frames'], 'frame')}, "
-                                f"{plural(c['spans'], 'text span')} to mask, {c['kept']} kept clear by a person.")
+                                f"{plural(c['spans'], 'text span')} to mask, {c['kept']} kept clear by a person.{audio}")
         self.approve_btn.setEnabled(not self.busy and not unscanned and self.plan is not None)
 
     # ------------------------------------------------------------ scanning
@@ -337,8 +351,9 @@ class PrivacyReviewDialog(QDialog):
         self.store.set_setting(REVIEWER_KEY, by)
         self.store.set_setting(review.KEEP_ORIGINALS_KEY, self.keep.isChecked())
         self._start_busy("Blurring the approved regions…")
+        audio = self.audio.isChecked() if review.untranscribed_audio(self.episode) else None
         run_in_background(review.approve, self.store, self.episode_id, by, plan=self.plan,
-                          keep_originals=self.keep.isChecked(), on_result=lambda plan: self._approved(),
+                          keep_originals=self.keep.isChecked(), audio=audio, on_result=lambda plan: self._approved(),
                           on_error=self._failed, on_progress=self._progress)
 
     def _approved(self) -> None:

@@ -138,3 +138,29 @@ def test_a_model_announced_by_a_remote_backend_is_downloaded_with_progress_then_
             win.stop_sync()
     finally:
         bt.stop()
+
+
+def test_a_privacy_hold_names_the_installed_command(qtbot, store, monkeypatch):
+    """The Sync page told the user to run `python main.py redact approve …` in an installed app,
+    whose command is `tandem`."""
+    import sys
+
+    from app.main_window import MainWindow
+    from pii_windows import render_window
+    from test_redaction import _recording
+
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/tandem"])
+    ep = _recording(store, render_window(seed=2, size=(300, 120), px=11, records=1).png)  # not reviewed
+    win = MainWindow(store)
+    qtbot.addWidget(win)
+    win.start_sync()
+    try:
+        page = win.page("Sync")
+        page.submit_unsynced()
+        qtbot.waitUntil(lambda: page.status.state_of(ep.id) == "failed", timeout=20000)
+        row = next(r for r in range(page.status.table.rowCount()) if page.status.table.item(r, 0).toolTip() == ep.id)
+        detail = page.status.table.item(row, 3).text()
+    finally:
+        win.stop_sync()
+    assert "personal data check needed" in detail and "python main.py" not in detail
+    assert f"`tandem redact scan {ep.id}`" in detail and f"`tandem redact approve {ep.id} --by NAME`" in detail

@@ -385,6 +385,50 @@ def test_main_py_starts_the_app(tmp_path):
     assert "Traceback" not in err, err
 
 
+def test_a_second_app_on_the_same_data_folder_is_refused(tmp_path):
+    """Two apps on one data folder both synced the same outbox. The second is refused with one
+    clear line; once the first is killed (SIGKILL: its lock file stays behind), a new one starts."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "XDG_CONFIG_HOME": str(tmp_path / "config"),
+           "HOME": str(tmp_path), "TANDEM_DATA": str(tmp_path / "data")}
+    start = lambda: subprocess.Popen([sys.executable, str(root / "main.py")], env=env, stdout=subprocess.PIPE,  # noqa: E731
+                                     stderr=subprocess.PIPE, text=True)
+
+    def wait_open(proc):
+        deadline = time.time() + 30
+        while time.time() < deadline and proc.poll() is None and not (tmp_path / "data" / "app.lock").exists():
+            time.sleep(0.1)
+        time.sleep(1.5)  # past window construction
+        assert proc.poll() is None, proc.communicate()[1]
+
+    first = start()
+    try:
+        wait_open(first)
+        second = subprocess.run([sys.executable, str(root / "main.py"), "app", "--data", str(tmp_path / "data")],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2
+        assert second.stderr.startswith("tandem: Tandem is already open on the data folder")
+        assert f"(process {first.pid}" in second.stderr and second.stderr.count("\n") == 1, second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=10)
+    assert (tmp_path / "data" / "app.lock").exists()  # left behind by the killed app: stale
+    third = start()
+    try:
+        wait_open(third)
+    finally:
+        third.terminate()
+        _, err = third.communicate(timeout=10)
+    assert "Traceback" not in err and "already open" not in err, err
+
+
 def test_main_py_with_an_unusable_data_dir_fails_clearly(tmp_path):
     import os
     import subprocess

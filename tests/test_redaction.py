@@ -88,6 +88,24 @@ def test_ocr_finds_and_blur_hides_data_in_a_qt_window(qapp, engine):
     assert find_regions(decode(blurred), engine) == []  # nothing legible is left behind
 
 
+PHONE_LINES = ["call her at 4155550132", "call her at 415 555 0132", "call her at (415) 555-0132",
+               "call her at 030 12345678", "tel 06 12 34 56 78", "Call me at 0612345678", "Phone: +1 (415) 555-0132"]
+
+
+@pytest.mark.parametrize("family", ["DejaVu Sans", "DejaVu Serif", "DejaVu Sans Mono"])
+def test_phone_blur_covers_the_first_digit(qapp, engine, family):
+    """A number after narrow letters ("call her at 4155550132") was blurred from its second digit
+    on: the box was cut as if every character were equally wide, and OCR still read "call her at 4"."""
+    from pii_windows import render_lines
+
+    png = render_lines(PHONE_LINES, size=(700, 300), px=16, family=family)
+    found = find_regions(decode(png), engine)
+    assert sorted(r.kind for r in found) == ["phone"] * len(PHONE_LINES)
+    left = [line.text for line in engine.read(decode(blur_rects(png, [r.rect for r in found])))]
+    assert len(left) == len(PHONE_LINES) and not any(c.isdigit() for t in left for c in t), left
+    assert all(t.lower().startswith(("call", "te", "phone")) for t in left)  # the words before it stay readable
+
+
 def test_bad_images_are_refused_clearly(engine):
     with pytest.raises(RedactionError, match="not a decodable image"):
         decode(b"not a png at all")
@@ -166,14 +184,18 @@ def test_scan_approve_and_upload_view(qapp, store, engine):
 
 def test_exported_training_data_is_the_redacted_version(qapp, store, engine, tmp_path):
     """`export` writes what a sync would send: the approved review's blurred frames and masked
-    text; a recording not reviewed yet is exported as it is and named in the result."""
+    text; a recording not reviewed yet is refused, or exported as it is when the originals are
+    asked for, and named in the result."""
     import json
 
-    from agent.export import export_jsonl
+    from agent.export import ExportRefused, export_jsonl
 
     ep = _recording(store, _window_png())
-    raw = export_jsonl(store, tmp_path / "a" / "samples.jsonl", [ep.id])
-    assert raw["unreviewed"] == [ep.id]
+    with pytest.raises(ExportRefused, match="1 of 1 episode has no approved privacy review"):
+        export_jsonl(store, tmp_path / "a" / "samples.jsonl", [ep.id])
+    assert not (tmp_path / "a" / "samples.jsonl").exists()
+    raw = export_jsonl(store, tmp_path / "a" / "samples.jsonl", [ep.id], include_originals=True)
+    assert raw["unreviewed"] == [ep.id] and raw["originals"]
     review.scan(store, ep.id, engine=engine)
     review.approve(store, ep.id, "ana", keep_originals=True)
     res = export_jsonl(store, tmp_path / "b" / "samples.jsonl", [ep.id])

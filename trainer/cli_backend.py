@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from agent.wording import command_name
+
 DEFAULT_PORT = 8765
 
 
@@ -97,7 +99,7 @@ def cmd_user_list(args) -> int:
     users = store.users()
     store.close()
     if not users:
-        print("no users (add one: python main.py backend user add NAME --role annotator)")
+        print(f"no users (add one: {command_name()} backend user add NAME --role annotator)")
     for u in users:
         state = "active" if u.active else "revoked " + time.strftime("%Y-%m-%d %H:%M", time.localtime(u.revoked_at))
         print(f"{u.name}\t{u.role}\t{state}")
@@ -161,7 +163,7 @@ def cmd_serve(args) -> int:
         # The first line on stdout says where it listens (tests and scripts read it).
         print(f"listening on {scheme}://{args.host}:{port} data={server.store.root}", flush=True)
         if not server.store.users():
-            print("no users yet: python main.py backend user add NAME --role annotator", flush=True)
+            print(f"no users yet: {command_name()} backend user add NAME --role annotator", flush=True)
         await stop.wait()
         print("shutting down: finishing writes in flight", flush=True)
         await server.stop()

@@ -4,6 +4,7 @@
     redact show ID                 what will be blurred and masked, and who decided it
     redact approve ID --by NAME    write the blurred frames; the episode may then be submitted
                [--delete-originals | --keep-originals]   (default: the privacy.keep_originals setting)
+               [--audio]           upload audio that has no transcript (else it stays on this machine)
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def register(sub, common) -> None:
             g.add_argument("--delete-originals", dest="keep", action="store_false", default=None,
                            help="replace the local episode with the redacted one")
             g.add_argument("--keep-originals", dest="keep", action="store_true", help="keep the originals locally")
+            q.add_argument("--audio", action="store_true", default=None,
+                           help="approve audio that has no transcript for upload, as it is (you listened to it); "
+                                "without this flag such audio is left out of uploads and exports")
         q.set_defaults(func=cmd_redact)
 
 
@@ -61,9 +65,12 @@ def cmd_redact(args) -> int:
                     print(f"{key}: {'mask' if sp['blur'] else 'keep'} {sp['kind']} at {sp['start']}..{sp['end']} "
                           f"found by {sp['by']}, decided by {sp['decided_by']}")
         else:
-            plan = review.approve(store, args.episode_id, args.by, keep_originals=args.keep)
+            plan = review.approve(store, args.episode_id, args.by, keep_originals=args.keep, audio=args.audio)
             c = counts(plan)
             print(f"approved: {c['boxes']} regions blurred on {c['frames']} frames, {c['spans']} text spans masked")
+            if review.untranscribed_audio(store.load_episode(args.episode_id)):
+                print("its audio has no transcript: " + ("approved by you, it is uploaded as it is" if plan.get("audio")
+                      else "it stays on this machine (approve it as audio with --audio)"))
     except (RedactionError, NotFound) as e:
         print(f"redact: {e}", file=sys.stderr)
         return 1

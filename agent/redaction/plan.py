@@ -2,6 +2,7 @@
 
     {"version": 1, "engine": "...", "status": "scanned" | "approved",
      "approved_by": name, "approved_at": wall time, "in_place": bool,
+     "audio": {"approved_by", "approved_at"} | null  (audio without a transcript approved for upload),
      "frames": {blob hash: {"boxes": [box, ...], "redacted": blob hash | null}},
      "texts":  {field key: {"sha": sha256 of the text, "spans": [span, ...]}}}
 
@@ -33,7 +34,7 @@ def text_sha(text: str) -> str:
 
 def empty_plan(engine: str) -> dict:
     return {"version": PLAN_VERSION, "engine": engine, "status": "scanned", "approved_by": None,
-            "approved_at": None, "in_place": False, "frames": {}, "texts": {}}
+            "approved_at": None, "in_place": False, "audio": None, "frames": {}, "texts": {}}
 
 
 def plan_of(ep) -> dict | None:

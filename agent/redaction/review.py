@@ -7,7 +7,9 @@ redacted version that leaves the machine.
                                keep_originals off, the episode itself becomes the redacted one
                                and the originals are deleted
     upload_view(store, ep)     what sync sends: redacted frames, masked text, and a record of
-                               each decision (what, where, by whom) in meta['redaction']
+                               each decision (what, where, by whom) in meta['redaction']; audio
+                               only when its transcript holds no personal data, or when it has
+                               no transcript and a person approved it as audio (approve(audio=True))
 
 All of it runs after recording stops, in a worker (the app) or the CLI, never on the capture
 path. Recordings made by the recorder are not uploaded before their review is approved, unless
@@ -22,6 +24,7 @@ from agent.redaction.frames import blur_rects, decode, find_regions
 from agent.redaction.patterns import Span, find_pii, mask
 from agent.redaction.plan import DETECTOR, META_KEY, empty_plan, new_box, plan_of, text_sha
 from agent.schema import Episode
+from agent.wording import command_name
 
 REQUIRE_REVIEW_KEY = "privacy.require_review"  # default True
 KEEP_ORIGINALS_KEY = "privacy.keep_originals"  # default True
@@ -145,10 +148,12 @@ def save_plan(store, episode_id: str, plan: dict) -> None:
 
 # ---------------------------------------------------------------- approve
 def approve(store, episode_id: str, by: str, *, plan: dict | None = None, keep_originals: bool | None = None,
-            progress=None) -> dict:
+            audio: bool | None = None, progress=None) -> dict:
     """Approve the plan (the one given, else the stored one): blurred frames are written as new
     blobs. keep_originals (default: the store's setting, else True) False replaces the episode's
-    frames and text with the redacted ones and deletes the originals."""
+    frames and text with the redacted ones and deletes the originals. audio True approves audio
+    that has no transcript for upload as it is (recorded as `by`'s decision), False takes that
+    approval back; None leaves the plan's as it is (none: the audio stays on this machine)."""
     if not by or not str(by).strip():
         raise RedactionError("approving a redaction needs the reviewer's name")
     ep = store.load_episode(episode_id)
@@ -164,6 +169,8 @@ def approve(store, episode_id: str, by: str, *, plan: dict | None = None, keep_o
         rects = [b["rect"] for b in entry["boxes"] if b["blur"]]
         entry["redacted"] = store.put_blob(blur_rects(store.get_blob(h), rects)) if rects else h
     plan.update(status="approved", approved_by=str(by).strip(), approved_at=time.time())
+    if audio is not None:
+        plan["audio"] = {"approved_by": plan["approved_by"], "approved_at": plan["approved_at"]} if audio else None
     ep.meta[META_KEY] = plan
     store.save_episode(ep, bump_revision=True)
     if keep_originals is None:
@@ -181,10 +188,7 @@ def apply_in_place(store, episode_id: str) -> Episode:
     if plan is None or plan["status"] != "approved":
         raise RedactionError(f"episode {episode_id}: only an approved redaction can replace the originals")
     red = upload_view(store, ep)
-    red.meta = {**ep.meta, META_KEY: {**plan, "in_place": True, "record": red.meta[META_KEY]["decisions"],
-                                      "frames": {}, "texts": {}}}
-    for h, entry in list(plan["frames"].items()):  # the redacted frames are now the frames
-        red.meta[META_KEY]["frames"][entry["redacted"]] = {"boxes": entry["boxes"], "redacted": entry["redacted"]}
+    red.meta = {**ep.meta, META_KEY: _in_place_plan(plan, red.meta[META_KEY]["decisions"])}
     masked_steps = {int(k.split("/")[1]) for k, e in plan["texts"].items()
                     if k.startswith("step/") and "/action/" in k and any(s["blur"] for s in e["spans"])}
     old = ep.blob_hashes() - red.blob_hashes()
@@ -204,6 +208,23 @@ def apply_in_place(store, episode_id: str) -> Episode:
     return red
 
 
+def _in_place_plan(plan: dict, decisions: list) -> dict:
+    """The plan of an episode that is its own redacted version: approved, its redacted frames
+    are the frames, the decisions kept as a record."""
+    frames = {e["redacted"]: {"boxes": e["boxes"], "redacted": e["redacted"]} for e in plan["frames"].values()}
+    return {**plan, "in_place": True, "record": decisions, "frames": frames, "texts": {}}
+
+
+def redacted_episode(store, ep: Episode) -> Episode:
+    """upload_view as an episode standing on its own (what an export writes): its plan says it is
+    redacted in place, so where it is imported it can be sent or exported again as it is."""
+    red = upload_view(store, ep)
+    plan = plan_of(ep)
+    if plan is not None and plan["status"] == "approved":
+        red.meta[META_KEY] = _in_place_plan(plan, red.meta[META_KEY]["decisions"])
+    return red
+
+
 # ---------------------------------------------------------------- upload
 def needs_review(store, ep: Episode) -> bool:
     return "recording" in ep.meta and bool(store.get_setting(REQUIRE_REVIEW_KEY, True))
@@ -217,7 +238,8 @@ def upload_view(store, ep: Episode) -> Episode:
             state = "its review is not approved yet" if plan else "it has not been reviewed yet"
             raise RedactionError(
                 f"not sent: personal data check needed ({state}). Open the recording in the app and "
-                f"choose Review privacy, or run `python main.py redact approve {ep.id} --by NAME`")
+                f"choose Review privacy, or run `{command_name()} redact scan {ep.id}`, then "
+                f"`{command_name()} redact approve {ep.id} --by NAME`")
         return ep
     out = Episode.from_dict(ep.to_dict())
     decisions = []
@@ -244,15 +266,33 @@ def upload_view(store, ep: Episode) -> Episode:
                        "found_by": sp["by"], "decision": "masked" if sp["blur"] else "kept",
                        "decided_by": sp["decided_by"]} for sp in spans]
     decisions += plan.get("record", [])
-    spoken = _mask_transcript(out)
-    if spoken and out.meta.get("audio_blobs"):
-        out.meta.pop("audio_blobs", None)
-        out.meta.pop("audio", None)
-        decisions.append({"where": {"field": "audio"}, "kind": "spoken", "found_by": DETECTOR,
-                          "decision": "withheld", "decided_by": DETECTOR})
+    decisions += _audio_decisions(out, plan)
     out.meta[META_KEY] = {"version": plan["version"], "engine": plan["engine"], "approved_by": plan["approved_by"],
                           "approved_at": plan["approved_at"], "decisions": decisions}
     return out
+
+
+def untranscribed_audio(ep: Episode) -> bool:
+    """Audio with no transcript words: nothing could check what it says (the torch-free bundle
+    cannot transcribe), so it leaves the machine only when a person approved it as audio."""
+    return bool(ep.meta.get("audio_blobs")) and not ep.meta.get("transcript")
+
+
+def _audio_decisions(out: Episode, plan: dict) -> list[dict]:
+    """Mask the transcript of `out`; take its audio out when the transcript holds personal data,
+    or when there is no transcript and the plan's `audio` approval is missing. The decisions."""
+    untranscribed = untranscribed_audio(out)
+    spoken = _mask_transcript(out)
+    if not out.meta.get("audio_blobs") or not (spoken or untranscribed):
+        return []
+    approval = plan.get("audio")
+    if untranscribed and approval:
+        return [{"where": {"field": "audio"}, "kind": "untranscribed", "found_by": DETECTOR, "decision": "kept",
+                 "decided_by": approval["approved_by"]}]
+    out.meta.pop("audio_blobs", None)
+    out.meta.pop("audio", None)
+    return [{"where": {"field": "audio"}, "kind": "spoken" if spoken else "untranscribed", "found_by": DETECTOR,
+             "decision": "withheld", "decided_by": DETECTOR}]
 
 
 def _mask_transcript(ep: Episode) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import sys
 
+from agent.wording import command_name
+
 
 def register(sub, common) -> None:
     p = sub.add_parser("models", help="models on this machine; pull the backend's current model",
@@ -68,7 +70,7 @@ def cmd_pull(args) -> int:
     elif res.get("endpoint"):
         ep = res["endpoint"]
         print(f"{res['version']} is not shipped by the backend (too large); it is served at {ep.get('url')} "
-              f"as {ep.get('model') or '?'}: python main.py agent --policy endpoint --url {ep.get('url')} ...")
+              f"as {ep.get('model') or '?'}: {command_name()} agent --policy endpoint --url {ep.get('url')} ...")
     else:
         how = "already here" if res["already"] else f"{res['fetched'] / 2**20:.1f} MiB fetched"
         print(f"{res['version']} -> {res['path']} ({how}; hash {res['hash']})")
@@ -87,7 +89,7 @@ def cmd_list(args) -> int:
         print(json.dumps(rows, default=str))
         return 0
     if not rows:
-        print("no models on this machine (python main.py models pull --server URL --token T)")
+        print(f"no models on this machine ({command_name()} models pull --server URL --token T)")
     for r in rows:
         size = f"{r['bytes'] / 2**20:.1f} MiB" if r.get("bytes") else "-"
         mark = " (in use)" if r.get("in_use") else ""

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
+import ctypes.util
 import functools
 import logging
 import time
@@ -26,17 +28,31 @@ from websockets.exceptions import ConnectionClosed
 from agent import protocol as P
 from trainer.backend_store import BackendError, BackendStore, User
 from trainer.model_shelf import ModelShelf
-from trainer.ws_budget import PRE_AUTH_MAX_FRAME, BudgetedConnection, Budgets, ReadAhead  # noqa: F401 (tests)
+from trainer.ws_budget import BudgetedConnection, Budgets, ReadAhead
 
 log = logging.getLogger("tandem.backend")
 SERVER_NAME = "tandem-backend/1"
 REVOCATION_CHECK_S = 1.0  # how stale a session's view of its own token may be
 HELLO_TIMEOUT_S = 10.0  # a connection that has not said hello by then is closed
 CLOSE_TOO_SLOW = 1013  # a connection that does not take what it is sent ("try again later")
+CLOSE_TIMEOUT_S = 3.0  # how long a closing handshake may take before the TCP connection is cut
 MAX_PENDING_PER_RUN = 8  # open proposals a run keeps (an agent waits on one at a time; watched runs never decide)
 MAX_RUNS_PER_SESSION = 32  # runs one connection publishes or subscribes to
 SUPERVISOR_ROLES = ("supervisor", "admin")
 WRITE_AHEAD = 32 * 2**20  # bytes of received blobs a session may have queued for the disk
+TRIM_AFTER = 16 * 2**20  # bytes received and sent since the last trim that make the next sweep trim
+
+
+def _malloc_trim():
+    """glibc keeps freed memory of big frames in its arenas; malloc_trim(0) gives it back to the OS
+    (None elsewhere)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+MALLOC_TRIM = _malloc_trim()
 
 
 @dataclass(eq=False)
@@ -82,6 +98,7 @@ class BackendServer:
         self._moved: asyncio.Event | None = None  # set when queued frames were sent or dropped
         self._shots: OrderedDict = OrderedDict()  # (run id, proposal id) -> (publisher, bytes), oldest first
         self.shot_bytes = 0
+        self._moved_bytes = 0  # received and sent since the last malloc_trim
         self.sessions: set[Session] = set()
         self.runs: dict[str, Run] = {}
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="backend-writer")
@@ -95,7 +112,7 @@ class BackendServer:
         self._moved = asyncio.Event()
         self._server = await serve(
             self._handle, self.host, self.port, ssl=self.ssl, compression=None, max_queue=self.max_queue,
-            close_timeout=3,  # frame limits: BudgetedConnection (64 KiB until hello, then by kind)
+            close_timeout=CLOSE_TIMEOUT_S,  # frame limits: BudgetedConnection (64 KiB until hello, then by kind)
             create_connection=functools.partial(BudgetedConnection, read_ahead=self.read_ahead),
         )
         self.port = self._server.sockets[0].getsockname()[1]
@@ -112,6 +129,9 @@ class BackendServer:
         while True:
             await asyncio.sleep(REVOCATION_CHECK_S)
             await self._tell_new_model()
+            if self._moved_bytes > TRIM_AFTER and MALLOC_TRIM is not None:
+                self._moved_bytes = 0
+                MALLOC_TRIM(0)
             now = time.monotonic()
             for s in [s for s in self.sessions if not s.dropped]:
                 self._check_stall(s, now)
@@ -155,7 +175,7 @@ class BackendServer:
         """End a connection that does not take what it is sent."""
         s.dropped = True
         log.warning("dropping %s: %s", s.user and s.user.name, reason)
-        asyncio.get_running_loop().create_task(s.ws.close(CLOSE_TOO_SLOW, reason[:120]))
+        asyncio.get_running_loop().create_task(_close_or_cut(s.ws, CLOSE_TOO_SLOW, reason))
         self._moved.set()  # its handler may be waiting for room
 
     def _cut(self, s: Session, reason: str) -> None:
@@ -171,7 +191,12 @@ class BackendServer:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
+            try:  # a peer that does not read blocks its closing handshake behind the frames queued for it
+                await asyncio.wait_for(asyncio.shield(self._server.wait_closed()), CLOSE_TIMEOUT_S + 1)
+            except asyncio.TimeoutError:
+                for s in list(self.sessions):
+                    s.ws.transport.abort()
+                await self._server.wait_closed()
         while self._inflight:
             await asyncio.wait(list(self._inflight))
         self._writer.shutdown(wait=True)
@@ -223,6 +248,7 @@ class BackendServer:
 
     async def _frame(self, s: Session, frame: str | bytes) -> None:
         s.frame_cost = s.ws.take()
+        self._moved_bytes += len(frame)
         events = s.conn.receive_text(frame) if isinstance(frame, str) else s.conn.receive_bytes(frame)
         del frame
         for ev in events:
@@ -238,6 +264,7 @@ class BackendServer:
             except ConnectionClosed:
                 s.dropped = True
             finally:
+                self._moved_bytes += len(item)
                 s.out_bytes -= len(item)
                 self.out_bytes -= len(item)
                 s.sent_at = time.monotonic()
@@ -582,3 +609,14 @@ class BackendServer:
             if other.user and not other.dropped:
                 other.conn.send("model_version", version=version, info=info or {})
                 self._push(other)
+
+
+async def _close_or_cut(ws, code: int, reason: str) -> None:
+    """Close with a reason; if the closing handshake cannot happen within CLOSE_TIMEOUT_S (the
+    close frame waits behind frames the peer does not read), cut the TCP connection, which frees
+    what was buffered for it."""
+    try:
+        await asyncio.wait_for(ws.close(code, reason[:120]), CLOSE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        pass
+    ws.transport.abort()

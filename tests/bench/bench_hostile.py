@@ -16,6 +16,7 @@ session. `--scale` shrinks the sizes (counts stay) for a quick run. Attacks (iss
 - proposal-runs: one connection keeps 4 runs x 8 open proposals of 32 MB screenshots;
 - manifests: 4 connections each send a 14 MB manifest of 3.9M empty objects;
 - unrequested-blobs: 8 connections each send 5 blob frames of 60 MB nobody asked for;
+- uploads (not an attack): 8 connections each upload a 32 MB screenshot at once;
 - import-bomb: importing a 1 MB zip whose one member inflates to 1 GB (in a child process);
 - import-json: importing a 532 KB zip holding 40 MB of JSON `[{}, {}, ...]` (child process);
 - import-bundle: importing a bundle within the limits, 15.7 MB inflating to 1 GiB (child process).
@@ -152,31 +153,39 @@ def tally(results: list[str]) -> str:
     return ", ".join(f"{results.count(r)}x {r}" for r in sorted(set(results)))
 
 
-async def unread_blobs(url: str, tokens: dict, scale: float) -> str:
-    """Upload an episode whose screenshot is a 16 MB blob, then ask for it 70 times on a
-    connection that never reads (its own buffer takes one frame, then TCP backs up)."""
+async def upload_big(url: str, token: str, size: int) -> str:
+    """Store an episode of the user's whose screenshot is a blob of `size` random bytes; its hash."""
     from agent import protocol as P
-    from agent.sync.session import Session
     from agent.store import Store
+    from agent.sync.session import Session
     from tests.factories import make_episode
 
     with tempfile.TemporaryDirectory() as d:
         store = Store(Path(d))
         ep = make_episode(store, 1).to_dict()
         store.close()
-    blob = os.urandom(int(16 * MB * scale))
+    blob = os.urandom(size)
     digest = hashlib.sha256(blob).hexdigest()
     ep["steps"][0]["observation"]["screenshot"] = digest
-    s = await Session.open(url, tokens["ann"])
+    s = await Session.open(url, token)
     s.conn.upload(ep)
     await s.flush()
-    need = await s.next_event(30)
+    need = await s.next_event(60)
     assert isinstance(need, P.BlobsNeeded), need
     s.conn.send_blob(digest, blob)
+    del blob
     await s.flush()
-    acked = await s.next_event(60)
+    acked = await s.next_event(300)
     assert isinstance(acked, P.Acked), acked
     await s.close()
+    return digest
+
+
+async def unread_blobs(url: str, tokens: dict, scale: float) -> str:
+    """Upload an episode whose screenshot is a 16 MB blob, then ask for it 70 times on a
+    connection that never reads (its own buffer takes one frame, then TCP backs up). The server
+    cuts it after send_stall_s; the client, reading nothing, notices at its keepalive."""
+    digest = await upload_big(url, tokens["ann"], int(16 * MB * scale))
     ws = await raw_session(url, tokens["ann"], max_queue=1)
     for k in range(70):
         await ws.send(json.dumps({"v": 1, "type": "get_blob", "hash": digest, "ref": f"g{k}"}))
@@ -189,6 +198,12 @@ async def unread_blobs(url: str, tokens: dict, scale: float) -> str:
         return "still open after 90 s"
     how = f"with {ws.close_code}" if ws.close_code else "(aborted: no close frame can reach a non-reader)"
     return f"closed {how} after {time.perf_counter() - t0:.0f} s"
+
+
+async def uploads(url: str, tokens: dict, scale: float) -> str:
+    """Not an attack: 8 annotators upload a 32 MB screenshot each at once (requested blobs)."""
+    done = await asyncio.gather(*(upload_big(url, tokens["ann"], int(32 * MB * scale)) for _ in range(8)))
+    return f"{len(done)} of 8 stored"
 
 
 async def text_frames(url: str, tokens: dict, scale: float) -> str:
@@ -362,6 +377,7 @@ BACKEND_ATTACKS = {
     "proposal-runs": ("4 runs x 8 open 32 MB proposals", proposal_runs),
     "manifests": ("4 manifests of 3.9M empty objects", manifests),
     "unrequested-blobs": ("8 conns x 5 unrequested 60 MB blobs", unrequested_blobs),
+    "uploads": ("(use) 8 conns upload a 32 MB blob", uploads),
 }
 IMPORT_ATTACKS = {
     "import-bomb": ("import: 1 MB zip, 1 GB member", import_bomb),

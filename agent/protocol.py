@@ -35,6 +35,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from typing import Any
 
 from agent.model_files import is_model_version  # a model version names the folder it is pulled into
@@ -71,6 +72,11 @@ class Limits:
     max_blobs_per_manifest: int = 100_000
     max_pending_proposals: int = 64  # proposals whose screenshot has not arrived yet
     max_errors: int = 100  # protocol errors a connection may cause before it is dropped
+    # The shape of one control message, checked on its text before json.loads builds anything: parsed
+    # JSON takes ~25x its text for tiny values (14 MB of `[{}, {}, ...]` became 330 MB of dicts). A
+    # recorded step is ~45 values in ~800 characters, so a 16 MB episode stays under max_json_values.
+    max_json_values: int = 1_000_000
+    max_json_depth: int = 64
 
     @property
     def max_frame(self) -> int:
@@ -198,6 +204,25 @@ class Decoded:
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def json_shape_problem(text: str, limits: Limits = Limits()) -> str | None:
+    """Why `text` would parse into more values or deeper nesting than `limits` allow, or None.
+    Counted on the text (commas and brackets outside strings), so a refusal costs no parsing."""
+    opened = text.count("[") + text.count("{")
+    if text.count(",") + opened < limits.max_json_values and opened <= limits.max_json_depth:
+        return None  # the raw counts bound both: the common case costs three str.count calls
+    structure = _JSON_STRING.sub('""', text)  # a string may hold any of , [ ] { }
+    values = structure.count(",") + structure.count("[") + structure.count("{") + 1
+    if values > limits.max_json_values:
+        return f"the message holds about {values} JSON values, more than {limits.max_json_values}"
+    brackets = _NOT_BRACKET.sub("", structure)
+    depth = max(accumulate(1 if c in "[{" else -1 for c in brackets), default=0)
+    if depth > limits.max_json_depth:
+        return f"the message nests JSON {depth} levels deep, more than {limits.max_json_depth}"
+    return None
 
 
 def _encodes(obj) -> bool:
@@ -211,6 +236,9 @@ def _encodes(obj) -> bool:
 def decode_message(text: str, limits: Limits = Limits()) -> Decoded:
     if len(text) > limits.max_text:
         return Decoded(error=("too_large", f"control message of {len(text)} characters exceeds {limits.max_text}"))
+    shape = json_shape_problem(text, limits)
+    if shape:
+        return Decoded(error=("too_large", shape))
     try:
         obj = json.loads(text)
     except (ValueError, RecursionError) as e:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from agent.protocol import (
     CLOSE_POLICY, SUPPORTED_VERSIONS, _CHECKS, Acked, BlobReceived, BlobsNeeded, ClaimChanged, Connection, HelloReceived,
     Limits, ManifestReceived, Message, ModelVersion, ProtocolUsageError, RunEnded, UploadComplete, Welcome, _is_id,
-    _short, content_hash, encode_message,
+    _short, content_hash, encode_message, json_shape_problem,
 )
 
 
@@ -72,7 +72,8 @@ class ServerConnection(Connection):
             raise ProtocolUsageError(f"accept() in state {self.state!r}")
         self.user, self.role, self.state = user, role, "open"
         lim = {"max_text": self.limits.max_text, "max_blob": self.limits.max_blob,
-               "max_blobs_per_manifest": self.limits.max_blobs_per_manifest, "versions": list(SUPPORTED_VERSIONS)}
+               "max_blobs_per_manifest": self.limits.max_blobs_per_manifest, "versions": list(SUPPORTED_VERSIONS),
+               "max_json_values": self.limits.max_json_values, "max_json_depth": self.limits.max_json_depth}
         self.send("welcome", user=user, role=role, server=server, limits=lim)
 
     def reject(self, reason: str, code: str = "auth_failed") -> None:
@@ -102,6 +103,10 @@ class ServerConnection(Connection):
 
     def pending_uploads(self) -> list[str]:
         return sorted(self._uploads)
+
+    def expects_blob(self) -> bool:
+        """A blob frame would be wanted now: an upload's needed blob or a proposal's screenshot."""
+        return bool(self._needed or self._pending_proposals)
 
     def _on_blob(self, digest: str, data: bytes) -> list:
         waiting = {e for e in self._needed.pop(digest, set()) if e in self._uploads}
@@ -156,6 +161,8 @@ class ClientConnection(Connection):
                 max_blob=_int_or(lim.get("max_blob"), self.limits.max_blob),
                 max_blobs_per_manifest=_int_or(lim.get("max_blobs_per_manifest"), self.limits.max_blobs_per_manifest),
                 max_pending_proposals=self.limits.max_pending_proposals, max_errors=self.limits.max_errors,
+                max_json_values=_int_or(lim.get("max_json_values"), self.limits.max_json_values),
+                max_json_depth=_int_or(lim.get("max_json_depth"), self.limits.max_json_depth),
             )
             return [Welcome(body["user"], body["role"], body["server"], lim)]
         if mtype == "welcome":
@@ -193,6 +200,13 @@ class ClientConnection(Connection):
         blobs = sorted(Episode.from_dict(episode).blob_hashes())
         digest = content_hash(episode)
         self.send("manifest", episode=episode, blobs=blobs, content_hash=digest, ref=ref)
+        text = self._out[-1]  # what the server would refuse unread (and without its ref) is not sent
+        problem = json_shape_problem(text, self.limits)
+        if len(text.encode("utf-8")) > self.limits.max_text:
+            problem = f"the manifest is {len(text.encode('utf-8'))} bytes, more than the server's {self.limits.max_text}"
+        if problem:
+            self._out.pop()
+            raise ProtocolUsageError(f"episode {_short(episode.get('id'))}: {problem}")
         return digest
 
     def get_blob(self, digest: str, ref: str | None = None) -> None:

@@ -86,7 +86,7 @@ def test_blob_over_the_limit():
 
 @pytest.mark.parametrize("text, code", [
     ("{not json", "bad_json"),
-    ("[" * 100000, "bad_json"),  # recursion depth, not a crash
+    ("[" * 100000, "too_large"),  # nesting past max_json_depth: refused before json.loads recurses
     ('{"v": 1, "type": "hello", "token": "a\\ud800b"}', "bad_text"),  # a lone surrogate cannot be sent on as UTF-8
     ("[1, 2]", "bad_message"),
     ('{"type": "hello", "token": "x"}', "bad_version"),
@@ -106,6 +106,21 @@ def test_blob_over_the_limit():
 def test_decode_errors_are_values(text, code):
     d = P.decode_message(text)
     assert d.error is not None and d.error[0] == code, d
+
+
+def test_message_shape_is_limited_before_parsing():
+    """14 MB of `[{}, {}, ...]` parsed into 330 MB of dicts: values and depth are counted on the
+    text first (brackets and commas inside strings do not count), and refused with one clear line."""
+    lim = P.Limits(max_json_values=1000, max_json_depth=5)
+    flood = msg("list_episodes", owner="x") [:-1] + ', "junk": [' + ", ".join(["{}"] * 2000) + "]}"
+    d = P.decode_message(flood, lim)
+    assert d.error[0] == "too_large" and "JSON values, more than 1000" in d.error[1]
+    deep = msg("list_episodes")[:-1] + ', "junk": ' + "[" * 6 + "]" * 6 + "}"
+    d = P.decode_message(deep, lim)
+    assert d.error == ("too_large", "the message nests JSON 7 levels deep, more than 5")
+    text_like = msg("hello", token="[{," * 5000)  # the same characters inside a string are text
+    assert P.decode_message(text_like, lim).error is None
+    assert P.decode_message(msg("list_episodes")[:-1] + ', "junk": ' + "[" * 4 + "]" * 4 + "}", lim).error is None
 
 
 def test_text_over_the_limit():
@@ -192,6 +207,30 @@ def test_client_handshake_and_server_limits_apply():
         c.send_blob(sha(b"x" * 11), b"x" * 11)
     [ev] = c.receive_text(msg("welcome", user="u", role="admin", server="s", limits={}))
     assert ev.code == "bad_state" and not c.closed
+
+
+def test_client_does_not_send_a_manifest_the_server_would_refuse_unread(tmp_path):
+    """The server refuses a message over its value, depth or size limits before parsing it, so
+    without its ref: the client checks its manifest against the limits the welcome announced
+    and fails that episode with one clear line instead of waiting for an answer."""
+    from agent.store import Store
+    from factories import make_episode
+
+    ep = make_episode(Store(tmp_path), 30).to_dict()
+    c, s = P.ClientConnection("tok"), P.ServerConnection(P.Limits(max_json_values=500, max_json_depth=4))
+    deliver(c, s)
+    s.accept("u", "annotator")
+    deliver(s, c)  # the welcome carries the server's limits
+    assert (c.limits.max_json_values, c.limits.max_json_depth) == (500, 4)
+    with pytest.raises(P.ProtocolUsageError, match=r"^episode '.*': the message holds about \d+ JSON values, more than 500$"):
+        c.upload(ep)
+    assert c.data_to_send() == []
+    c.limits = P.Limits(max_text=1000)
+    with pytest.raises(P.ProtocolUsageError, match=r"the manifest is \d+ bytes, more than the server's 1000"):
+        c.upload(ep)
+    c.limits = P.Limits()
+    c.upload(ep)
+    assert json.loads(c.data_to_send()[0])["type"] == "manifest"
 
 
 def test_client_refused_and_unexpected_first_message():

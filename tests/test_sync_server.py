@@ -501,7 +501,8 @@ def test_naming_another_users_blob_hash_does_not_make_it_readable(tmp_path, back
 def test_live_state_stays_bounded(backend):
     """Open proposals of a run are capped (the newest kept), runs nobody follows any more are
     dropped, and a frame larger than a hello before authenticating closes the connection."""
-    from trainer.server import MAX_PENDING_PER_RUN, PRE_AUTH_MAX_FRAME
+    from trainer.server import MAX_PENDING_PER_RUN
+    from trainer.ws_budget import PRE_AUTH_MAX_FRAME
 
     async def run():
         agent = await Session.open(backend.url, backend.tokens["ann"])

@@ -2,9 +2,11 @@
 
 One handler per connection reads a frame, feeds the protocol, acts on its events (store writes
 run on one writer thread, so the event loop never blocks on disk) and queues the replies.
-Backpressure: websockets buffers at most `max_queue` incoming frames, the handler reads the next
-one only when the last is handled, and each connection's outgoing queue is bounded; a
-supervisor too slow to take live proposals is disconnected rather than let memory grow.
+Memory is budgeted per connection and server-wide (trainer.ws_budget.Budgets): incoming frames are
+limited by kind and reserved in bytes before they are read (trainer.ws_budget), replies are queued
+against a send budget in bytes (the handler reads on only when its replies fit; a connection
+whose replies do not move for `send_stall_s` is closed, and one too slow for live messages is
+cut at once), and open proposals' screenshots have their own budget (the oldest give theirs up).
 Shutdown closes connections (1001), lets every handler finish the event it is on and waits for
 the writes in flight before the store closes.
 """
@@ -12,8 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
+import ctypes.util
+import functools
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from websockets.asyncio.server import serve
@@ -22,16 +28,31 @@ from websockets.exceptions import ConnectionClosed
 from agent import protocol as P
 from trainer.backend_store import BackendError, BackendStore, User
 from trainer.model_shelf import ModelShelf, client_info
+from trainer.ws_budget import BudgetedConnection, Budgets, ReadAhead
 
 log = logging.getLogger("tandem.backend")
 SERVER_NAME = "tandem-backend/1"
 REVOCATION_CHECK_S = 1.0  # how stale a session's view of its own token may be
 HELLO_TIMEOUT_S = 10.0  # a connection that has not said hello by then is closed
-PRE_AUTH_MAX_FRAME = 64 * 1024  # until hello succeeds a frame is a hello: larger ones close the connection
+CLOSE_TOO_SLOW = 1013  # a connection that does not take what it is sent ("try again later")
+CLOSE_TIMEOUT_S = 3.0  # how long a closing handshake may take before the TCP connection is cut
 MAX_PENDING_PER_RUN = 8  # open proposals a run keeps (an agent waits on one at a time; watched runs never decide)
 MAX_RUNS_PER_SESSION = 32  # runs one connection publishes or subscribes to
 SUPERVISOR_ROLES = ("supervisor", "admin")
 WRITE_AHEAD = 32 * 2**20  # bytes of received blobs a session may have queued for the disk
+TRIM_AFTER = 16 * 2**20  # bytes received and sent since the last trim that make the next sweep trim
+
+
+def _malloc_trim():
+    """glibc keeps freed memory of big frames in its arenas; malloc_trim(0) gives it back to the OS
+    (None elsewhere)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+MALLOC_TRIM = _malloc_trim()
 
 
 @dataclass(eq=False)
@@ -40,6 +61,11 @@ class Session:
     conn: P.ServerConnection
     out: asyncio.Queue
     user: User | None = None
+    out_bytes: int = 0  # of the frames queued for it, the one being sent included
+    sent_at: float = field(default_factory=time.monotonic)  # when its queued frames last moved
+    buffered: int = 0  # the transport's write buffer at the last sweep
+    frame_cost: int = 0  # read-ahead bytes of the message being handled (trainer.ws_budget)
+    shot_bytes: int = 0  # screenshots of the open proposals it published
     checked_at: float = 0.0
     runs: set = field(default_factory=set)  # run ids this session subscribes to
     writes: list = field(default_factory=list)  # (future, bytes) of blob writes in flight
@@ -56,17 +82,23 @@ class Run:
     publisher: Session | None = None
     subscribers: set = field(default_factory=set)
     claimer: Session | None = None
-    pending: dict = field(default_factory=dict)  # proposal id -> (step, screenshot hash, bytes)
+    pending: dict = field(default_factory=dict)  # proposal id -> (step, screenshot hash, bytes or None, sender)
 
 
 class BackendServer:
     def __init__(self, data_dir, host: str = "127.0.0.1", port: int = 8765, *, limits: P.Limits = P.Limits(),
-                 ssl_context=None, out_queue: int = 64, max_queue: int = 4, models: dict | None = None):
+                 ssl_context=None, budgets: Budgets = Budgets(), max_queue: int = 4, models: dict | None = None):
         self.store = BackendStore(data_dir)
         self.models = ModelShelf(self.store, **(models or {}))  # readers, max_bytes, endpoint
         self._announced: str | None = None  # the latest model version the sweep has told clients about
         self.host, self.port, self.limits, self.ssl = host, port, limits, ssl_context
-        self.out_queue, self.max_queue = out_queue, max_queue
+        self.budgets, self.max_queue = budgets, max_queue
+        self.read_ahead = ReadAhead(budgets)
+        self.out_bytes = 0  # queued for all connections
+        self._moved: asyncio.Event | None = None  # set when queued frames were sent or dropped
+        self._shots: OrderedDict = OrderedDict()  # (run id, proposal id) -> (publisher, bytes), oldest first
+        self.shot_bytes = 0
+        self._moved_bytes = 0  # received and sent since the last malloc_trim
         self.sessions: set[Session] = set()
         self.runs: dict[str, Run] = {}
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="backend-writer")
@@ -77,11 +109,11 @@ class BackendServer:
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> int:
+        self._moved = asyncio.Event()
         self._server = await serve(
-            self._handle, self.host, self.port, ssl=self.ssl, compression=None,
-            # the full frame size only once a session is authenticated (_hello): 30 anonymous connections
-            # sending 60 MB frames held 760 MB before
-            max_size=PRE_AUTH_MAX_FRAME, max_queue=self.max_queue, close_timeout=3,
+            self._handle, self.host, self.port, ssl=self.ssl, compression=None, max_queue=self.max_queue,
+            close_timeout=CLOSE_TIMEOUT_S,  # frame limits: BudgetedConnection (64 KiB until hello, then by kind)
+            create_connection=functools.partial(BudgetedConnection, read_ahead=self.read_ahead),
         )
         self.port = self._server.sockets[0].getsockname()[1]
         latest = await self._io(self.store.latest_model)
@@ -97,7 +129,12 @@ class BackendServer:
         while True:
             await asyncio.sleep(REVOCATION_CHECK_S)
             await self._tell_new_model()
+            if self._moved_bytes > TRIM_AFTER and MALLOC_TRIM is not None:
+                self._moved_bytes = 0
+                MALLOC_TRIM(0)
             now = time.monotonic()
+            for s in [s for s in self.sessions if not s.dropped]:
+                self._check_stall(s, now)
             for s in [s for s in self.sessions if s.user is None and not s.dropped and now - s.opened > HELLO_TIMEOUT_S]:
                 s.dropped = True
                 asyncio.get_running_loop().create_task(s.ws.close(1008, "no hello"))
@@ -124,6 +161,23 @@ class BackendServer:
         if latest and latest[0] != self._announced:
             self.announce_model(*latest)
 
+    def _check_stall(self, s: Session, now: float) -> None:
+        """A connection whose queued frames have not moved for `send_stall_s` has stopped reading:
+        close it, which frees what was queued for it (70 unread 16 MB blobs pinned 1.1 GB before)."""
+        buffered = s.ws.transport.get_write_buffer_size()
+        if s.out_bytes == 0 or buffered < s.buffered:
+            s.sent_at = now
+        s.buffered = buffered
+        if now - s.sent_at > self.budgets.send_stall_s:
+            self._drop(s, f"stopped reading: {s.out_bytes} bytes queued for it did not move in {self.budgets.send_stall_s:g} s")
+
+    def _drop(self, s: Session, reason: str) -> None:
+        """End a connection that does not take what it is sent."""
+        s.dropped = True
+        log.warning("dropping %s: %s", s.user and s.user.name, reason)
+        asyncio.get_running_loop().create_task(_close_or_cut(s.ws, CLOSE_TOO_SLOW, reason))
+        self._moved.set()  # its handler may be waiting for room
+
     def _cut(self, s: Session, reason: str) -> None:
         """End another session now: tell it why, then close."""
         s.conn.reject(reason)
@@ -137,7 +191,12 @@ class BackendServer:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
+            try:  # a peer that does not read blocks its closing handshake behind the frames queued for it
+                await asyncio.wait_for(asyncio.shield(self._server.wait_closed()), CLOSE_TIMEOUT_S + 1)
+            except asyncio.TimeoutError:
+                for s in list(self.sessions):
+                    s.ws.transport.abort()
+                await self._server.wait_closed()
         while self._inflight:
             await asyncio.wait(list(self._inflight))
         self._writer.shutdown(wait=True)
@@ -159,16 +218,15 @@ class BackendServer:
 
     # ------------------------------------------------------------ one connection
     async def _handle(self, ws) -> None:
-        s = Session(ws, P.ServerConnection(self.limits), asyncio.Queue(self.out_queue))
+        s = Session(ws, P.ServerConnection(self.limits), asyncio.Queue())
+        ws.expects_blob = s.conn.expects_blob
         self.sessions.add(s)
         self.stats["connections"] += 1
         writer = asyncio.create_task(self._send_loop(s))
         try:
             async for frame in ws:
-                events = s.conn.receive_text(frame) if isinstance(frame, str) else s.conn.receive_bytes(frame)
-                for ev in events:
-                    await self._event(s, ev)
-                await self._flush(s)
+                await self._frame(s, frame)
+                del frame  # an idle connection holds nothing of its last message
                 if s.conn.closed or s.dropped:
                     break
         except ConnectionClosed:
@@ -188,30 +246,63 @@ class BackendServer:
                     pass
                 await closing
 
+    async def _frame(self, s: Session, frame: str | bytes) -> None:
+        s.frame_cost = s.ws.take()
+        self._moved_bytes += len(frame)
+        events = s.conn.receive_text(frame) if isinstance(frame, str) else s.conn.receive_bytes(frame)
+        del frame
+        for ev in events:
+            await self._event(s, ev)
+        s.ws.release(s.frame_cost)  # a blob's bytes are released once written (_write_blob)
+        s.frame_cost = 0
+        await self._flush(s)
+
     async def _send_loop(self, s: Session) -> None:
         while (item := await s.out.get()) is not None:
             try:
                 await s.ws.send(item)
             except ConnectionClosed:
                 s.dropped = True
+            finally:
+                self._moved_bytes += len(item)
+                s.out_bytes -= len(item)
+                self.out_bytes -= len(item)
+                s.sent_at = time.monotonic()
+                del item
+                self._moved.set()
+
+    def _enqueue(self, s: Session) -> int:
+        """Queue the session's frames; returns the bytes it had queued before."""
+        before = s.out_bytes
+        if before == 0:
+            s.sent_at = time.monotonic()
+        for item in s.conn.data_to_send():
+            s.out.put_nowait(item)
+            s.out_bytes += len(item)
+            self.out_bytes += len(item)
+        return before
 
     async def _flush(self, s: Session) -> None:
-        for item in s.conn.data_to_send():
-            await s.out.put(item)  # waits when the peer does not read: backpressure
-
-    def _push(self, s: Session) -> None:
-        """Queue frames for a session other than the one being handled, without waiting on it."""
+        """Queue the replies of the session being handled, then wait until its queue (and the
+        server's) is back under the send budget: the handler reads on only then (backpressure)."""
         if s.dropped:
             s.conn.data_to_send()
             return
-        for item in s.conn.data_to_send():
-            try:
-                s.out.put_nowait(item)
-            except asyncio.QueueFull:
-                s.dropped = True
-                log.warning("dropping %s: it does not keep up with live messages", s.user and s.user.name)
-                asyncio.get_running_loop().create_task(s.ws.close(1013, "too slow to receive live messages"))
-                return
+        self._enqueue(s)
+        b = self.budgets
+        while not s.dropped and s.out_bytes > 0 and (s.out_bytes > b.send or self.out_bytes > b.send_total):
+            self._moved.clear()
+            await self._moved.wait()
+
+    def _push(self, s: Session) -> None:
+        """Queue frames for a session other than the one being handled, without waiting on it:
+        one that has frames waiting and would go over the send budget is dropped instead."""
+        if s.dropped:
+            s.conn.data_to_send()
+            return
+        before = self._enqueue(s)
+        if before and (s.out_bytes > self.budgets.send or self.out_bytes > self.budgets.send_total):
+            self._drop(s, "too slow to receive live messages")
 
     # ------------------------------------------------------------ events
     async def _event(self, s: Session, ev) -> None:
@@ -249,8 +340,11 @@ class BackendServer:
 
     async def _write_blob(self, s: Session, data: bytes) -> None:
         """Queue the write and read on: the writer thread runs jobs in order, so the episode's
-        ingest (queued later) finds its blobs written. Bounded by WRITE_AHEAD bytes per session."""
+        ingest (queued later) finds its blobs written. Bounded by WRITE_AHEAD bytes per session,
+        and by the read-ahead budget, which gets the frame's bytes back once they are on disk."""
         fut = self._write_soon("blob write", self.store.put_blob, data, s.user)
+        cost, s.frame_cost = s.frame_cost, 0
+        fut.add_done_callback(lambda _: s.ws.release(cost))
         s.writes.append((fut, len(data)))
         self.stats["blobs"] += 1
         self.stats["blob_bytes"] += len(data)
@@ -273,7 +367,7 @@ class BackendServer:
             s.conn.reject(str(e))
             return
         s.checked_at = time.monotonic()
-        s.ws.protocol.max_message_size = self.limits.max_frame + 1024
+        s.ws.text_limit, s.ws.binary_limit = self.limits.max_text, self.limits.max_blob + P.BLOB_HEADER_LEN
         s.conn.accept(s.user.name, s.user.role, SERVER_NAME)
         latest = await self._io(self.store.latest_model)
         if latest:
@@ -439,13 +533,49 @@ class BackendServer:
             run.publisher = s
         elif run.publisher is not s:
             raise BackendError("forbidden", f"run {ev.run_id} is published by another connection")
+        self._forget_pending(run, ev.proposal_id)  # the same id again replaces it
         run.pending[ev.proposal_id] = (ev.step, ev.screenshot, ev.screenshot_data, s.user.name)
+        if ev.screenshot_data:
+            self._keep_shot(s, run, ev.proposal_id, len(ev.screenshot_data))
         while len(run.pending) > MAX_PENDING_PER_RUN:  # only the newest are kept for late subscribers; a watched
-            del run.pending[next(iter(run.pending))]  # run's proposals are never decided (131 -> 803 MB before)
+            self._forget_pending(run, next(iter(run.pending)))  # run's proposals are never decided (131 -> 803 MB before)
         for sub in list(run.subscribers):
             if not sub.dropped:
                 sub.conn.send_proposal(ev.run_id, ev.proposal_id, ev.step, ev.screenshot_data, sender=s.user.name)
                 self._push(sub)
+
+    def _keep_shot(self, s: Session, run: Run, pid: str, n: int) -> None:
+        """Count an open proposal's screenshot against its publisher's and the server's budget;
+        over either, the oldest open proposals give up their screenshots (they stay open, and a
+        late subscriber gets them without one). 4 runs x 8 x 32 MB from one agent held 1.1 GB before."""
+        self._shots[(run.run_id, pid)] = (s, n)
+        s.shot_bytes += n
+        self.shot_bytes += n
+        older = list(self._shots.items())[:-1]  # the newest stays, even alone over budget
+        for key in [k for k, (owner, _) in older if owner is s]:  # first its publisher's own oldest
+            if s.shot_bytes <= self.budgets.proposals:
+                break
+            self._drop_shot(key)
+        for key in [k for k, _ in older if k in self._shots]:  # then anyone's oldest
+            if self.shot_bytes <= self.budgets.proposals_total:
+                break
+            self._drop_shot(key)
+
+    def _drop_shot(self, key) -> None:
+        run, pid = self.runs[key[0]], key[1]
+        step, shot, _, sender = run.pending[pid]
+        run.pending[pid] = (step, shot, None, sender)
+        self._forget_shot(key)
+
+    def _forget_shot(self, key) -> None:
+        owner, n = self._shots.pop(key, (None, 0))
+        if owner is not None:
+            owner.shot_bytes -= n
+            self.shot_bytes -= n
+
+    def _forget_pending(self, run: Run, pid: str) -> None:
+        run.pending.pop(pid, None)
+        self._forget_shot((run.run_id, pid))
 
     def _decision(self, s: Session, ev: P.DecisionReceived) -> None:
         self._require(s, SUPERVISOR_ROLES, "decide on proposals")
@@ -454,7 +584,8 @@ class BackendServer:
             raise BackendError("bad_state", f"claim run {ev.run_id} before deciding on its proposals")
         if ev.proposal_id not in run.pending:
             raise BackendError("not_found", f"run {ev.run_id} has no open proposal {ev.proposal_id}")
-        proposed, _, _, publisher = run.pending.pop(ev.proposal_id)
+        proposed, _, _, publisher = run.pending[ev.proposal_id]
+        self._forget_pending(run, ev.proposal_id)
         # recorded before the agent hears it, so the upload of the correction finds it (claims_problem)
         self._write_soon("recording a decision", self.store.record_decision, ev.run_id, ev.proposal_id, proposed,
                          publisher, s.user.name, ev.decision, ev.step)
@@ -469,6 +600,8 @@ class BackendServer:
         self._broadcast(run, lambda c: c.send("run_end", run_id=run_id, reason=reason), exclude=s)
         for sub in run.subscribers:
             sub.runs.discard(run_id)
+        for pid in list(run.pending):
+            self._forget_pending(run, pid)
         del self.runs[run_id]
 
     def _forget(self, s: Session) -> None:
@@ -486,3 +619,14 @@ class BackendServer:
             if other.user and not other.dropped:
                 other.conn.send("model_version", version=version, info=client_info(info))
                 self._push(other)
+
+
+async def _close_or_cut(ws, code: int, reason: str) -> None:
+    """Close with a reason; if the closing handshake cannot happen within CLOSE_TIMEOUT_S (the
+    close frame waits behind frames the peer does not read), cut the TCP connection, which frees
+    what was buffered for it."""
+    try:
+        await asyncio.wait_for(ws.close(code, reason[:120]), CLOSE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        pass
+    ws.transport.abort()

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 )
 
 from agent.actions import validate
+from agent.flywheel_routes import routed_as_stored
 from agent.schema import Action, Episode, Outcome, Provenance, Step
 from agent.store import NotFound, StoreError
 from agent.wording import action_summary, outcome_name, plural
@@ -73,6 +74,7 @@ class StepViewer(QWidget):
         super().__init__(parent)
         self.store, self.window_ = store, window
         self.episode: Episode | None = None
+        self.routed_of = routed_as_stored  # the Library reads routes from the flywheel's store
         self._row = -1
         self._pixmaps: OrderedDict[str, QPixmap] = OrderedDict()
         self._loading = False
@@ -255,8 +257,9 @@ class StepViewer(QWidget):
         self.stack.setCurrentIndex(1)
         self.title.setText(ep.instruction or "(no instruction)")
         who = f" · by {ep.producer}" if ep.producer else ""
-        why = (ep.meta.get("routing") or {}).get("why") or []
-        route = f"route {ep.route}" + (f" ({why[0]})" if why and ep.route != "unscored" else "")
+        routed = self.routed_of(ep)
+        why = routed.routing.get("why") or []
+        route = f"route {routed.route}" + (f" ({why[0]})" if why and routed.route != "unscored" else "")
         self.meta.setText(f"{ep.kind} · {ep.platform} · {plural(len(ep.steps), 'step')} · {route}{who} · {ep.id}")
         self.meta.setToolTip("\n".join(why[:12]))
         self.outcome.setCurrentIndex([v for _, v in OUTCOMES].index(ep.outcome.success))

@@ -367,8 +367,10 @@ class PrivacyReviewDialog(QDialog):
             Outbox(self.store).submit(self.episode_id)
         self.status.setText(self.status.text() + " Queued for sync.")
         if self.window_ is not None and hasattr(self.window_, "notify"):
-            self.window_.notify("Redacted recording queued for sync")
+            self.window_.notify("Redacted episode queued for sync")
         self.approved.emit(self.episode_id)
+        self.approve_btn.setEnabled(False)  # done: nothing left to approve here
+        self.accept()
 
     def reject(self) -> None:
         self._cancel = True  # a scan in flight stops after its frame and keeps what it found

@@ -276,7 +276,7 @@ class StepViewer(QWidget):
     def _update_items(self) -> None:
         for s, i in zip(self.episode.steps, range(self.steps.topLevelItemCount())):
             item = self.steps.topLevelItem(i)
-            item.setText(0, str(s.index))
+            item.setText(0, str(s.index + 1))  # people count steps from 1, as Supervise and the privacy review do
             item.setText(1, action_summary(s.action, s.observation.width, s.observation.height))
             item.setText(2, s.provenance.source)
             item.setIcon(2, badge_icon(s.provenance.source))
@@ -437,7 +437,7 @@ class StepViewer(QWidget):
         self.episode = self.store.load_episode(self.episode.id)
         self._update_items()
         self._show_step(self.current_step())
-        self._notify(f"Saved step {new.index}")
+        self._notify(f"Saved step {new.index + 1}")
         self.episodeChanged.emit(self.episode.id)
         return True
 
@@ -450,7 +450,7 @@ class StepViewer(QWidget):
         if not self.is_dirty():
             return True
         answer = QMessageBox.question(
-            self, "Unsaved changes", f"Step {self.current_step().index} has unsaved changes.",
+            self, "Unsaved changes", f"Step {self.current_step().index + 1} has unsaved changes.",
             QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel, QMessageBox.Save,
         )
         if answer == QMessageBox.Save:
@@ -476,8 +476,8 @@ class StepViewer(QWidget):
         if not indices:
             return False
         by_index = {s.index: s for s in self.episode.steps}
-        what = (f"step {indices[0]} ({by_index[indices[0]].action.name})" if len(indices) == 1
-                else f"{len(indices)} steps ({', '.join(map(str, indices))})")
+        what = (f"step {indices[0] + 1} ({by_index[indices[0]].action.name})" if len(indices) == 1
+                else f"{len(indices)} steps ({', '.join(str(i + 1) for i in indices)})")
         if confirm and QMessageBox.question(
             self, "Delete steps" if len(indices) > 1 else "Delete step",
             f"Delete {what} from this episode? This cannot be undone.",
@@ -511,12 +511,12 @@ class StepViewer(QWidget):
             self._show_error("This step has no screenshot to blur.")
             return False
         if confirm and QMessageBox.question(
-            self, "Blur region", f"Blur this region of step {step.index}'s screenshot? The original image is replaced "
+            self, "Blur region", f"Blur this region of step {step.index + 1}'s screenshot? The original image is replaced "
             "and cannot be restored.", QMessageBox.Yes | QMessageBox.No, QMessageBox.Yes,
         ) != QMessageBox.Yes:
             return False
         return self._change_store(lambda: blur_region(self.store, self.episode.id, step.index, rect, "pre"),
-                                  f"Blurred a region of step {step.index}", "Not blurred")
+                                  f"Blurred a region of step {step.index + 1}", "Not blurred")
 
     def review_privacy(self, **kwargs):
         """Open the privacy review of this episode (scanning starts in the background)."""

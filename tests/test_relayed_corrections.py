@@ -145,13 +145,13 @@ def _forge(ep, what):
 
 
 @pytest.mark.parametrize("user, what, refused", [
-    ("robot", "unrelayed step", "step 2 is marked as a supervisor's correction"),
-    ("robot", "other episode", "step 0 is marked as a supervisor's correction"),
-    ("robot", "other supervisor", "relayed no such correction by 'bob' of step 0 to 'robot'"),
-    ("robot", "other content", "relayed no such correction by 'alice' of step 1"),
-    ("robot", "other thought", "relayed no such correction by 'alice' of step 0"),
-    ("robot", "shifted step", "step 2 is marked as a supervisor's correction"),
-    ("eve", "nothing", "relayed no such correction by 'alice' of step 0 to 'eve'"),  # relayed to robot, not eve
+    ("robot", "unrelayed step", "step 3 is marked as a supervisor's correction"),
+    ("robot", "other episode", "step 1 is marked as a supervisor's correction"),
+    ("robot", "other supervisor", "relayed no such correction by 'bob' of step 1 to 'robot'"),
+    ("robot", "other content", "relayed no such correction by 'alice' of step 2"),
+    ("robot", "other thought", "relayed no such correction by 'alice' of step 1"),
+    ("robot", "shifted step", "step 3 is marked as a supervisor's correction"),
+    ("eve", "nothing", "relayed no such correction by 'alice' of step 1 to 'eve'"),  # relayed to robot, not eve
     ("bob", "nothing", "'bob' may upload corrections only in its own name or ones this backend relayed to it live"),
 ])
 def test_a_correction_the_backend_did_not_relay_is_still_refused(relayed, tmp_path, user, what, refused):

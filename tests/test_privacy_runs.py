@@ -123,6 +123,33 @@ def test_the_app_redacts_a_run_in_the_background_before_queueing_it(qtbot, store
     assert queue_for_sync(store, None, sandbox.id) == "queued for sync (sent when sync runs)"
 
 
+def test_the_library_exports_a_run_redacted_without_asking(qtbot, store, engine, tmp_path):
+    """An export writes what a sync sends: the run is redacted in the export's worker (the check
+    before it reads no frame), so the bundle holds the blurred frame and the masked text."""
+    import zipfile
+
+    from app.library_view import LibraryPage
+    from test_privacy_export import _export
+
+    from agent.export import without_review
+
+    ep = _run(store, _window_png())
+    assert without_review(store, [ep.id]) == [] and "redaction" not in store.load_episode(ep.id).meta  # no OCR yet
+    page = LibraryPage(store)
+    qtbot.addWidget(page)
+    asked = []
+    page.confirm_originals = lambda *a: asked.append(a) or "cancel"
+    res = _export(qtbot, page, tmp_path / "run.zip", [ep.id])
+    assert not asked and res["episodes"] == 1 and not res["originals"]
+    with zipfile.ZipFile(tmp_path / "run.zip") as z:
+        blobs = {n[len("blobs/"):]: z.read(n) for n in z.namelist() if n.startswith("blobs/")}
+        text = z.read(f"episodes/{ep.id}.json").decode()
+    assert EMAIL not in text and CARD not in text and TITLE not in text
+    (data,) = blobs.values()
+    assert "Order" in " ".join(line.text for line in engine.read(decode(data)))
+    assert not find_pii(" ".join(line.text for line in engine.read(decode(data))))
+
+
 def test_sandbox_rollouts_go_as_they_are(qapp, store):
     """The sandbox draws its screens: nothing personal to take out, and no OCR spent."""
     for kind in ("rollout", "supervised"):

@@ -47,10 +47,15 @@ class DecisionStats:
     episodes: int = 0
 
     @property
+    def judged(self) -> int:
+        """Proposals a person answered with approve, edit or reject: what the approval rate is over
+        (a takeover or a stop judges no proposal)."""
+        return sum(self.counts.get(k, 0) for k in ("approve", "edit", "reject"))
+
+    @property
     def approval_rate(self) -> float | None:
-        """Approved as proposed, over approve + edit + reject (takeovers and stops excluded)."""
-        judged = sum(self.counts.get(k, 0) for k in ("approve", "edit", "reject"))
-        return self.counts.get("approve", 0) / judged if judged else None
+        """Approved as proposed, over `judged`."""
+        return self.counts.get("approve", 0) / self.judged if self.judged else None
 
     def seconds_quantile(self, q: float) -> float | None:
         """The q-quantile of the decision times (interpolated between ranks), None without any."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from agent import coords
 from agent.grammar import format_normalized, system_prompt
 from agent.redaction import RedactionError
-from agent.redaction.review import redacted_episode, upload_view
+from agent.redaction.review import auto_redaction_due, redacted_episode, upload_view
 from agent.schema import Episode
 from agent.wording import command_name, plural
 
@@ -30,11 +30,15 @@ class ExportRefused(Exception):
 
 def without_review(store, episode_ids) -> list[str]:
     """The episodes that have no redacted version to export: recordings whose privacy review is
-    not approved (or that changed since). Exporting them writes their original frames and text."""
+    not approved (or that changed since). Exporting them writes their original frames and text.
+    A run redacted automatically has one; it is made when the export writes it (in its worker:
+    this check reads no frame)."""
     out = []
     for eid in episode_ids:
         try:
-            upload_view(store, store.load_episode(eid))
+            ep = store.load_episode(eid)
+            if not auto_redaction_due(store, ep):
+                upload_view(store, ep)
         except RedactionError:
             out.append(eid)
     return out

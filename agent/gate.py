@@ -181,7 +181,7 @@ class Gate:
 
     def review(self, request: GateRequest) -> Decision:
         if self.supervisor is None:
-            raise GateError(f"step {request.step_index} needs a human ({request.why}) but the gate has no supervisor")
+            raise GateError(f"step {request.step_index + 1} needs a human ({request.why}) but the gate has no supervisor")
         decision = self.supervisor.decide(request)
         if not isinstance(decision, Decision):
             raise GateError(f"the supervisor answered {decision!r}, not a Decision")

@@ -62,7 +62,7 @@ class TerminalSupervisor:
 
     def decide(self, request) -> Decision:
         p, frame = request.proposal, request.observation
-        self._say(f"\n--- step {request.step_index} needs you ({request.why})")
+        self._say(f"\n--- step {request.step_index + 1} needs you ({request.why})")
         if p.thought:
             self._say(f"thought: {p.thought}")
         for a in p.actions:

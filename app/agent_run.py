@@ -84,7 +84,26 @@ def make_executor(choice: str, *, family: str | None = None, seed: int = 0, seri
 
 
 def queue_for_sync(store, window, episode_id: str) -> str:
-    """Queue an episode for upload like a recording; returns what happened, for the status bar."""
+    """Queue an episode for upload like a recording; returns what happened, for the status bar.
+    A run on a real screen is redacted first (agent.redaction.runs), in a worker: the sync would
+    do it too, but on its own thread, where reading many frames holds up the connection."""
+    from agent.redaction import RedactionError
+    from agent.redaction.review import auto_redact, auto_redaction_due
+
+    try:
+        due = auto_redaction_due(store, store.load_episode(episode_id))
+    except (RedactionError, ValueError):  # a bad privacy.runs setting: the sync names it for this episode
+        due = False
+    if not due:
+        return _submit(store, window, episode_id)
+    from app.workers import run_in_background
+
+    # queued whatever the redaction's outcome: if it failed, the sync tries again and says why
+    run_in_background(auto_redact, store, episode_id, on_finished=lambda: _submit(store, window, episode_id))
+    return "queued for sync once its personal data is blurred"
+
+
+def _submit(store, window, episode_id: str) -> str:
     bridge = getattr(window, "sync", None)
     try:
         if bridge is not None:

@@ -72,12 +72,13 @@ class ControlStrip(QFrame):
     def set_state(self, text: str) -> None:
         self.state.setText(text)
 
-    def set_step(self, thought: str, action: str) -> None:
+    def set_step(self, thought: str, action: str, detail: str = "") -> None:
         fm = self.thought.fontMetrics()
         w = max(100, self.thought.width())
         self.thought.setText(fm.elidedText(thought.replace("\n", " ") or "(no thought)", Qt.ElideRight, w))
         self.action.setText(fm.elidedText(action, Qt.ElideRight, w))
         self.thought.setToolTip(thought)
+        self.action.setToolTip(detail or action)
 
     def set_kill_switch_problem(self, text: str) -> None:
         self.hotkey.setText(f"kill switch off: {text[:60]}")

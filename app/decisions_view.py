@@ -13,6 +13,7 @@ class DecisionsView(QWidget):
         super().__init__(parent)
         self.store = store
         self.session_ids: list[str] = []  # episodes supervised in this session, in order
+        self.live: dict = {}  # id -> the running loop's own episode: its decisions count as they are made
         self.stats = None
         self.all_box = QCheckBox("All supervised episodes in the store")
         self.all_box.toggled.connect(self.refresh)
@@ -32,15 +33,27 @@ class DecisionsView(QWidget):
         lay.addWidget(self.all_box)
 
     def add_episode(self, episode_id: str) -> None:
+        """A run of this session that ended (finished, failed or stopped): counted as stored."""
+        self.live.pop(episode_id, None)
         if episode_id not in self.session_ids:
             self.session_ids.append(episode_id)
+        self.refresh()
+
+    def follow(self, episode) -> None:
+        """A run still going (the loop's episode, which its decision log appends to): counted now."""
+        self.live[episode.id] = episode
+        if episode.id not in self.session_ids:
+            self.session_ids.append(episode.id)
         self.refresh()
 
     def episodes(self):
         ids = [e.id for e in self.store.list_episodes(kind="supervised")] if self.all_box.isChecked() else self.session_ids
         out = []
+        ids += [eid for eid in self.live if eid not in ids]  # a running one is stored only from its first step
         for eid in ids:
-            if self.store.has_episode(eid):
+            if eid in self.live:
+                out.append(self.live[eid])
+            elif self.store.has_episode(eid):
                 out.append(self.store.load_episode(eid))
         return out
 
@@ -49,7 +62,8 @@ class DecisionsView(QWidget):
         rate = s.approval_rate
         self.summary.setText("No decisions yet." if not s.decisions else
                              f"{plural(s.decisions, 'decision')} over {plural(s.episodes, 'run')}; "
-                             f"{'–' if rate is None else f'{100 * rate:.0f}%'} approved as proposed.")
+                             f"{s.counts.get('approve', 0)} of {plural(s.judged, 'proposal')} answered approved as "
+                             f"proposed ({'–' if rate is None else f'{100 * rate:.0f}%'}).")
         rows = s.rows()
         self.table.setRowCount(len(rows))
         for i, (k, v) in enumerate(rows):

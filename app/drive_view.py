@@ -128,7 +128,7 @@ class DrivePage(QWidget):
         self.strip = ControlStrip(hotkey)
         self.strip.pause_toggled.connect(self.set_paused)
         self.strip.stop_clicked.connect(lambda: self.stop("stopped by the user"))
-        self.form = RunForm(store, "drive", gates=("risky", "all", "auto"), executors=("desktop", "android"))
+        self.form = RunForm(store, "drive", gates=("risky", "all", "auto"), executors=("desktop", "android", "sandbox"))
         self.start_btn = QPushButton("Let the agent drive")
         self.start_btn.setDefault(True)
         self.start_btn.clicked.connect(self.start_from_form)
@@ -144,7 +144,7 @@ class DrivePage(QWidget):
         self._strip_timer = QTimer(self)
         self._strip_timer.setInterval(250)
         self._strip_timer.timeout.connect(self.strip_rects.refresh)
-        title = QLabel("Drive: the agent uses this computer or your phone")
+        title = QLabel("Drive: the agent uses this computer, your phone or a sandbox task")
         title.setObjectName("title")
         lay = QVBoxLayout(self)
         lay.addWidget(title)
@@ -166,7 +166,7 @@ class DrivePage(QWidget):
             self.status.setText(f"Cannot start: {e}")
             return
         instruction = self.form.instruction.text().strip()
-        if not instruction:
+        if not instruction and not hasattr(executor, "prepare"):  # a sandbox task brings its own
             self.status.setText("Cannot start: type what the agent should do.")
             return
         self.form.remember()
@@ -199,7 +199,7 @@ class DrivePage(QWidget):
             except KillSwitchError as e:  # no global hotkey here (no X display, Wayland): say so on the strip
                 run.event.emit("kill_switch_off", str(e))
                 self.kill_switch = None
-            return loop, instruction
+            return loop, instruction or executor.prepare()
 
         def close(loop):
             if self.kill_switch is not None:
@@ -250,8 +250,12 @@ class DrivePage(QWidget):
         if kind == "proposal":
             p = payload["proposal"]
             geo = payload["observation"].geometry if payload.get("observation") is not None else None
-            self._proposed = "; ".join(format_for_display(a, geo) for a in p.actions) or (p.parse_error or "")
-            self.strip.set_step(p.thought, self._proposed)
+            if p.ok:
+                self._proposed = "; ".join(format_for_display(a, geo) for a in p.actions)
+                self.strip.set_step(p.thought, self._proposed)
+            else:  # the parser's message is for developers: the strip says what happened, the tooltip why
+                self._proposed = "the model's reply did not parse; asking again"
+                self.strip.set_step(p.thought, self._proposed, detail=p.parse_error or "")
         elif kind == "decision" and payload["decision"].kind == "reject":  # the log says what was refused
             self.steps_empty.hide()
             self.steps.show()

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 
 from agent.bundle import import_file, write_bundle
 from agent.export import export_jsonl, without_review
+from agent.flywheel_routes import FlywheelRoutes
 from agent.schema import Outcome
 from agent.store import StoreError
 from agent.wording import command_name, outcome_name, plural
@@ -59,6 +60,7 @@ class LibraryPage(QWidget):
         super().__init__(parent)
         self.store, self.window_ = store, window
         self._busy = False
+        self._routes: FlywheelRoutes | None = None
 
         # toolbar
         self.filter = QLineEdit()
@@ -125,6 +127,7 @@ class LibraryPage(QWidget):
         self.table.selectionModel().selectionChanged.connect(lambda *_: self._update_buttons())
 
         self.viewer = StepViewer(store, window)
+        self.viewer.routed_of = lambda ep: self.flywheel_routes().of([ep])[ep.id]
         self.viewer.episodeChanged.connect(self._episode_changed)
 
         top = QWidget()
@@ -145,15 +148,33 @@ class LibraryPage(QWidget):
         self.refresh()
         # live: whoever writes the store (a run, training, the command line in another process), the
         # table follows within a second; while hidden it only notes that it is stale
-        self._seen = store.change_token()
+        self._seen = self._change_token()
         self._stale = False
         self._watch = QTimer(self)
         self._watch.timeout.connect(self._poll_store)
         self._watch.start(1000)
 
+    def flywheel_routes(self) -> FlywheelRoutes:
+        """Where routes are read from: the store the Train page's flywheel trains on, their one
+        owner (see agent.flywheel_routes)."""
+        pick = getattr(self.window_, "training_data_dir", None)
+        where = Path(pick() if callable(pick) else self.store.root)
+        if self._routes is None or self._routes.training_dir != where:
+            if self._routes is not None:
+                self._routes.close()
+            self._routes = FlywheelRoutes(self.store, where)
+        return self._routes
+
+    def _change_token(self):
+        return self.store.change_token(), self.flywheel_routes().change_token()
+
+    def shutdown(self) -> None:
+        if self._routes is not None:
+            self._routes.close()
+
     def _poll_store(self) -> None:
         try:
-            token = self.store.change_token()
+            token = self._change_token()
         except Exception:  # noqa: BLE001 - a closing store: nothing to follow any more
             self._watch.stop()
             return
@@ -176,15 +197,17 @@ class LibraryPage(QWidget):
         sm.blockSignals(True)  # rebuilding rows is not the user choosing another episode
         self.table.setSortingEnabled(False)
         self.model.removeRows(0, self.model.rowCount())
+        routed = self.flywheel_routes().of(episodes)
         for ep in episodes:
-            success = ep.outcome.success
+            shown = routed[ep.id]
+            success = shown.outcome.success
             cells = [
                 (ep.instruction or "(no instruction)", (ep.instruction or "").lower()),
                 (ep.kind, ep.kind),
                 (str(ep.meta.get("n_steps", len(ep.steps))), int(ep.meta.get("n_steps", len(ep.steps)))),
                 (time.strftime("%Y-%m-%d %H:%M", time.localtime(ep.created_at)), ep.created_at),
                 (outcome_name(success), {True: 2, None: 1, False: 0}[success]),
-                (ep.route, ep.route),
+                (shown.route, shown.route),
             ]
             row = []
             for text, key in cells:
@@ -193,7 +216,7 @@ class LibraryPage(QWidget):
                 row.append(item)
             row[0].setData(ep.id, ID_ROLE)
             row[0].setToolTip(f"{ep.instruction}\n{ep.id}")
-            routing = ep.meta.get("routing") or {}
+            routing = shown.routing
             if routing.get("why"):  # why the flywheel put it there (the first line names the rule)
                 row[5].setToolTip(f"Iteration {routing.get('iteration')}: {routing.get('route')}\n"
                                   + "\n".join(routing["why"][:8]))

@@ -163,8 +163,8 @@ class MainWindow(QMainWindow):
         offers to switch Supervise and Drive to it: at once when the backend runs in this app
         (its folder is here), else after downloading it from the backend, with progress."""
         info = dict(info or {})
-        if self.store.get_setting("models.in_use") == version:
-            return  # announced again on reconnect: already in use
+        if self.store.get_setting("models.in_use") == version or self._default_model_is(version, info):
+            return  # announced again on reconnect, or the default model the agent runs already: in use
         self.announced = (version, info)
         success = info.get("mean_success")
         about = f" (held-out success {100 * success:.0f}%)" if isinstance(success, (int, float)) else ""
@@ -179,6 +179,13 @@ class MainWindow(QMainWindow):
             self.notify(f"New model version {version}{about} on the backend: 'Use model {version}' downloads it "
                         "and switches the agent to it", 15000)
         self.model_btn.show()
+
+    def _default_model_is(self, version: str, info: dict) -> bool:
+        """Is the announced model the shipped default one (the flywheel's first, copied from it)
+        while Supervise and Drive run the default model (no other chosen, none switched to)?"""
+        if not info.get("shipped_default") or self.store.get_setting("models.in_use") is not None:
+            return False
+        return all(self.store.get_setting(f"{p}.policy") in (None, "default") for p in ("supervise", "drive"))
 
     def _model_here(self, version: str) -> str | None:
         """The announced model's folder when it is on this machine: only with the embedded backend."""

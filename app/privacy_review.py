@@ -241,7 +241,7 @@ class PrivacyReviewDialog(QDialog):
         for key, entry in sorted((self.plan or {"texts": {}})["texts"].items()):
             text = fields.get(key, "")
             for i, sp in enumerate(entry["spans"]):
-                item = QListWidgetItem(f"{_field_name(key)} — {sp['kind']}: {text[sp['start']:sp['end']]} → {PLACEHOLDERS[sp['kind']]}")
+                item = QListWidgetItem(f"{review.field_label(key)} — {sp['kind']}: {text[sp['start']:sp['end']]} → {PLACEHOLDERS[sp['kind']]}")
                 item.setFlags(item.flags() | Qt.ItemIsUserCheckable)
                 item.setCheckState(Qt.Checked if sp["blur"] else Qt.Unchecked)
                 item.setData(Qt.UserRole, (key, i))
@@ -367,20 +367,14 @@ class PrivacyReviewDialog(QDialog):
             Outbox(self.store).submit(self.episode_id)
         self.status.setText(self.status.text() + " Queued for sync.")
         if self.window_ is not None and hasattr(self.window_, "notify"):
-            self.window_.notify("Redacted recording queued for sync")
+            self.window_.notify("Redacted episode queued for sync")
         self.approved.emit(self.episode_id)
+        self.approve_btn.setEnabled(False)  # done: nothing left to approve here
+        self.accept()
 
     def reject(self) -> None:
         self._cancel = True  # a scan in flight stops after its frame and keeps what it found
         super().reject()
-
-
-def _field_name(key: str) -> str:
-    parts = key.split("/")
-    if parts[0] == "instruction":
-        return "Instruction"
-    what = {"thought": "thought", "action": "typed text", "info": "spoken" if "spoken" in key else "note"}[parts[2]]
-    return f"Step {int(parts[1]) + 1} {what}"
 
 
 def _user() -> str:

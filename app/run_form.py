@@ -138,7 +138,11 @@ class RunForm(QWidget):
         form.addRow("", self.warning)
         self.policy.currentIndexChanged.connect(self._update_warning)
         self.executor.currentIndexChanged.connect(self._update_warning)
+        self._executor_chosen = False  # by a person (or a remembered run); until then it follows the model
+        self.executor.activated.connect(lambda _: setattr(self, "_executor_chosen", True))
+        self.policy.currentIndexChanged.connect(self._follow_model)
         self._restore()
+        self._follow_model()
         self._executor_changed()
         self._update_warning()
 
@@ -149,6 +153,15 @@ class RunForm(QWidget):
         self.seed.setVisible(sandbox)
         self.seed_label.setVisible(sandbox)
         self.serial.setVisible(self.executor.currentData() == "android")
+
+    def _follow_model(self) -> None:
+        """Where the agent acts, until someone chooses: the default small model learned only the
+        sandbox's tasks, so it starts on a sandbox task (on this desktop it would mostly miss, as
+        the warning says); any other model starts on the first place the page offers."""
+        sandbox = self.executor.findData("sandbox")
+        if self._executor_chosen or sandbox < 0:
+            return
+        self.executor.setCurrentIndex(sandbox if self.policy.currentData() == "default" else 0)
 
     def _update_warning(self) -> None:
         where = self.executor.currentData()
@@ -170,6 +183,8 @@ class RunForm(QWidget):
         if i < 0:
             raise ValueError(f"no choice {value!r} in {[combo.itemData(k) for k in range(combo.count())]}")
         combo.setCurrentIndex(i)
+        if combo is self.executor:
+            self._executor_chosen = True
 
     def build_executor(self):
         return make_executor(self.executor.currentData(), family=self.family.currentText(), seed=self.seed.value(),
@@ -226,6 +241,7 @@ class RunForm(QWidget):
             v = self.store.get_setting(f"{self.prefix}.{key}")
             if v is None:
                 continue
+            self._executor_chosen |= w is self.executor
             if w is self.family:
                 w.setCurrentText(v)
             elif isinstance(w, QComboBox):

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 )
 
 from agent.actions import validate
+from agent.flywheel_routes import routed_as_stored
 from agent.schema import Action, Episode, Outcome, Provenance, Step
 from agent.store import NotFound, StoreError
 from agent.wording import action_summary, outcome_name, plural
@@ -73,6 +74,7 @@ class StepViewer(QWidget):
         super().__init__(parent)
         self.store, self.window_ = store, window
         self.episode: Episode | None = None
+        self.routed_of = routed_as_stored  # the Library reads routes from the flywheel's store
         self._row = -1
         self._pixmaps: OrderedDict[str, QPixmap] = OrderedDict()
         self._loading = False
@@ -255,8 +257,9 @@ class StepViewer(QWidget):
         self.stack.setCurrentIndex(1)
         self.title.setText(ep.instruction or "(no instruction)")
         who = f" · by {ep.producer}" if ep.producer else ""
-        why = (ep.meta.get("routing") or {}).get("why") or []
-        route = f"route {ep.route}" + (f" ({why[0]})" if why and ep.route != "unscored" else "")
+        routed = self.routed_of(ep)
+        why = routed.routing.get("why") or []
+        route = f"route {routed.route}" + (f" ({why[0]})" if why and routed.route != "unscored" else "")
         self.meta.setText(f"{ep.kind} · {ep.platform} · {plural(len(ep.steps), 'step')} · {route}{who} · {ep.id}")
         self.meta.setToolTip("\n".join(why[:12]))
         self.outcome.setCurrentIndex([v for _, v in OUTCOMES].index(ep.outcome.success))
@@ -273,7 +276,7 @@ class StepViewer(QWidget):
     def _update_items(self) -> None:
         for s, i in zip(self.episode.steps, range(self.steps.topLevelItemCount())):
             item = self.steps.topLevelItem(i)
-            item.setText(0, str(s.index))
+            item.setText(0, str(s.index + 1))  # people count steps from 1, as Supervise and the privacy review do
             item.setText(1, action_summary(s.action, s.observation.width, s.observation.height))
             item.setText(2, s.provenance.source)
             item.setIcon(2, badge_icon(s.provenance.source))
@@ -434,7 +437,7 @@ class StepViewer(QWidget):
         self.episode = self.store.load_episode(self.episode.id)
         self._update_items()
         self._show_step(self.current_step())
-        self._notify(f"Saved step {new.index}")
+        self._notify(f"Saved step {new.index + 1}")
         self.episodeChanged.emit(self.episode.id)
         return True
 
@@ -447,7 +450,7 @@ class StepViewer(QWidget):
         if not self.is_dirty():
             return True
         answer = QMessageBox.question(
-            self, "Unsaved changes", f"Step {self.current_step().index} has unsaved changes.",
+            self, "Unsaved changes", f"Step {self.current_step().index + 1} has unsaved changes.",
             QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel, QMessageBox.Save,
         )
         if answer == QMessageBox.Save:
@@ -473,8 +476,8 @@ class StepViewer(QWidget):
         if not indices:
             return False
         by_index = {s.index: s for s in self.episode.steps}
-        what = (f"step {indices[0]} ({by_index[indices[0]].action.name})" if len(indices) == 1
-                else f"{len(indices)} steps ({', '.join(map(str, indices))})")
+        what = (f"step {indices[0] + 1} ({by_index[indices[0]].action.name})" if len(indices) == 1
+                else f"{len(indices)} steps ({', '.join(str(i + 1) for i in indices)})")
         if confirm and QMessageBox.question(
             self, "Delete steps" if len(indices) > 1 else "Delete step",
             f"Delete {what} from this episode? This cannot be undone.",
@@ -508,12 +511,12 @@ class StepViewer(QWidget):
             self._show_error("This step has no screenshot to blur.")
             return False
         if confirm and QMessageBox.question(
-            self, "Blur region", f"Blur this region of step {step.index}'s screenshot? The original image is replaced "
+            self, "Blur region", f"Blur this region of step {step.index + 1}'s screenshot? The original image is replaced "
             "and cannot be restored.", QMessageBox.Yes | QMessageBox.No, QMessageBox.Yes,
         ) != QMessageBox.Yes:
             return False
         return self._change_store(lambda: blur_region(self.store, self.episode.id, step.index, rect, "pre"),
-                                  f"Blurred a region of step {step.index}", "Not blurred")
+                                  f"Blurred a region of step {step.index + 1}", "Not blurred")
 
     def review_privacy(self, **kwargs):
         """Open the privacy review of this episode (scanning starts in the background)."""

@@ -231,11 +231,17 @@ class SupervisePage(QWidget):
         run.control.connect(self._control)
         run.finished.connect(self._finished)
         run.failed.connect(self._failed)
+        run.event.connect(self._loop_event)
         run.start()
         where = "remote supervisors decide" if publish else "you decide here"
         self._notify(f"Running ({where})" + (f"; run id {self.publisher.run_id}" if publish else ""))
         self._sync_buttons()
         return run
+
+    def _loop_event(self, kind: str, payload) -> None:
+        loop = self.run.loop if self.run is not None else None
+        if kind == "decision" and loop is not None and loop.episode is not None:
+            self.decisions.follow(loop.episode)  # counted as it is made, not when the run ends
 
     def stop(self, reason: str = "stopped by the supervisor") -> None:
         if self.run is not None:
@@ -290,6 +296,7 @@ class SupervisePage(QWidget):
         loop = self.run.loop if self.run else None
         if loop is not None and loop.episode is not None:
             self.last_episode_id = loop.episode.id
+            self.decisions.add_episode(loop.episode.id)
             queue_for_sync(self.store, self.window, loop.episode.id)
         self._notify(f"The run failed: {text.splitlines()[0]}")
         self.publisher = None

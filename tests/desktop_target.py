@@ -4,6 +4,9 @@ the screen size. It writes its state (widget geometry in global screen pixels, c
 submitted lines) to a JSON file on every change.
 
     QT_QPA_PLATFORM=xcb DISPLAY=:N python tests/desktop_target.py STATE.json
+
+With TANDEM_TARGET_NOTE set, the window also shows that text in large letters near its bottom
+and carries it in its title (the privacy tests put an e-mail address there).
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import os
 import sys
 
 from PySide6.QtCore import QPoint
-from PySide6.QtWidgets import QApplication, QLineEdit, QPushButton, QWidget
+from PySide6.QtWidgets import QApplication, QLabel, QLineEdit, QPushButton, QWidget
 
 LAYOUT = {  # name: (x, y, w, h) as fractions of the screen
     "alpha": (0.10, 0.20, 0.15, 0.08),
@@ -25,7 +28,8 @@ def main(path: str) -> int:
     app = QApplication(sys.argv)
     screen = app.primaryScreen().geometry()
     win = QWidget()
-    win.setWindowTitle("tandem target")
+    note = os.environ.get("TANDEM_TARGET_NOTE")
+    win.setWindowTitle(f"tandem target - {note}" if note else "tandem target")
     win.setGeometry(screen)
     state = {"clicks": {"alpha": 0, "beta": 0}, "text": "", "submitted": [], "widgets": {}, "ready": False,
              "screen": [screen.width(), screen.height()]}
@@ -55,6 +59,10 @@ def main(path: str) -> int:
             w.clicked.connect(lambda _=False, n=name: clicked(n))
         w.setGeometry(*geo)
         widgets[name] = w
+    if note:
+        label = QLabel(note, win)
+        label.setStyleSheet("font-size: 28px; color: black; background: white;")
+        label.setGeometry(int(0.1 * screen.width()), int(0.8 * screen.height()), int(0.6 * screen.width()), 60)
     win.show()
 
     def ready():

@@ -517,10 +517,12 @@ def test_several_steps_are_deleted_with_one_question(win, qtbot, store, monkeypa
     qtbot.mouseClick(viewer.steps.viewport(), Qt.LeftButton, Qt.ControlModifier,
                      viewer.steps.visualItemRect(item).center())
     assert viewer.selected_step_indices() == [1, 3] and viewer.delete_btn.text() == "Delete 2 steps…"
+    # numbered from 1 where a person reads them, as in Supervise and the privacy review
+    assert [viewer.steps.topLevelItem(r).text(0) for r in (0, 1, 3)] == ["1", "2", "4"]
     asked = []
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: asked.append(a[2]) or QMessageBox.Yes)
     qtbot.mouseClick(viewer.delete_btn, Qt.LeftButton)
-    assert asked == ["Delete 2 steps (1, 3) from this episode? This cannot be undone."]
+    assert asked == ["Delete 2 steps (2, 4) from this episode? This cannot be undone."]
     saved = store.load_episode(ep.id)
     assert [s.action.name for s in saved.steps] == ["click", "scroll", "finished"]
     assert [s.index for s in saved.steps] == [0, 1, 2] and saved.revision == ep.revision + 1
@@ -575,3 +577,19 @@ def test_an_opened_episode_fits_a_1024x700_screen(qtbot, store):
         qtbot.wait(20)
         hint = w.minimumSizeHint()
         assert hint.width() <= 1024 and hint.height() <= 680, (name, hint.toTuple())
+
+
+def test_the_default_model_announced_as_v0000_is_not_offered_while_the_agent_runs_it(qtbot, store, tmp_path):
+    """The flywheel's first model is a copy of the shipped default one; "Use model v0000" was
+    offered to an app whose Supervise and Drive already run it."""
+    w = MainWindow(store)
+    qtbot.addWidget(w)
+    info = {"path": str(tmp_path), "iteration": 0, "note": "the shipped default model", "shipped_default": True}
+    w.model_announced("v0000", info)
+    assert w.model_btn.isHidden()
+    w.model_announced("v0000", {**info, "shipped_default": False})  # a base built with random weights: new
+    assert not w.model_btn.isHidden() and w.model_btn.text() == "Use model v0000"
+    w.model_btn.hide()
+    store.set_setting("drive.policy", "endpoint")  # Drive runs another model: the default one is a switch for it
+    w.model_announced("v0000", info)
+    assert not w.model_btn.isHidden()

@@ -63,6 +63,20 @@ def test_risky_step_asks_on_top_and_a_refusal_is_kept(qtbot, page, sandbox, stor
     assert not page.strip.isVisible()
 
 
+def test_the_strip_says_when_the_model_s_reply_did_not_parse(qtbot, page, sandbox):
+    """The strip showed the parser's message ("no 'Action:' line ...") as the agent's action."""
+    ex, instruction, expert = sandbox
+    shown = []
+    real = page.strip.set_step
+    page.strip.set_step = lambda thought, action, detail="": (shown.append((action, detail)), real(thought, action, detail))
+    page.start_run(ReplayPolicy(["Sure, I will press the button for you.", click(expert)], platform="sandbox"), ex,
+                   instruction, gate="auto", config=LoopConfig(max_steps=3))
+    qtbot.waitUntil(lambda: page.last_result is not None, timeout=15000)
+    (said, why), (then, _) = [s for s in shown if s[0]][:2]
+    assert said == "the model's reply did not parse; asking again" and why and why != said
+    assert then.startswith("click(")
+
+
 def test_pause_holds_the_agent_and_resume_lets_it_go(qtbot, page, sandbox, store):
     ex, instruction, expert = sandbox
     page.strip.pause_btn.setChecked(True)  # paused before the first action
@@ -127,7 +141,10 @@ def test_drive_an_android_phone_chosen_in_the_form(qtbot, page, store, tmp_path,
 
 def test_the_form_warns_before_the_sandbox_model_drives_a_real_desktop(qtbot, page):
     f = page.form
-    assert "sandbox" not in f.instruction.placeholderText()  # Drive has no sandbox
+    # with the default small model, Drive starts on a sandbox task, where that model can act
+    assert f.policy.currentData() == "default" and f.executor.currentData() == "sandbox" and f.warning.isHidden()
+    f.set_choice(f.policy, "endpoint")
+    assert f.executor.currentData() == "desktop"  # a real model: this desktop, until someone chooses
     f.set_choice(f.policy, "default")
     f.set_choice(f.executor, "desktop")
     assert not f.warning.isHidden() and "learned only Tandem's sandbox tasks" in f.warning.text()

@@ -28,10 +28,10 @@ def test_rule_checks_name_each_problem(store):
     ep.steps.append(ep.steps[0].__class__(**{**ep.steps[0].__dict__, "index": 5}))  # a step after finished
     reasons, fatal, quality = rule_checks(ep)
     text = "\n".join(reasons)
-    assert "step 1: empty thought" in text
-    assert "step 2: no screenshot" in text
-    assert "step 3: the model's output did not parse" in text
-    assert "step 5: comes after finished at step 4" in text
+    assert "step 2: empty thought" in text  # numbered from 1, as a person reads them (Library, Routing tab)
+    assert "step 3: no screenshot" in text
+    assert "step 4: the model's output did not parse" in text
+    assert "step 6: comes after finished at step 5" in text
     assert fatal == []
     assert quality == pytest.approx(2 / 6)
 

@@ -112,3 +112,63 @@ def test_run_iteration_button_runs_a_real_iteration_with_progress(qtbot, store):
     qtbot.waitUntil(lambda: page.table.rowCount() == 2, timeout=60_000)  # v0000 (base) and v0001
     assert page.run_btn.isEnabled()
     assert "SFT 2" in page.summary.text()
+
+
+def test_the_library_shows_the_route_the_train_page_iteration_chose(qtbot, store):
+    """The issue's item 3: after a Train-page iteration routed every episode (in the embedded
+    backend's store, which the flywheel trains on), the Library's Route column still said
+    "unscored": it read the app's own copy. The flywheel's store is the one owner of routes."""
+    from PySide6.QtCore import Qt
+
+    from app.main_window import MainWindow
+    from trainer.backend_store import BackendStore
+    from trainer.sandbox.rollout import plan, run_many, to_episode
+
+    ids = [to_episode(r, store).id for r in run_many(plan(2, families=["click_button"]), "expert", record=True,
+                                                      width=224, height=168)]
+    unjudged = make_episode(store, 2, instruction="Nobody judged this one").id
+    win = MainWindow(store)
+    qtbot.addWidget(win)
+    win.show()
+    win.start_sync()  # no server configured: the embedded backend, which the Train page trains on
+    try:
+        backend = BackendStore(store.root / "backend").store
+        win.sync.submit(ids + [unjudged])
+        qtbot.waitUntil(lambda: all(backend.has_episode(i) for i in ids + [unjudged]), timeout=60_000)
+        backend.set_setting("flywheel.config", {"families": ["click_button"], "width": 224, "height": 168,
+                                                "max_steps": 1, "eval_episodes": 1, "rollouts": 1, "ct_steps": 1,
+                                                "sft_steps": 2, "batch": 2, "ppo_updates": 0, "max_new_tokens": 8})
+        library = win.page("Library")
+        column = {i: library.model.item(r, 5).text() for r in range(library.model.rowCount())
+                  for i in [library.model.item(r, 0).data(Qt.UserRole + 1)]}
+        assert column[unjudged] == "unscored" and {column[i] for i in ids} == {"unscored"}
+
+        train = win.page("Train")
+        assert train.data_dir == store.root / "backend"
+        qtbot.waitUntil(lambda: train.status is not None, timeout=60_000)
+        qtbot.mouseClick(train.run_btn, Qt.LeftButton)
+        qtbot.waitUntil(lambda: train.running is None, timeout=300_000)
+        assert train.message.text().startswith("Iteration 1 finished in"), train.message.text()
+        qtbot.waitUntil(lambda: train.routing.rowCount() >= 3, timeout=60_000)
+        chosen = {train.routing.item(r, 0).text(): train.routing.item(r, 1).text()
+                  for r in range(train.routing.rowCount())}
+        assert chosen["Nobody judged this one"] == "ct"
+
+        win.show_page_at([n for n, _ in win.pages_spec].index("Library"))  # it follows the flywheel's store
+        routes = {i: backend.load_episode(i).route for i in ids + [unjudged]}
+        assert routes[unjudged] == "ct" and {routes[i] for i in ids} == {"sft"}
+
+        def shown():
+            return {library.model.item(r, 0).data(Qt.UserRole + 1): library.model.item(r, 5).text()
+                    for r in range(library.model.rowCount())}
+
+        qtbot.waitUntil(lambda: shown() == routes, timeout=10_000)  # within a poll of the store
+        r = library._row_of(unjudged)
+        why = library.proxy.index(r, 5).data(Qt.ToolTipRole)
+        assert why.startswith("Iteration 1: ct") and "outcome unknown" in why
+        library.select_episode(ids[0])
+        assert "route sft" in library.viewer.meta.text()
+        assert {store.load_episode(i).route for i in ids} == {"unscored"}  # no second copy of the route
+        assert library.model.item(library._row_of(ids[0]), 4).text() == "success"  # the verifier's judgement
+    finally:
+        win.close()  # nothing was edited: it closes without asking, and stops the embedded backend

@@ -308,5 +308,6 @@ def test_review_dialog_scans_in_background_and_approves(qtbot, store, engine):
     dlg.approve_btn.click()
     _wait(qtbot, lambda: Outbox(store).get(ep.id) is not None)
     assert "Queued for sync" in dlg.status.text()
+    assert not dlg.isVisible() and not dlg.approve_btn.isEnabled()  # it closed: nothing left to approve
     up = review.upload_view(store, store.load_episode(ep.id))
     assert up.instruction == f"Pay with card and call {PHONE}" and up.steps[1].action.args["content"] == "<card>"

@@ -123,6 +123,9 @@ def test_reject_with_a_reason_asks_the_policy_again(qtbot, page, sandbox, store)
                      "Waiting for the agent…", True)]
     wait_for_proposal(qtbot, page, n=2)
     assert page.panel.busy.isHidden()  # a proposal on screen: nothing to wait for
+    # the Decisions tab counts the run while it goes on, and its rate names what it is over
+    assert page.decisions.stats.counts == {"reject": 1}
+    assert page.decisions.summary.text() == "1 decision over 1 run; 0 of 1 proposal answered approved as proposed (0%)."
     assert policy.position == 2  # asked again
     assert page.panel.thought.toPlainText() == "Click the button."
     qtbot.keyClick(page.panel, Qt.Key_Return)
@@ -154,6 +157,8 @@ def test_take_over_runs_the_humans_steps_and_hands_back(qtbot, page, sandbox, st
     assert abs(got[0] - want[0]) <= 1 and abs(got[1] - want[1]) <= 1
     assert len(ep.steps) == 1 and ep.steps[0].terminated and ep.meta["end_reason"] == "click (by the human)"
     assert page.decisions.stats.counts.get("takeover") == 1
+    assert page.decisions.summary.text() == ("1 decision over 1 run; 0 of 0 proposals answered approved as proposed "
+                                             "(–).")  # a takeover answers no proposal
 
 
 def test_start_from_the_form_with_a_replay_file(qtbot, page, store, tmp_path):
@@ -244,6 +249,12 @@ def test_an_installation_without_torch_offers_the_endpoint_and_says_why(qtbot, s
     full = rf.RunForm(store, "supervise")
     qtbot.addWidget(full)
     assert full.policy.currentData() == "default" and full.policy.model().item(i).isEnabled()
+    # the default small model starts where it learned to act, not on this desktop it would mostly miss
+    assert full.executor.currentData() == "sandbox" and full.warning.isHidden()
+    store.set_setting("supervise.executor", "desktop")  # a place chosen before is kept
+    again = rf.RunForm(store, "supervise")
+    qtbot.addWidget(again)
+    assert again.executor.currentData() == "desktop" and not again.warning.isHidden()
 
 
 def test_the_page_signs_as_the_backend_user_its_store_syncs_as(qtbot, store):

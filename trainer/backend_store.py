@@ -87,11 +87,11 @@ def claims_problem(ep: Episode, user: User, relayed: frozenset = frozenset()) ->
             continue
         by = repr(str(p.decided_by)[:80]) if p.decided_by is not None else "anyone"
         if not may:
-            return (f"step {s.index} is marked as a supervisor's correction (provenance 'corrected'); "
+            return (f"step {s.index + 1} is marked as a supervisor's correction (provenance 'corrected'); "
                     f"role {user.role!r} may not upload corrections, and this backend relayed no such correction "
-                    f"by {by} of step {s.index} to {user.name!r}")
+                    f"by {by} of step {s.index + 1} to {user.name!r}")
         if p.decided_by not in (None, user.name):
-            return (f"step {s.index} is a correction decided by {by}; {user.name!r} may upload "
+            return (f"step {s.index + 1} is a correction decided by {by}; {user.name!r} may upload "
                     "corrections only in its own name or ones this backend relayed to it live (a supervisor's app "
                     f"and `tandem agent` sign as the backend user they sync as, {user.name!r}, once they have synced)")
     if ep.outcome.source == "supervisor" and not may:

@@ -11,57 +11,129 @@ redacted version that leaves the machine.
                                only when its transcript holds no personal data, or when it has
                                no transcript and a person approved it as audio (approve(audio=True))
 
+    auto_redact(store, id)     scan and approve as AUTOMATIC: how a supervised or autonomous run on
+                               a real screen is cleared (agent.redaction.runs), done by
+                               upload_view when the run has no current approved plan
+
 All of it runs after recording stops, in a worker (the app) or the CLI, never on the capture
 path. Recordings made by the recorder are not uploaded before their review is approved, unless
-the store's setting privacy.require_review is false.
+the store's setting privacy.require_review is false; runs on a real screen neither, when the
+setting privacy.runs is 'review'.
 """
 from __future__ import annotations
 
+import copy
 import time
 
 from agent.redaction import RedactionError
 from agent.redaction.frames import blur_rects, decode, find_regions
 from agent.redaction.patterns import Span, find_pii, mask
 from agent.redaction.plan import DETECTOR, META_KEY, empty_plan, new_box, plan_of, text_sha
+from agent.redaction.runs import AUTOMATIC, real_run, runs_mode
 from agent.schema import Episode
 from agent.wording import command_name
 
 REQUIRE_REVIEW_KEY = "privacy.require_review"  # default True
 KEEP_ORIGINALS_KEY = "privacy.keep_originals"  # default True
+META_TEXTS = ("end_reason", "unexecuted")  # the run's texts kept in meta (agent.loop)
 _SECRET = "\u2022"  # what the recorder stores for a masked keystroke (agent.recorder.reduce.MASK_CHAR)
 
 
 # ---------------------------------------------------------------- text fields
 def text_fields(ep: Episode) -> list[tuple[str, str]]:
-    """(key, text) of every piece of free text in the episode that could hold personal data."""
+    """(key, text) of every piece of free text in the episode that could hold personal data and
+    is uploaded: the instruction, thoughts, typed text, the model's replies, the proposals kept
+    beside corrections, rejection records, tool output and notes (anything in a step's info),
+    window titles and screen text (anything in an observation's extra), why a run ended and what
+    it left unexecuted."""
     out = [("instruction", ep.instruction)]
+    out += [kv for k in META_TEXTS for kv in _nested_strings(ep.meta.get(k), f"meta/{k}")]
     for s in ep.steps:
-        p = f"step/{s.index}"
+        p, pv = f"step/{s.index}", s.provenance
         out.append((f"{p}/thought", s.thought))
-        out += [(f"{p}/action/{k}", v) for k, v in s.action.args.items() if isinstance(v, str)]
-        for k in ("spoken", "notes"):
-            v = s.info.get(k)
-            if isinstance(v, str):
-                out.append((f"{p}/info/{k}", v))
-            elif isinstance(v, list):
-                out += [(f"{p}/info/{k}/{j}", t) for j, t in enumerate(v) if isinstance(t, str)]
-    return [(k, t) for k, t in out if t]
+        out += [(f"{p}/action/{k}", v) for k, v in s.action.args.items()]
+        out += [(f"{p}/raw_response", s.raw_response), (f"{p}/provenance/proposal_thought", pv.proposal_thought),
+                (f"{p}/provenance/reason", pv.reason)]
+        if pv.proposal_action is not None:
+            out += [(f"{p}/provenance/proposal_action/{k}", v) for k, v in pv.proposal_action.args.items()]
+        out += _nested_strings(s.info, f"{p}/info")
+        out += _nested_strings(s.observation.extra, f"{p}/observation/extra")
+    return [(k, t) for k, t in out if isinstance(t, str) and t]
+
+
+def _escape(part) -> str:  # a dict key inside a field key, as a JSON pointer escapes it
+    return str(part).replace("~", "~0").replace("/", "~1")
+
+
+def _unescape(part: str) -> str:
+    return part.replace("~1", "/").replace("~0", "~")
+
+
+def _nested_strings(obj, prefix: str) -> list[tuple[str, str]]:
+    if isinstance(obj, str):
+        return [(prefix, obj)]
+    if isinstance(obj, dict):
+        return [kv for k, v in obj.items() for kv in _nested_strings(v, f"{prefix}/{_escape(k)}")]
+    if isinstance(obj, list):
+        return [kv for i, v in enumerate(obj) for kv in _nested_strings(v, f"{prefix}/{i}")]
+    return []
+
+
+def _set_nested(obj, parts: list[str], text: str) -> None:
+    for part in parts[:-1]:
+        obj = obj[int(part)] if isinstance(obj, list) else obj[_unescape(part)]
+    last = parts[-1]
+    if isinstance(obj, list):
+        obj[int(last)] = text
+    else:
+        obj[_unescape(last)] = text
 
 
 def _set_text(ep: Episode, key: str, text: str) -> None:
+    """Put `text` where field `key` (of text_fields) lives; nested containers are changed in place."""
     parts = key.split("/")
     if parts == ["instruction"]:
         ep.instruction = text
         return
+    if parts[0] == "meta":
+        _set_nested(ep.meta, parts[1:], text)
+        return
     step = next(s for s in ep.steps if s.index == int(parts[1]))
-    if parts[2] == "thought":
+    where, rest = parts[2], parts[3:]
+    if where == "thought":
         step.thought = text
-    elif parts[2] == "action":
-        step.action = type(step.action)(step.action.name, {**step.action.args, parts[3]: text})
-    elif len(parts) == 4:
-        step.info[parts[3]] = text
-    else:
-        step.info[parts[3]][int(parts[4])] = text
+    elif where == "raw_response":
+        step.raw_response = text
+    elif where == "action":
+        step.action = type(step.action)(step.action.name, {**step.action.args, rest[0]: text})
+    elif where == "provenance" and rest[0] == "proposal_action":
+        a = step.provenance.proposal_action
+        step.provenance.proposal_action = type(a)(a.name, {**a.args, rest[1]: text})
+    elif where == "provenance":
+        setattr(step.provenance, rest[0], text)
+    elif where == "info":
+        _set_nested(step.info, rest, text)
+    else:  # observation/extra/...
+        _set_nested(step.observation.extra, rest[1:], text)
+
+
+_FIELD_WORDS = {"thought": "thought", "action": "typed text", "raw_response": "model's reply",
+                "proposal_thought": "model's proposal", "proposal_action": "model's proposal",
+                "reason": "rejection reason", "spoken": "spoken", "notes": "note", "rejections": "rejected proposal",
+                "parse_failures": "unreadable reply", "focused_window": "window title", "more_actions": "typed text"}
+
+
+def field_label(key: str) -> str:
+    """Where a text field is, in words a person reads ("Step 2 window title")."""
+    parts = key.split("/")
+    if parts[0] != "step":  # "instruction", "meta/end_reason", "meta/unexecuted/..."
+        return {"instruction": "Instruction", "end_reason": "Why the run ended",
+                "unexecuted": "Proposal left unexecuted"}.get(parts[min(1, len(parts) - 1)], key)
+    named = parts[2] if parts[2] in ("thought", "action", "raw_response") else parts[3] if len(parts) > 3 else ""
+    if parts[2] == "observation":
+        named = parts[4] if len(parts) > 4 else ""
+    default = "screen text" if parts[2] == "observation" else "step info"
+    return f"Step {int(parts[1]) + 1} {_FIELD_WORDS.get(named, default)}"
 
 
 def _spans_for(plan: dict, key: str, text: str) -> list[dict]:
@@ -225,23 +297,49 @@ def redacted_episode(store, ep: Episode) -> Episode:
     return red
 
 
+# ---------------------------------------------------------------- runs
+def auto_redaction_due(store, ep: Episode) -> bool:
+    """A run on a real screen, cleared automatically (privacy.runs = auto), whose plan is missing,
+    not approved, or does not cover every frame it has now."""
+    if not real_run(ep) or runs_mode(store) != "auto":
+        return False
+    plan = plan_of(ep)
+    return plan is None or plan["status"] != "approved" or any(
+        not (plan["frames"].get(h) or {}).get("redacted") for h, _, _ in _frames(ep))
+
+
+def auto_redact(store, episode_id: str, *, engine=None) -> dict:
+    """Clear a run the way a reviewer who accepts every finding would: scan it with the privacy
+    review's recognizers and approve the plan as AUTOMATIC. Returns the approved plan."""
+    scan(store, episode_id, engine=engine)
+    return approve(store, episode_id, AUTOMATIC)
+
+
 # ---------------------------------------------------------------- upload
 def needs_review(store, ep: Episode) -> bool:
-    return "recording" in ep.meta and bool(store.get_setting(REQUIRE_REVIEW_KEY, True))
+    """Not sent before a person approved its privacy review: recordings (unless
+    privacy.require_review is false), and runs on a real screen when privacy.runs is 'review'."""
+    if "recording" in ep.meta:
+        return bool(store.get_setting(REQUIRE_REVIEW_KEY, True))
+    return real_run(ep) and runs_mode(store) == "review"
 
 
 def upload_view(store, ep: Episode) -> Episode:
-    """The version of `ep` that may leave the machine (a new object; the store is not changed)."""
+    """The version of `ep` that may leave the machine (a new object). A run cleared automatically
+    is scanned and approved here first, when it was not yet (that plan is kept in the store)."""
+    if auto_redaction_due(store, ep):
+        auto_redact(store, ep.id)
+        ep = store.load_episode(ep.id)
     plan = plan_of(ep)
     if plan is None or plan["status"] != "approved":
         if needs_review(store, ep):
             state = "its review is not approved yet" if plan else "it has not been reviewed yet"
             raise RedactionError(
-                f"not sent: personal data check needed ({state}). Open the recording in the app and "
+                f"not sent: personal data check needed ({state}). Open the episode in the app and "
                 f"choose Review privacy, or run `{command_name()} redact scan {ep.id}`, then "
                 f"`{command_name()} redact approve {ep.id} --by NAME`")
         return ep
-    out = Episode.from_dict(ep.to_dict())
+    out = Episode.from_dict(copy.deepcopy(ep.to_dict()))  # masking changes nested info in place
     decisions = []
     for s in out.steps:
         for which in ("pre", "post"):

@@ -374,8 +374,10 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
     if current is None:
         current = bootstrap_model(store, cfg, registry)
         report["bootstrapped"] = current.version
-        report["announce_first"] = _announce(current.version, {"path": current.path, "iteration": 0,
-                                                                "note": current.note}, store, announce_target)
+        # shipped_default: the apps already run this model as "Default small model" (nothing to switch to)
+        report["announce_first"] = _announce(current.version, {"path": current.path, "iteration": 0, "note": current.note,
+                                                                "shipped_default": "copied_from" in current.lineage},
+                                             store, announce_target)
     report["parent"] = current.version
     prog.finish("start")
 

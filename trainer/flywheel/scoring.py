@@ -81,7 +81,7 @@ def step_problems(ep: Episode) -> dict[int, list[str]]:
     for pos, s in enumerate(ep.steps):
         problems = []
         if finished_at is not None:
-            problems.append(f"comes after {ep.steps[finished_at].action.name} at step {ep.steps[finished_at].index}")
+            problems.append(f"comes after {ep.steps[finished_at].action.name} at step {ep.steps[finished_at].index + 1}")
         if not s.observation.screenshot:
             problems.append("no screenshot")
         if not (s.thought or "").strip():
@@ -114,7 +114,7 @@ def rule_checks(ep: Episode) -> tuple[list[str], list[str], float]:
 def _rule_checks(ep: Episode, bad: dict) -> tuple[list[str], list[str], float]:
     if not ep.steps:
         return ["no steps"], ["no steps"], 0.0
-    reasons = [f"step {i}: {p}" for i, ps in bad.items() for p in ps]
+    reasons = [f"step {i + 1}: {p}" for i, ps in bad.items() for p in ps]  # read by people: from 1
     fatal = []
     if all(not s.observation.screenshot for s in ep.steps):
         fatal.append("no step has a screenshot")

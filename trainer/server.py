@@ -274,7 +274,7 @@ class BackendServer:
             return
         s.checked_at = time.monotonic()
         s.ws.protocol.max_message_size = self.limits.max_frame + 1024
-        s.conn.accept(s.user.name, s.user.role, SERVER_NAME)
+        s.conn.accept(s.user.name, s.user.role, SERVER_NAME, self.store.server_id)
         latest = await self._io(self.store.latest_model)
         if latest:
             s.conn.send("model_version", version=latest[0], info=client_info(latest[1]))

@@ -116,6 +116,7 @@ class SyncPage(QWidget):
 
     def _offer_answered(self, box: QMessageBox, ids: list[str]) -> None:
         self.offer = None
+        box.deleteLater()
         if box.clickedButton() is not box.button(QMessageBox.Yes) or self.window.sync is None:
             return
         self.window.sync.submit(ids)

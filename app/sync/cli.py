@@ -135,7 +135,8 @@ def cmd_sync(args) -> int:
     for eid, status in report.sent:
         print(f"sent {eid} ({status})")
     for eid, reason in report.failed:
-        print(f"FAILED {eid}: {reason}")
+        entry = outbox.get(eid)
+        print(f"{'HELD for privacy review' if entry and entry.state == 'held' else 'FAILED'} {eid}: {reason}")
     left = outbox.pending()
     for eid in left:
         print(f"NOT SENT {eid}: still queued")

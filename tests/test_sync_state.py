@@ -179,7 +179,7 @@ def test_cli_submit_all_and_sync_follow_the_server(store, tmp_path, capsys):
         assert main(["submit", ep.id, *data]) == 0
         assert main(["sync", *data, "--server", first.url, "--token", tokens[0]]) == 0
         assert main(["sync", *data, "--server", second.url, "--token", tokens[1]]) == 0  # nothing queued
-        assert "1 sent before are not on this server" in capsys.readouterr().out
+        assert "1 episode sent to another server is not on this one: `python main.py submit --all`" in capsys.readouterr().out
         assert main(["submit", "--all", *data]) == 0
         assert "queued 1 episode(s)" in capsys.readouterr().out
         assert main(["sync", *data, "--server", second.url, "--token", tokens[1]]) == 0

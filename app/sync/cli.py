@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from agent.wording import command_name
+from agent.wording import command_name, plural
 
 
 def _store(args):
@@ -113,16 +113,16 @@ def cmd_sync(args) -> int:
     client.outbox.requeue_changed(quiet=0)
     pending = outbox.pending()
     if not pending:
-        lacking = client.outbox.missing()
+        n = len(client.outbox.missing())
         print("nothing to send: the outbox has no queued episodes" + (
-            f"; {len(lacking)} sent before are not on this server: `{command_name()} submit --all` queues them"
-            if lacking else ""))
+            f"; {plural(n, 'episode')} sent to another server {'is' if n == 1 else 'are'} not on this one: "
+            f"`{command_name()} submit --all` queues {'it' if n == 1 else 'them'}" if n else ""))
         if stop_embedded:
             stop_embedded()
         return 0
     print(f"sending {len(pending)} episode(s) to {url}")
     bar = tqdm(total=len(pending), unit="episode", disable=None, file=sys.stderr)
-    outbox.subscribe(lambda e: bar.update(1) if e.state in ("synced", "failed") and bar.n < bar.total else None)
+    outbox.subscribe(lambda e: bar.update(1) if e.state in ("synced", "held", "failed") and bar.n < bar.total else None)
     try:
         report = asyncio.run(client.sync(deadline=time.monotonic() + args.timeout))
     except KeyboardInterrupt:

@@ -20,7 +20,6 @@ class SyncBridge(QObject):
 
     def __init__(self, store: Store, url: str, token: str, parent=None, alias: str | None = None):
         super().__init__(parent)
-        self.url = url
         self.client = SyncClient(store, url, token, alias=alias)
         self.outbox = self.client.outbox
         self.outbox.subscribe(self._on_entry)  # called on whichever thread changed the row

@@ -114,7 +114,7 @@ C2S, S2C, BOTH = "client", "server", "both"  # who may send a message type
 # type -> (sender, {field: kind}); a kind ending in "?" is optional and may be null.
 MESSAGES: dict[str, tuple[str, dict[str, str]]] = {
     "hello": (C2S, {"token": "str", "client": "str?"}),
-    "welcome": (S2C, {"user": "id", "role": "role", "server": "str", "limits": "dict"}),
+    "welcome": (S2C, {"user": "id", "role": "role", "server": "str", "limits": "dict", "server_id": "id?"}),
     "manifest": (C2S, {"episode": "dict", "blobs": "hashes", "content_hash": "hash"}),
     "need": (S2C, {"episode_id": "id", "revision": "int", "hashes": "hashes"}),
     "ack": (S2C, {"episode_id": "id", "revision": "int", "content_hash": "hash", "status": "status"}),

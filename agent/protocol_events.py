@@ -51,6 +51,7 @@ class Welcome:
     role: str
     server: str
     limits: dict
+    server_id: str | None = None  # the backend's lasting identity (its store's id); None from older servers
 
 
 @dataclass(frozen=True)

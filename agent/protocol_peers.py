@@ -67,14 +67,14 @@ class ServerConnection(Connection):
         return [ManifestReceived(parsed.id, parsed.revision, digest, ep, tuple(sorted(set(body["blobs"]))), ref)]
 
     # -- the server's answers
-    def accept(self, user: str, role: str, server: str = "tandem") -> None:
+    def accept(self, user: str, role: str, server: str = "tandem", server_id: str | None = None) -> None:
         if self.state != "auth":
             raise ProtocolUsageError(f"accept() in state {self.state!r}")
         self.user, self.role, self.state = user, role, "open"
         lim = {"max_text": self.limits.max_text, "max_blob": self.limits.max_blob,
                "max_blobs_per_manifest": self.limits.max_blobs_per_manifest, "versions": list(SUPPORTED_VERSIONS),
                "max_json_values": self.limits.max_json_values, "max_json_depth": self.limits.max_json_depth}
-        self.send("welcome", user=user, role=role, server=server, limits=lim)
+        self.send("welcome", user=user, role=role, server=server, limits=lim, server_id=server_id)
 
     def reject(self, reason: str, code: str = "auth_failed") -> None:
         self._out.append(encode_message("error", code=code, reason=reason, fatal=True))
@@ -135,6 +135,7 @@ class ClientConnection(Connection):
         super().__init__(limits)
         self.user: str | None = None
         self.role: str | None = None
+        self.server_id: str | None = None
         self._requested_blobs: set[str] = set()
         self.send("hello", token=token, client=client)
         self.state = "hello_sent"
@@ -153,7 +154,7 @@ class ClientConnection(Connection):
             if mtype != "welcome":
                 return self._fail("bad_state", f"expected 'welcome', got {mtype!r}", fatal=True)
             self.state = "open"
-            self.user, self.role = body["user"], body["role"]
+            self.user, self.role, self.server_id = body["user"], body["role"], body.get("server_id")
             lim = body["limits"]
             # The server's limits bind what we send.
             self.limits = Limits(
@@ -164,7 +165,7 @@ class ClientConnection(Connection):
                 max_json_values=_int_or(lim.get("max_json_values"), self.limits.max_json_values),
                 max_json_depth=_int_or(lim.get("max_json_depth"), self.limits.max_json_depth),
             )
-            return [Welcome(body["user"], body["role"], body["server"], lim)]
+            return [Welcome(body["user"], body["role"], body["server"], lim, body.get("server_id"))]
         if mtype == "welcome":
             return self._fail("bad_state", "a second 'welcome'")
         if mtype == "need":

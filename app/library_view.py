@@ -33,11 +33,12 @@ from agent.export import export_jsonl, without_review
 from agent.flywheel_routes import FlywheelRoutes
 from agent.schema import Outcome
 from agent.store import StoreError
+from agent.sync.outbox import Outbox
 from agent.wording import command_name, outcome_name, plural
 from app.step_view import OUTCOMES, StepViewer
 from app.workers import run_in_background
 
-COLUMNS = ("Instruction", "Kind", "Steps", "Date", "Outcome", "Route")
+COLUMNS = ("Instruction", "Kind", "Steps", "Date", "Outcome", "Route", "Sync")
 ID_ROLE = Qt.UserRole + 1
 SORT_ROLE = Qt.UserRole
 OUTCOME_COLORS = {True: "#2b9348", False: "#c92a2a"}
@@ -59,6 +60,7 @@ class LibraryPage(QWidget):
     def __init__(self, store, window=None, parent=None):
         super().__init__(parent)
         self.store, self.window_ = store, window
+        self.outbox = Outbox(store)  # the Sync column: each episode as the server this app syncs to has it
         self._busy = False
         self._routes: FlywheelRoutes | None = None
 
@@ -193,6 +195,7 @@ class LibraryPage(QWidget):
         """Reload the table from the store, keeping the current episode selected."""
         current = self.current_episode_id()
         episodes = self.store.list_episodes()
+        sync = {e.episode_id: e.label for e in self.outbox.entries()}
         sm = self.table.selectionModel()
         sm.blockSignals(True)  # rebuilding rows is not the user choosing another episode
         self.table.setSortingEnabled(False)
@@ -208,6 +211,7 @@ class LibraryPage(QWidget):
                 (time.strftime("%Y-%m-%d %H:%M", time.localtime(ep.created_at)), ep.created_at),
                 (outcome_name(success), {True: 2, None: 1, False: 0}[success]),
                 (shown.route, shown.route),
+                (sync.get(ep.id, ""), sync.get(ep.id, "")),
             ]
             row = []
             for text, key in cells:

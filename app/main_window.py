@@ -69,6 +69,7 @@ def page_failure_text(name: str, error: Exception) -> str:
 
 class MainWindow(QMainWindow):
     closed = Signal()  # the user closed the window and it let go: the app ends (app.main.run_app)
+    sync_changed = Signal()  # sync started, stopped or moved to another server (sync_url, sync)
 
     def __init__(self, store, server: str | None = None, settings: QSettings | None = None, pages=None):
         super().__init__()
@@ -294,17 +295,21 @@ class MainWindow(QMainWindow):
 
         url = self.server or self.store.get_setting("sync.server_url")
         token = saved_secret(self.store, "sync.token")
+        alias = url
         if not url:
+            from agent.sync.outbox import EMBEDDED
             from app.sync.embedded import start_embedded_backend
 
             url, token, self._stop_embedded = start_embedded_backend(self.store)
+            alias = EMBEDDED
         self.sync_url = url
-        self.sync = SyncBridge(self.store, url, token or "")
+        self.sync = SyncBridge(self.store, url, token or "", alias=alias)
         self.sync.connection_changed.connect(
             lambda up, detail: self.notify(f"Sync: {'connected as ' + detail if up else 'offline: ' + detail}")
         )
         self.sync.model_announced.connect(self.model_announced)
         self.sync.start()
+        self.sync_changed.emit()
 
     def stop_sync(self) -> None:
         if self.sync is not None:
@@ -313,7 +318,9 @@ class MainWindow(QMainWindow):
         if self._stop_embedded is not None:
             self._stop_embedded()
             self._stop_embedded = None
-        self.sync_url = None
+        if self.sync_url is not None:
+            self.sync_url = None
+            self.sync_changed.emit()
 
     def training_data_dir(self):
         """Where the Train page's flywheel trains: the embedded backend's store (what was synced

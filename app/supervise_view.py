@@ -108,6 +108,9 @@ class SupervisePage(QWidget):
         self.server.setPlaceholderText("ws://host:8765")
         self.token = QLineEdit(token or "")
         self.token.setEchoMode(QLineEdit.Password)
+        self._synced_with = (url or "", token or "")  # what the fields were filled with: they follow sync
+        if hasattr(window, "sync_changed"):
+            window.sync_changed.connect(self._follow_sync)
         self.run_id = QLineEdit()
         self.run_id.setPlaceholderText("the run id shown where the agent runs")
         self.watch_btn = QPushButton("Watch")
@@ -315,6 +318,15 @@ class SupervisePage(QWidget):
             self.supervisor.answer(pending, value)
 
     # ------------------------------------------------------------ watching a remote run
+    def _follow_sync(self) -> None:
+        """The app syncs to another server now (the Sync page): Watch a run uses it too, unless
+        the person typed another server or token here."""
+        url, token = sync_credentials(self.store, self.window)
+        for field, was, now in ((self.server, self._synced_with[0], url), (self.token, self._synced_with[1], token)):
+            if field.text().strip() == was:
+                field.setText(now or "")
+        self._synced_with = (url or "", token or "")
+
     def watch_from_form(self) -> None:
         if self.watcher is not None:
             self.unwatch()

@@ -1,6 +1,7 @@
 """The Sync page: where this app sends its data (the embedded backend or a server), each
-submitted episode's state, and buttons to submit episodes. Settings take effect at once: the
-sync worker is restarted with the new server and token."""
+submitted episode's state as that server has it, and buttons to submit episodes. Settings take
+effect at once: the sync worker is restarted with the new server and token, and once that server
+has answered, the page offers to send it the episodes sent elsewhere that it does not have."""
 from __future__ import annotations
 
 from PySide6.QtWidgets import (
@@ -9,6 +10,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QMessageBox,
     QPushButton,
     QVBoxLayout,
     QWidget,
@@ -25,7 +27,9 @@ class SyncPage(QWidget):
     def __init__(self, store, window):
         super().__init__()
         self.store, self.window = store, window
-        self.outbox = Outbox(store)
+        self.outbox = Outbox(store)  # as the server this store syncs to now has it
+        self.offer: QMessageBox | None = None  # "send the episodes this server lacks?", after a switch
+        self._offer_next_welcome = False
 
         box = QGroupBox("Server")
         form = QFormLayout(box)
@@ -88,3 +92,32 @@ class SyncPage(QWidget):
         self.window.restart_sync()
         self.status.set_bridge(self.window.sync)
         self.current.setText(self._describe())
+        if self.window.sync is not None:  # what it lacks is known once it has said who it is
+            self._offer_next_welcome = True
+            self.window.sync.server_identified.connect(self._offer_missing)
+
+    def _offer_missing(self, _key: str) -> None:
+        """Ask whether to send the episodes that went to another server and this one lacks."""
+        if not self._offer_next_welcome or self.window.sync is None:
+            return
+        self._offer_next_welcome = False
+        ids = self.outbox.missing()
+        if not ids:
+            return
+        n = len(ids)
+        box = QMessageBox(QMessageBox.Question, "Send episodes to this server?",
+                          f"{plural(n, 'episode')} sent to another server {'is' if n == 1 else 'are'} not on "
+                          f"{self.window.sync_url}. Send {'it' if n == 1 else 'them'} now?",
+                          QMessageBox.Yes | QMessageBox.No, self)
+        box.setDefaultButton(QMessageBox.Yes)
+        box.finished.connect(lambda _r: self._offer_answered(box, ids))
+        self.offer = box
+        box.open()
+
+    def _offer_answered(self, box: QMessageBox, ids: list[str]) -> None:
+        self.offer = None
+        box.deleteLater()
+        if box.clickedButton() is not box.button(QMessageBox.Yes) or self.window.sync is None:
+            return
+        self.window.sync.submit(ids)
+        self.window.notify(f"Sending {plural(len(ids), 'episode')} to {self.window.sync_url}")

@@ -142,7 +142,7 @@ def test_a_model_announced_by_a_remote_backend_is_downloaded_with_progress_then_
 
 def test_a_privacy_hold_names_the_installed_command(qtbot, store, monkeypatch):
     """The Sync page told the user to run `python main.py redact approve …` in an installed app,
-    whose command is `tandem`."""
+    whose command is `tandem`, and called the hold "failed": it is held for privacy review."""
     import sys
 
     from app.main_window import MainWindow
@@ -157,10 +157,13 @@ def test_a_privacy_hold_names_the_installed_command(qtbot, store, monkeypatch):
     try:
         page = win.page("Sync")
         page.submit_unsynced()
-        qtbot.waitUntil(lambda: page.status.state_of(ep.id) == "failed", timeout=20000)
+        qtbot.waitUntil(lambda: page.status.state_of(ep.id) == "held", timeout=20000)
         row = next(r for r in range(page.status.table.rowCount()) if page.status.table.item(r, 0).toolTip() == ep.id)
         detail = page.status.table.item(row, 3).text()
+        state = page.status.table.item(row, 1).text()
+        summary = page.status.summary.text()
     finally:
         win.stop_sync()
+    assert state == "held for privacy review" and "1 held for privacy review" in summary and "1 failed" not in summary
     assert "personal data check needed" in detail and "python main.py" not in detail
     assert f"`tandem redact scan {ep.id}`" in detail and f"`tandem redact approve {ep.id} --by NAME`" in detail

@@ -137,12 +137,25 @@ MIGRATIONS = [
 ]
 
 
+SERVER_ID_KEY = "backend.server_id"
+
+
 class BackendStore:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.store = Store(self.root)
         self._unsynced = False
         self.store.migrate("backend", MIGRATIONS)
+        self.server_id = self._server_id()
+
+    def _server_id(self) -> str:
+        """This backend's lasting identity, made once and kept in its store: apps keep what each
+        server has under it (agent.sync.outbox), whatever URL the server is reached at."""
+        sid = self.store.get_setting(SERVER_ID_KEY)
+        if not sid:
+            sid = secrets.token_hex(16)
+            self.store.set_setting(SERVER_ID_KEY, sid)
+        return sid
 
     def close(self) -> None:
         self.store.close()

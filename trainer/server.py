@@ -368,7 +368,7 @@ class BackendServer:
             return
         s.checked_at = time.monotonic()
         s.ws.text_limit, s.ws.binary_limit = self.limits.max_text, self.limits.max_blob + P.BLOB_HEADER_LEN
-        s.conn.accept(s.user.name, s.user.role, SERVER_NAME)
+        s.conn.accept(s.user.name, s.user.role, SERVER_NAME, self.store.server_id)
         latest = await self._io(self.store.latest_model)
         if latest:
             s.conn.send("model_version", version=latest[0], info=client_info(latest[1]))

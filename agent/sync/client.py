@@ -21,7 +21,7 @@ from agent.redaction import RedactionError
 from agent.redaction.review import upload_view
 from agent.schema import SchemaError
 from agent.store import NotFound, Store
-from agent.sync.outbox import Outbox
+from agent.sync.outbox import QUIET_S, Outbox
 from agent.sync.session import Session, SyncError
 
 # Error codes about one episode that a retry would only repeat.
@@ -68,9 +68,13 @@ class SyncReport:
 
 class SyncClient:
     def __init__(self, store: Store, url: str, token: str, *, window: int = 8, ssl=None,
-                 reply_timeout: float = 60.0, backoff: Backoff | None = None):
+                 reply_timeout: float = 60.0, backoff: Backoff | None = None, alias: str | None = None):
+        """`alias`: what the server is known by until its welcome names its id (default the URL;
+        agent.sync.outbox.EMBEDDED for the app's built-in backend, whose URL changes every start)."""
         self.store, self.url, self.token, self.ssl = store, url, token, ssl
+        self.alias = alias or url
         self.outbox = Outbox(store)
+        self.outbox.use_server(self.alias)  # states and acknowledgements from now on are this server's
         self.window, self.reply_timeout = window, reply_timeout
         self.backoff = backoff or Backoff()
         self.on_model_version = None  # fn(version, info)
@@ -132,10 +136,12 @@ class SyncClient:
         except SchemaError as e:  # stored before a check that now refuses it: it alone stays behind
             self._fail(eid, f"the local episode does not load: {e}", report)
             return None
-        try:  # personal data out: the reviewed, redacted version is what leaves the machine
-            ep = upload_view(self.store, ep)
-        except RedactionError as e:
-            self._fail(eid, str(e), report)
+        try:  # personal data out: the reviewed, redacted version is what leaves the machine (a run's
+            # automatic redaction runs OCR for seconds a frame: off the loop, which keeps the connection alive)
+            ep = await asyncio.to_thread(upload_view, self.store, ep)
+        except RedactionError as e:  # held, not failed: it goes once its privacy review passes
+            self.outbox.mark_held(eid, str(e))
+            report.failed.append((eid, str(e)))
             return None
         d = ep.to_dict()
         ref = f"m{session.conn.next_ref()}"
@@ -187,6 +193,7 @@ class SyncClient:
         time.monotonic() value) passes, or a permanent error (bad token) ends it."""
         report = SyncReport()
         self.outbox.recover()
+        self.outbox.requeue_changed(quiet=0)  # edited since this server acknowledged them
         while self.outbox.pending():
             if stop is not None and stop.is_set():
                 break
@@ -230,6 +237,7 @@ class SyncClient:
 
     def _connected(self, session: Session) -> None:
         self.backoff.reset()
+        self.outbox.bind(self.alias, session.server_id)
         if self.store.get_setting(SYNCED_USER) != session.user:
             self.store.set_setting(SYNCED_USER, session.user)
         self._connection(True, f"{session.user} ({session.role})")
@@ -238,10 +246,11 @@ class SyncClient:
         if self.on_connection:
             self.on_connection(up, detail)
 
-    async def run_forever(self, stop: asyncio.Event, wake: asyncio.Event, poll: float = 5.0) -> None:
+    async def run_forever(self, stop: asyncio.Event, wake: asyncio.Event, poll: float = QUIET_S / 2) -> None:
         """The app's loop, until `stop`: stay connected, so that model versions the backend
         announces arrive as they happen; send the outbox whenever something is queued (`wake`
-        is set on submit, and the queue is looked at every `poll` seconds); reconnect with backoff.
+        is set on submit, and the queue is looked at every `poll` seconds, as are episodes edited
+        since the server acknowledged them, re-queued once their edits are quiet); reconnect with backoff.
         A refused token waits for `wake` (new settings restart the bridge anyway)."""
         while not stop.is_set():
             self.outbox.recover()
@@ -255,6 +264,7 @@ class SyncClient:
             try:
                 while not stop.is_set():
                     wake.clear()
+                    self.outbox.requeue_changed()
                     if self.outbox.pending():
                         await self.upload_pending(session, SyncReport())
                     await self._idle(session, stop, wake, poll)

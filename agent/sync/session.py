@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
 
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -41,13 +42,29 @@ async def _open_ws(url: str, ssl=None, timeout: float = 10.0, limits: P.Limits =
     except InvalidURI as e:
         raise SyncError(f"not a websocket URL: {url!r} ({e})", permanent=True) from None
     except (OSError, InvalidHandshake, asyncio.TimeoutError) as e:
-        raise SyncError(f"cannot connect to {url}: {type(e).__name__}: {e}") from None
+        raise SyncError(f"cannot reach {url}: {unreachable_reason(e, timeout)}") from None
+
+
+def unreachable_reason(e: BaseException, timeout: float) -> str:
+    """Why a connection could not be made, as a person reads it (not the exception's repr)."""
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused (is the server running, and is the port right?)"
+    if isinstance(e, socket.gaierror):
+        return f"unknown host ({e.strerror or e})"
+    if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
+        return f"no answer within {timeout:g} s"
+    if isinstance(e, InvalidHandshake):
+        return f"it did not answer as a websocket server ({e})"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror[0].lower() + e.strerror[1:]
+    return str(e) or type(e).__name__
 
 
 class Session:
     def __init__(self, ws, conn: P.ClientConnection):
         self.ws, self.conn = ws, conn
         self.user, self.role = conn.user, conn.role
+        self.server_id = conn.server_id  # the backend's lasting id; None from a server that names none
         self._events: asyncio.Queue = asyncio.Queue()
         self._waiting: dict[str, asyncio.Future] = {}  # ref -> reply
         self._blobs: dict[str, asyncio.Future] = {}  # hash -> bytes

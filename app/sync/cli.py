@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import sys
 
+from agent.wording import command_name, plural
+
 
 def _store(args):
     from agent.store import Store
@@ -18,7 +20,9 @@ def register(sub, common) -> None:
     p = sub.add_parser("submit", parents=[common], help="queue episodes for upload to the sync server",
                        description="Queues the episodes' current versions in the outbox; `sync` sends them.")
     p.add_argument("episodes", nargs="*", metavar="EPISODE_ID")
-    p.add_argument("--all", action="store_true", help="every episode not synced in its current revision")
+    p.add_argument("--all", action="store_true", help="every episode the server lacks in its current revision")
+    p.add_argument("--server", metavar="URL", help="with --all: the server to compare with (default: the one this "
+                   "data folder syncs to)")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("sync", parents=[common], help="send the outbox to the sync server",
@@ -36,12 +40,13 @@ def register(sub, common) -> None:
 
 def cmd_submit(args) -> int:
     from agent.store import NotFound
-    from agent.sync.outbox import Outbox
+    from agent.sync.outbox import Outbox, server_key
 
     if not args.episodes and not args.all:
         print("submit: give EPISODE_ID(s) or --all", file=sys.stderr)
         return 2
-    outbox = Outbox(_store(args))
+    store = _store(args)
+    outbox = Outbox(store, server_key(store, args.server) if args.server else None)
     if args.all:
         ids = outbox.submit_all()
         print(f"queued {len(ids)} episode(s)")
@@ -62,9 +67,8 @@ def print_status(outbox) -> None:
     if not entries:
         print("the outbox is empty")
     for e in entries:
-        extra = f" ({e.ack_status}, revision {e.revision})" if e.state == "synced" else ""
-        extra += f": {e.error}" if e.error else ""
-        print(f"{e.episode_id}  {e.state}{extra}")
+        detail = e.detail
+        print(f"{e.episode_id}  {e.label}" + (f" ({detail})" if detail else ""))
 
 
 def cmd_sync(args) -> int:
@@ -97,22 +101,28 @@ def cmd_sync(args) -> int:
         store.set_setting(SERVER_URL_KEY, args.server)
         secrets.set(TOKEN_KEY, token)  # the keyring, or a 0600 file: never tandem.db
         print(f"sync: token saved in {secrets.where}", file=sys.stderr)
-    stop_embedded = None
+    stop_embedded, alias = None, url
     if not url:
+        from agent.sync.outbox import EMBEDDED
         from app.sync.embedded import start_embedded_backend
 
         url, token, stop_embedded = start_embedded_backend(store)
+        alias = EMBEDDED
         print(f"no server configured: syncing to the embedded backend in {store.root / 'backend'}")
+    client = SyncClient(store, url, token, alias=alias)  # states from here on are this server's
+    client.outbox.requeue_changed(quiet=0)
     pending = outbox.pending()
     if not pending:
-        print("nothing to send: the outbox has no queued episodes")
+        n = len(client.outbox.missing())
+        print("nothing to send: the outbox has no queued episodes" + (
+            f"; {plural(n, 'episode')} sent to another server {'is' if n == 1 else 'are'} not on this one: "
+            f"`{command_name()} submit --all` queues {'it' if n == 1 else 'them'}" if n else ""))
         if stop_embedded:
             stop_embedded()
         return 0
     print(f"sending {len(pending)} episode(s) to {url}")
-    client = SyncClient(store, url, token)
     bar = tqdm(total=len(pending), unit="episode", disable=None, file=sys.stderr)
-    outbox.subscribe(lambda e: bar.update(1) if e.state in ("synced", "failed") and bar.n < bar.total else None)
+    outbox.subscribe(lambda e: bar.update(1) if e.state in ("synced", "held", "failed") and bar.n < bar.total else None)
     try:
         report = asyncio.run(client.sync(deadline=time.monotonic() + args.timeout))
     except KeyboardInterrupt:
@@ -125,7 +135,8 @@ def cmd_sync(args) -> int:
     for eid, status in report.sent:
         print(f"sent {eid} ({status})")
     for eid, reason in report.failed:
-        print(f"FAILED {eid}: {reason}")
+        entry = outbox.get(eid)
+        print(f"{'HELD for privacy review' if entry and entry.state == 'held' else 'FAILED'} {eid}: {reason}")
     left = outbox.pending()
     for eid in left:
         print(f"NOT SENT {eid}: still queued")

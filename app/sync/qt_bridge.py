@@ -16,10 +16,11 @@ class SyncBridge(QObject):
     entry_changed = Signal(object)  # OutboxEntry
     connection_changed = Signal(bool, str)  # connected, detail (user and role, or the error)
     model_announced = Signal(str, object)  # version, info
+    server_identified = Signal(str)  # the key of the server that welcomed us (its lasting id)
 
-    def __init__(self, store: Store, url: str, token: str, parent=None):
+    def __init__(self, store: Store, url: str, token: str, parent=None, alias: str | None = None):
         super().__init__(parent)
-        self.client = SyncClient(store, url, token)
+        self.client = SyncClient(store, url, token, alias=alias)
         self.outbox = self.client.outbox
         self.outbox.subscribe(self._on_entry)  # called on whichever thread changed the row
         self.connection: tuple[bool, str] | None = None  # the last (connected, detail): views made later start right
@@ -32,6 +33,8 @@ class SyncBridge(QObject):
         self._started = threading.Event()
 
     def _on_connection(self, up: bool, detail: str) -> None:
+        if up:
+            self.server_identified.emit(self.outbox.server)
         self.connection = (up, detail)
         self.connection_changed.emit(up, detail)
 

@@ -125,7 +125,7 @@ def replay_file(folder: Path) -> Path:
 
 
 def walk(w: Walk, data: Path, tmp: Path) -> None:
-    from PySide6.QtWidgets import QApplication, QFileDialog, QLineEdit
+    from PySide6.QtWidgets import QApplication, QFileDialog, QLineEdit, QMessageBox
 
     win, store = w.window, w.store
     library = w.page("Library")
@@ -194,6 +194,19 @@ def walk(w: Walk, data: Path, tmp: Path) -> None:
         w.key("ctrl+a")
         w.type(str(target))
         w.key("Return")
+        QTimer.singleShot(300, answer_originals)
+
+    def answer_originals():
+        # the recording has no privacy review: the export asks before writing its originals
+        from PySide6.QtCore import QTimer
+
+        box = next((d for d in QApplication.topLevelWidgets() if isinstance(d, QMessageBox) and d.isVisible()), None)
+        if box is None:
+            QTimer.singleShot(300, answer_originals)
+            return
+        seen["asked"] = box.text()
+        w.shot("export-originals")
+        w.click(next(b for b in box.buttons() if b.text() == "Export as recorded"))
 
     from PySide6.QtCore import QTimer
 
@@ -203,6 +216,7 @@ def walk(w: Walk, data: Path, tmp: Path) -> None:
     w.key("Return")
     w.until(lambda: target.exists() and not library._busy, timeout=30, what="the export")
     w.check(str(data / "exports") == seen.get("folder"), f"the export dialog opened in <data>/exports ({seen.get('folder')})")
+    w.check("no approved privacy review" in seen.get("asked", ""), f"the export asked before writing an unreviewed recording ({seen.get('asked', 'not asked')[:80]})")
     w.check(target.exists() and target.stat().st_size > 1000, "the bundle was written")
     w.shot("export-done")
 

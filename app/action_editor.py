@@ -150,6 +150,16 @@ class ActionEditor(QWidget):
         self._build(action.name)
         self._quiet = False
 
+    def clear(self) -> None:
+        """Show no action (an episode without steps): no type, no fields, nothing left of the last one."""
+        self._quiet = True
+        self.combo.clear()
+        self._values = {}
+        self._clear_form()
+        self.doc.setText("")
+        self.doc.hide()
+        self._quiet = False
+
     def action(self) -> Action:
         name = self.combo.currentText()
         spec = REGISTRY[name]
@@ -205,10 +215,13 @@ class ActionEditor(QWidget):
             else:
                 self._values[name] = w.text()
 
-    def _build(self, name: str) -> None:
+    def _clear_form(self) -> None:
         while self.form.rowCount():
             self.form.removeRow(0)
         self.fields = {}
+
+    def _build(self, name: str) -> None:
+        self._clear_form()
         spec = REGISTRY[name]
         for p in spec.params:
             v = self._values.get(p.name)

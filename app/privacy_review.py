@@ -34,6 +34,7 @@ from agent.redaction import plan as P
 from agent.redaction import review
 from agent.redaction.patterns import PLACEHOLDERS
 from agent.wording import plural
+from app.label_layout import place_labels
 from app.screenshot_canvas import fit_rect
 from app.workers import run_in_background
 
@@ -41,8 +42,8 @@ REVIEWER_KEY = "privacy.reviewer"
 
 
 class RedactionCanvas(QWidget):
-    """A frame with its boxes: red = will be blurred, grey dashed = kept clear. Click a box to
-    switch it; drag on the image to add one."""
+    """A frame with its boxes: red = will be blurred, grey dashed = kept clear, each tagged with
+    its kind inside the image. Click a box to switch it; drag on the image to add one."""
 
     boxToggled = Signal(int)
     boxDrawn = Signal(tuple)  # normalized (x0, y0, x1, y1)
@@ -80,6 +81,22 @@ class RedactionCanvas(QWidget):
         t = self._target()
         x0, y0, x1, y1 = rect
         return QRectF(t.x() + x0 * t.width(), t.y() + y0 * t.height(), (x1 - x0) * t.width(), (y1 - y0) * t.height())
+
+    @staticmethod
+    def tag(box: dict) -> str:
+        return box["kind"] + ("" if box["blur"] else " (kept)")
+
+    def label_rects(self) -> list[QRectF]:
+        """Where each box's tag is drawn, in widget pixels: inside the image, beside its box, and
+        clear of the other tags (see app.label_layout)."""
+        t, fm = self._target(), self.fontMetrics()
+        if self.pixmap is None or t.isEmpty():
+            return []
+        rects = [self.widget_rect(b["rect"]) for b in self.boxes]
+        placed = place_labels([(r.left(), r.top(), r.right(), r.bottom()) for r in rects],
+                              [(fm.horizontalAdvance(self.tag(b)) + 6, fm.height()) for b in self.boxes],
+                              (t.left(), t.top(), t.right(), t.bottom()))
+        return [QRectF(QPointF(x0, y0), QPointF(x1, y1)) for x0, y0, x1, y1 in placed]
 
     def mousePressEvent(self, event):
         if self.pixmap is not None and event.button() == Qt.LeftButton:
@@ -122,10 +139,10 @@ class RedactionCanvas(QWidget):
             else:
                 p.setPen(QPen(QColor("#5f6368"), 1.5, Qt.DashLine))
             p.drawRect(r)
-            tag = b["kind"] + ("" if b["blur"] else " (kept)")
-            tr = QRectF(r.right() + 3, r.top(), p.fontMetrics().horizontalAdvance(tag) + 6, p.fontMetrics().height())
-            p.fillRect(tr, QColor(255, 255, 255, 220))  # beside the box, never over the text it names
-            p.drawText(tr, Qt.AlignCenter, tag)
+        for b, tr in zip(self.boxes, self.label_rects()):
+            p.setPen(QPen(QColor("#d93025" if b["blur"] else "#5f6368"), 1))
+            p.fillRect(tr, QColor(255, 255, 255, 230))
+            p.drawText(tr, Qt.AlignCenter, self.fontMetrics().elidedText(self.tag(b), Qt.ElideRight, int(tr.width())))
         if self._drag is not None:
             p.setPen(QPen(QColor("#1a73e8"), 2, Qt.DashLine))
             p.drawRect(QRectF(self._drag[0], self._drag[1]).normalized())

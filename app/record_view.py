@@ -1,6 +1,7 @@
 """Record mode: the task instruction, start / pause / stop, the recording state always visible
 (live capture fps, event count, microphone level), a tray icon with the same controls, the note
-box that the note hotkey opens, and, after stop, the recording opened in the step viewer.
+box that the note hotkey opens, and, after stop, the recording opened in the step viewer (or,
+when it captured nothing, why: no episode is saved).
 
 The capture core (agent.recorder) runs in its own threads; this page only draws. Starting and
 stopping (which encodes the last frames and reduces the events) run in a background worker;
@@ -34,6 +35,7 @@ from PySide6.QtWidgets import (
 
 from agent.schema import monotonic
 from agent.wording import command_name, plural
+from agent.recorder.errors import NothingRecorded
 from agent.recorder.privacy import OwnWindows
 from app.window_rects import WindowRects
 from app.workers import run_in_background
@@ -264,6 +266,9 @@ class RecordPage(QWidget):
         self.timer.stop()
         try:
             episode = self.session.stop()  # on this thread: the app is closing, the wait is the point
+        except NothingRecorded:  # nothing to keep: closing goes on
+            self.session, self.state = None, "idle"
+            return True
         except Exception as e:  # noqa: BLE001 - the raw events are stored; closing goes on
             print(f"tandem: stopping the recording failed: {e}", file=sys.stderr)
             self.session, self.state = None, "idle"
@@ -283,7 +288,13 @@ class RecordPage(QWidget):
     def _stop_failed(self, exc) -> None:
         self.session = None
         self.state = "idle"
-        self._error(f"Stopping failed; the raw events are in the store ({command_name()} record --rereduce ID): {exc}")
+        self.secret_btn.setChecked(False)
+        if isinstance(exc, NothingRecorded):  # not an episode: the Library and its viewer stay as they were
+            self._error(str(exc))
+            if self.window_ is not None and hasattr(self.window_, "notify"):
+                self.window_.notify(str(exc))
+        else:
+            self._error(f"Stopping failed; the raw events are in the store ({command_name()} record --rereduce ID): {exc}")
         self._update_state()
 
     def open_in_viewer(self, episode_id: str) -> None:
@@ -384,6 +395,9 @@ class RecordPage(QWidget):
 
     def closeEvent(self, event) -> None:
         if self.session is not None and self.state in ("recording", "paused"):
-            self.session.stop()
+            try:
+                self.session.stop()
+            except NothingRecorded:
+                pass
         self.tray.hide()
         super().closeEvent(event)

@@ -340,7 +340,9 @@ class StepViewer(QWidget):
             self.canvas.set_observation(None, 16, 10, "this episode has no steps")
             self.canvas.set_action(None)
             self.canvas.set_proposal(None)
+            self.action_editor.clear()  # else the last episode's action stays in the form
             self.provenance.setText("")
+            self.hint.setText("")
             self._loading = False
             return
         obs = step.observation

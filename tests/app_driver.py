@@ -8,7 +8,8 @@ Used by tests/test_drive_xvfb.py as a subprocess (the test's own QApplication is
 
 In record mode the driver only starts the recording (GEOMETRY is x,y,w,h of the window) and
 then publishes where the Record page's buttons and the note box are on screen; the test clicks
-them with xdotool like a person would, and the driver writes the saved episode's id at stop.
+them with xdotool like a person would, and the driver writes the saved episode's id at stop (or
+the Record page's message when the stop saved none).
 """
 from __future__ import annotations
 
@@ -148,6 +149,11 @@ def record(app, window, state, write) -> None:
 
     def publish():
         state["state"] = page.state
+        if page.state == "recording":
+            state["started"] = True
+        elif page.state == "idle" and state.get("started") and "episode" not in state:
+            state["error"] = page.error_label.text()  # stopped without an episode: why
+            QTimer.singleShot(300, app.quit)
         if page.state in ("recording", "paused"):
             state["buttons"] = {name: centre(b) for name, b in
                                 (("pause", page.pause_btn), ("stop", page.stop_btn), ("note", page.note_btn))}

@@ -74,3 +74,56 @@ def test_edit_of_agent_step_becomes_correction_with_proposal():
     assert Provenance("human").after_edit("t", old, "u", new).source == "human"
     corr = Provenance("corrected", proposal_action=Action("click", {"start_box": (0.9, 0.9)}))
     assert corr.after_edit("t", old, "u", new).proposal_action.args["start_box"] == (0.9, 0.9)
+
+
+# ---------------------------------------------------------------- the privacy review's box tags
+IMAGE = (0.0, 0.0, 800.0, 500.0)
+
+
+def _overlap(a, b) -> bool:
+    return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
+
+
+def _inside(r, bounds=IMAGE) -> bool:
+    return bounds[0] <= r[0] <= r[2] <= bounds[2] and bounds[1] <= r[1] <= r[3] <= bounds[3]
+
+
+def test_tags_at_the_image_edges_flip_inside_and_keep_clear_of_their_box():
+    from app.label_layout import place_labels
+
+    boxes = [(700, 10, 800, 30), (10, 480, 200, 500), (600, 470, 800, 500), (0, 0, 120, 20), (790, 200, 800, 260)]
+    tags = place_labels(boxes, [(60, 16)] * len(boxes), IMAGE)
+    assert all(_inside(t) for t in tags), tags
+    assert not any(_overlap(t, b) for t, b in zip(tags, boxes)), tags  # never over the text it names
+    assert not any(_overlap(a, b) for i, a in enumerate(tags) for b in tags[i + 1:]), tags
+    assert tags[3][0] == 123  # room on the right: it stays beside its box, as before
+
+
+def test_tags_of_a_crowded_column_at_the_right_edge_do_not_overlap():
+    """Eight regions on neighbouring lines (a form), pitch 16 px, tags 18 px tall, flush with
+    the right edge: to the right there is no room, and stacked tags would cover each other."""
+    from app.label_layout import place_labels
+
+    boxes = [(560, 100 + 16 * i, 800, 114 + 16 * i) for i in range(8)]
+    sizes = [(70 + 5 * i, 18) for i in range(8)]
+    tags = place_labels(boxes, sizes, IMAGE)
+    assert all(_inside(t) for t in tags), tags
+    assert not any(_overlap(a, b) for i, a in enumerate(tags) for b in tags[i + 1:]), tags
+    assert [round(t[2] - t[0]) for t in tags] == [w for w, _ in sizes]  # full size: nothing cut
+
+
+def test_tags_always_stay_inside_the_image():
+    import random
+
+    from app.label_layout import place_labels
+
+    rng = random.Random(7)
+    for _ in range(200):
+        boxes = []
+        for _ in range(rng.randint(1, 25)):
+            x0, y0 = rng.uniform(0, 790), rng.uniform(0, 490)
+            boxes.append((x0, y0, rng.uniform(x0 + 1, 800), rng.uniform(y0 + 1, min(500, y0 + 40))))
+        sizes = [(rng.uniform(20, 900), rng.uniform(8, 30)) for _ in boxes]  # some wider than the image
+        assert all(_inside(t) for t in place_labels(boxes, sizes, IMAGE))
+    with pytest.raises(ValueError, match="2 boxes but 1 tag sizes"):
+        place_labels([(0, 0, 1, 1)] * 2, [(5, 5)], IMAGE)

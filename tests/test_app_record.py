@@ -92,6 +92,9 @@ def test_closing_the_window_during_a_recording_asks_first(qtbot, store, xdisplay
     qtbot.mouseClick(page.start_btn, Qt.LeftButton)
     qtbot.waitUntil(lambda: page.state == "recording", timeout=10000)
     episode_id = page.session.episode.id
+    time.sleep(0.3)
+    xdo("mousemove", 500, 400, "click", "--delay", 0, 1)  # a step to save (a recording of nothing is not kept)
+    time.sleep(0.4)
     asked = []
 
     def press():
@@ -132,51 +135,62 @@ def _wait_for(path, pred, timeout=20.0):
     raise AssertionError(f"timed out; last state: {st}")
 
 
+def _record_driver(xdisplay, tmp_path):
+    """The real app on the Xvfb display (xcb), recording; returns (process, its state file, data folder)."""
+    import os
+    import sys
+
+    out, data = tmp_path / "driver.json", tmp_path / "data"
+    env = {**os.environ, "QT_QPA_PLATFORM": "xcb", "DISPLAY": xdisplay, "XDG_SESSION_TYPE": "x11"}
+    driver = subprocess.Popen([sys.executable, str(Path(__file__).with_name("app_driver.py")), "record", str(out),
+                               str(data), "700,40,620,380"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return driver, out, data
+
+
+def _click(x, y):
+    xdo("mousemove", x, y, "sleep", 0.15, "click", 1)
+    time.sleep(0.4)
+
+
+def _write_note(out, buttons, text: str) -> None:
+    """Add note… on the Record page, type into the note box, OK: all of it Tandem's own window."""
+    _click(*buttons["note"])
+    box = _wait_for(out, lambda s: "note_box" in s)["note_box"]
+    _click(*box["edit"])
+    xdo("type", "--delay", 30, text)
+    time.sleep(0.3)
+    _click(*box["ok"])
+    _wait_for(out, lambda s: "note_box" not in s)
+
+
 def test_clicks_and_typing_on_tandems_own_window_are_not_recorded(xdisplay, tmp_path):
     """The real app on Xvfb (xcb) records while xdotool clicks a foreign window's buttons and
     Tandem's own Pause, Resume, Add note…, the note box (typed into) and Stop. Only the two
     foreign clicks become steps; the note is the second step's thought, never a `type` action."""
-    import json
-    import os
-    import sys
-
     from agent.store import Store
     from tests.test_agent_desktop import read_state, start_target
 
     target_state = tmp_path / "target.json"
     target = start_target(xdisplay, target_state)
-    out, data = tmp_path / "driver.json", tmp_path / "data"
-    env = {**os.environ, "QT_QPA_PLATFORM": "xcb", "DISPLAY": xdisplay, "XDG_SESSION_TYPE": "x11"}
-    driver = subprocess.Popen([sys.executable, str(Path(__file__).with_name("app_driver.py")), "record", str(out),
-                               str(data), "700,40,620,380"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    driver, out, data = _record_driver(xdisplay, tmp_path)
     try:
         st = _wait_for(out, lambda s: s.get("state") == "recording" and "buttons" in s)
         widgets = read_state(target_state)["widgets"]
-
-        def click(x, y):
-            xdo("mousemove", x, y, "sleep", 0.15, "click", 1)
-            time.sleep(0.4)
 
         def centre(name):
             x, y, w, h = widgets[name]
             return x + w // 2, y + h // 2
 
         b = st["buttons"]
-        click(*centre("alpha"))
-        click(*b["pause"])
+        _click(*centre("alpha"))
+        _click(*b["pause"])
         _wait_for(out, lambda s: s.get("state") == "paused")
-        click(*b["pause"])  # Resume
+        _click(*b["pause"])  # Resume
         _wait_for(out, lambda s: s.get("state") == "recording")
-        click(*b["note"])
-        box = _wait_for(out, lambda s: "note_box" in s)["note_box"]
-        click(*box["edit"])
-        xdo("type", "--delay", 30, "beta is next")
-        time.sleep(0.3)
-        click(*box["ok"])
-        _wait_for(out, lambda s: "note_box" not in s)
-        click(*centre("beta"))
+        _write_note(out, b, "beta is next")
+        _click(*centre("beta"))
         time.sleep(0.4)
-        click(*b["stop"])
+        _click(*b["stop"])
         st = _wait_for(out, lambda s: "episode" in s, timeout=30)
         log = driver.communicate(timeout=30)[0].decode(errors="replace")
     finally:
@@ -192,3 +206,60 @@ def test_clicks_and_typing_on_tandems_own_window_are_not_recorded(xdisplay, tmp_
     assert [(s.action.name, s.info["screen_points"]) for s in ep.steps] == [("click", [c]) for c in centres], log[-2000:]
     assert ep.steps[1].thought == "beta is next"
     assert ep.meta["recording"]["dropped_own"] >= 8  # 5 clicks' presses and releases, the typing
+
+
+def test_a_recording_that_captured_nothing_is_not_saved_and_says_why(win, qtbot, store):
+    """Before, a recording with no step was saved as an episode and opened in the viewer, which
+    still showed the previous recording's action. Now nothing is kept (no episode, no frame), the
+    page says why, and the Library keeps showing the recording before it."""
+    page, library = win.page("Record"), win.page("Library")
+    win.show_page_at(1)
+    page.instruction.setText("Click once")
+    qtbot.mouseClick(page.start_btn, Qt.LeftButton)
+    qtbot.waitUntil(lambda: page.state == "recording", timeout=10000)
+    time.sleep(0.3)
+    xdo("mousemove", 500, 400, "click", "--delay", 0, 1)
+    time.sleep(0.5)
+    qtbot.mouseClick(page.stop_btn, Qt.LeftButton)
+    qtbot.waitUntil(lambda: page.state == "idle" and page.last_episode_id is not None, timeout=15000)
+    first = page.last_episode_id
+    assert library.viewer.episode.id == first and library.viewer.current_step().action.name == "click"
+
+    page.instruction.setText("Do nothing at all")
+    win.show_page_at(1)
+    qtbot.mouseClick(page.start_btn, Qt.LeftButton)
+    qtbot.waitUntil(lambda: page.state == "recording", timeout=10000)
+    time.sleep(0.5)
+    qtbot.mouseClick(page.stop_btn, Qt.LeftButton)
+    qtbot.waitUntil(lambda: page.state == "idle", timeout=15000)
+    assert page.error_label.text() == ("Nothing was recorded: no click, key press or scroll reached the screen "
+                                       "while recording. No episode was saved.")
+    assert win.statusBar().currentMessage() == page.error_label.text()
+    assert store.episode_ids() == [first] and page.last_episode_id == first
+    assert store.check() == []  # the empty recording's frames went with it
+    assert win.stack.currentWidget() is page  # the Library was not opened on anything
+    assert library.viewer.episode.id == first and library.viewer.current_step().action.name == "click"
+    assert page.start_btn.isEnabled()  # ready for the next try
+
+
+def test_a_recording_of_only_tandems_own_window_says_so(xdisplay, tmp_path):
+    """The real app on Xvfb (xcb): every click and key goes to Tandem itself (Add note…, typing
+    in the note box, its OK, Stop). No episode is saved; the Record page names that reason."""
+    from agent.store import Store
+
+    driver, out, data = _record_driver(xdisplay, tmp_path)
+    try:
+        b = _wait_for(out, lambda s: s.get("state") == "recording" and "buttons" in s)["buttons"]
+        _write_note(out, b, "just a note")
+        _click(*b["stop"])
+        st = _wait_for(out, lambda s: "episode" in s or "error" in s, timeout=30)
+        log = driver.communicate(timeout=30)[0].decode(errors="replace")
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    assert "episode" not in st, log[-2000:]
+    assert st["error"].startswith("Nothing was recorded: every input went to Tandem's own window ("), st["error"]
+    assert st["error"].endswith("input events left out). No episode was saved.")
+    with Store(data) as store:
+        assert store.episode_ids() == [] and store.check() == []

@@ -593,3 +593,16 @@ def test_the_default_model_announced_as_v0000_is_not_offered_while_the_agent_run
     store.set_setting("drive.policy", "endpoint")  # Drive runs another model: the default one is a switch for it
     w.model_announced("v0000", info)
     assert not w.model_btn.isHidden()
+
+
+def test_an_episode_without_steps_shows_no_action_of_the_one_before(win, qtbot, store):
+    """Opening a step-less episode (an import, every step deleted) after another left that
+    episode's action in the action form: a person read it as this episode's action."""
+    page, viewer = open_step(win, win.episodes[0], 0)
+    assert viewer.action_editor.combo.currentText() == "click" and viewer.action_editor.fields
+    empty = make_episode(store, n_steps=0, instruction="Nothing in it")
+    page.refresh()
+    assert page.select_episode(empty.id) and viewer.episode.id == empty.id
+    assert viewer.action_editor.combo.count() == 0 and viewer.action_editor.fields == {}
+    assert viewer.action_editor.form.rowCount() == 0 and viewer.thought.toPlainText() == ""
+    assert not viewer.save_btn.isEnabled() and "Click the screenshot" not in viewer.hint.text()

@@ -169,3 +169,18 @@ def test_sigkill_leaves_the_events_up_to_the_last_second(xdisplay, tmp_path):
         assert ep.meta["recording"]["status"] == "recovered"
         assert [s.action.name for s in ep.steps].count("click") == len(downs)
         assert store.check() == []
+
+
+def test_cli_recording_of_nothing_says_so_and_keeps_nothing(xdisplay, tmp_path):
+    """`record --duration` with no input at all: one error line, exit 1, no episode, no frame."""
+    data = tmp_path / "data"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "record", "--instruction", "idle", "--fps", "8", "--duration", "1",
+         "--data", str(data)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == ("error: Nothing was recorded: no click, key press or scroll reached "
+                                                   "the screen while recording. No episode was saved.")
+    from agent.store import Store
+
+    with Store(data) as store:
+        assert store.episode_ids() == [] and store.check() == []

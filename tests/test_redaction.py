@@ -311,3 +311,37 @@ def test_review_dialog_scans_in_background_and_approves(qtbot, store, engine):
     assert not dlg.isVisible() and not dlg.approve_btn.isEnabled()  # it closed: nothing left to approve
     up = review.upload_view(store, store.load_episode(ep.id))
     assert up.instruction == f"Pay with card and call {PHONE}" and up.steps[1].action.args["content"] == "<card>"
+
+
+def test_review_dialog_tags_stay_inside_the_image_and_apart(qtbot, store, tmp_path):
+    """Boxes at the frame's edges and a column of them on neighbouring lines: each box's tag is
+    drawn inside the image (it was cut off past the right edge) and over no other tag."""
+    from agent.redaction import plan as P
+    from app.privacy_review import PrivacyReviewDialog
+
+    ep = _recording(store, render_window(seed=3, size=(1100, 420), px=11, records=4).png, raw_keys=False)
+    h = ep.steps[0].observation.screenshot
+    rects = [(0.85, 0.02, 1.0, 0.07), (0.0, 0.94, 0.3, 1.0), (0.8, 0.95, 1.0, 1.0), (0.0, 0.0, 0.12, 0.05)]
+    rects += [(0.7, 0.3 + 0.035 * i, 1.0, 0.33 + 0.035 * i) for i in range(6)]  # a form's lines, flush right
+    plan = P.empty_plan("test")
+    plan["frames"][h] = {"boxes": [P.new_box(r, "email" if i % 2 else "phone", P.DETECTOR) for i, r in enumerate(rects)],
+                         "redacted": None}
+    plan["frames"][h]["boxes"][4]["blur"] = False  # "phone (kept)": a longer tag
+    review.save_plan(store, ep.id, plan)
+    dlg = PrivacyReviewDialog(store, ep.id, autoscan=False)
+    qtbot.addWidget(dlg)
+    dlg.resize(1280, 800)
+    dlg.show()
+    qtbot.waitExposed(dlg)
+    assert dlg.frame_list.currentRow() == 0 and len(dlg.canvas.boxes) == len(rects)
+    image, tags = dlg.canvas._target(), dlg.canvas.label_rects()
+    assert len(tags) == len(rects)
+    for t in tags:
+        assert (image.left() - 0.01 <= t.left() and t.right() <= image.right() + 0.01
+                and image.top() - 0.01 <= t.top() and t.bottom() <= image.bottom() + 0.01), (t, image)
+    assert not [(a, b) for i, a in enumerate(tags) for b in tags[i + 1:] if a.intersected(b).width() * a.intersected(b).height() > 0]
+    corner = dlg.canvas.widget_rect(rects[0])
+    assert tags[0].right() <= corner.left() and tags[0].top() == corner.top()  # flipped to the left, not cut off
+    fm = dlg.canvas.fontMetrics()
+    assert [round(t.width()) for t in tags] == [fm.horizontalAdvance(dlg.canvas.tag(b)) + 6 for b in dlg.canvas.boxes]
+    dlg.grab().save(str(tmp_path / "privacy_tags.png"))  # for a person to look at: pytest --basetemp

@@ -6,7 +6,7 @@ imported when a recording or a transcription starts (tests/test_recorder_import.
 
     from agent.recorder import RecordingSession, RecorderConfig
     session = RecordingSession(store, "Rename the file", RecorderConfig(fps=8))
-    session.start(); ...; episode = session.stop()
+    session.start(); ...; episode = session.stop()  # NothingRecorded: no step, nothing kept
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ _EXPORTS = {
     "RecorderConfig": "agent.recorder.session",
     "rereduce": "agent.recorder.session",
     "RecorderError": "agent.recorder.errors",
+    "NothingRecorded": "agent.recorder.errors",
     "Thresholds": "agent.recorder.reduce",
     "REDUCER_VERSION": "agent.recorder.reduce",
     "reduce_actions": "agent.recorder.reduce",

@@ -1,6 +1,11 @@
-"""The recorder's one exception type (kept apart so importing it costs nothing)."""
+"""The recorder's exception types (kept apart so importing them costs nothing)."""
 from __future__ import annotations
 
 
 class RecorderError(RuntimeError):
     """Recording cannot start or go on; the message says why, with the offending value."""
+
+
+class NothingRecorded(RecorderError):
+    """The recording stopped with no step in it (every input went to the app's own window, or
+    came while paused); nothing was kept. The message says why, in words for the person."""

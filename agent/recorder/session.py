@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.schema import Episode, monotonic
-from agent.recorder.errors import RecorderError
+from agent.wording import plural
+from agent.recorder.errors import NothingRecorded, RecorderError
 from agent.recorder.privacy import DEFAULT_DENYLIST, DEFAULT_HOTKEYS, Denylist, FocusedWindow, Hotkey
 from agent.recorder.reduce import MASK_CHAR, MODIFIERS, REDUCER_VERSION, Thresholds, build_steps
 
@@ -181,7 +182,10 @@ class RecordingSession:
         return self.episode
 
     def stop(self) -> Episode:
-        """Stop capturing, store everything, reduce, and return the saved episode."""
+        """Stop capturing, store everything, reduce, and return the saved episode. A recording
+        that holds no step is not kept as an episode: it is deleted with its frames and audio and
+        NothingRecorded says why (unless the processing thread failed: then its raw events stay
+        for `record --rereduce`)."""
         if self._thread is None:
             raise RecorderError("the recording was not started")
         t_stop = monotonic()
@@ -206,7 +210,32 @@ class RecordingSession:
             rec["audio_overflows"] = self.audio.overflows
         self._save_steps()
         prune_unused_frames(self.store, ep, self._kept)
+        if not ep.steps and self.error is None:
+            self._discard_empty()
         return ep
+
+    def _discard_empty(self) -> None:
+        """Delete the step-less episode this session saved, and everything it stored."""
+        ep = self.episode
+        stored = self._kept | set(ep.meta.get("audio_blobs") or [])
+        self.store.delete_episode(ep.id)
+        self.store.remove_unreferenced(stored, own=stored)
+        raise NothingRecorded(f"Nothing was recorded: {self._why_empty()}. No episode was saved.")
+
+    def _why_empty(self) -> str:
+        kept = sum(e["kind"] in ("mouse_down", "scroll") or e["kind"] == "key_down" and e["key"] not in MODIFIERS
+                   for e in self.events)  # a lone modifier (a hotkey's Ctrl) is no input of its own
+        own, private = self.dropped_own, self.dropped_private
+        if kept:  # e.g. only modifier keys
+            return f"the {plural(kept, 'input')} captured made no step (no click, typing, key or scroll)"
+        if own and not private:
+            return f"every input went to Tandem's own window ({plural(own, 'input event')} left out)"
+        if private and not own:
+            return f"every input came while paused or while a denied window had the focus ({plural(private, 'input event')} left out)"
+        if own and private:
+            return (f"every input went to Tandem's own window ({own}) or came while paused or while a denied "
+                    f"window had the focus ({private})")
+        return "no click, key press or scroll reached the screen while recording"
 
     def _teardown(self) -> None:
         for part in (self.input, self.audio, self.password):

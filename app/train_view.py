@@ -7,7 +7,10 @@ else on the app's own store, and says which.
   - the model versions with their evaluation per family, lineage and status (a table);
   - the training curves (reward, entropy, success rate, SFT loss) from <data>/flywheel/metrics.jsonl;
   - "Run iteration": `python main.py flywheel run --iterations 1 --progress-json` as a child
-    process, watched from a background worker; its JSON progress lines drive the progress bar.
+    process, watched from a background worker; its JSON progress lines drive the progress bar
+    and the live numbers (step 3/100 · loss 2.314; PPO's reward, entropy, success), and the
+    training curves are redrawn from the metrics file while a training stage runs;
+  - before a run, a warning when the SFT data is too small to learn from (the run stays allowed).
 
 The app talks to the trainer only as a process (see DESIGN.md): state comes from
 `flywheel status --json`. The one trainer import is the pools chart's drawing function (pure
@@ -40,6 +43,7 @@ from trainer.flywheel.plots import draw_growth
 
 MAIN = Path(__file__).resolve().parents[1] / "main.py"
 CURVES = (("ppo", "reward"), ("ppo", "entropy"), ("ppo", "success_rate"), ("sft", "loss"))
+TRAINING_STAGES = ("ct", "sft", "dpo", "ppo")  # the stages that write metrics rows as they go
 
 
 def flywheel_command(data_dir, *args) -> list[str]:
@@ -85,6 +89,7 @@ class IterationRun:
         self.proc: subprocess.Popen | None = None
         self.stopped = False
         self.stage_text = "starting the trainer"  # what the iteration is doing now, in words
+        self.stage = ""  # its stage's name (STAGES of trainer.flywheel.iteration)
 
     def run(self, progress=None) -> dict:
         import tempfile
@@ -103,7 +108,7 @@ class IterationRun:
                 if "result" in msg:
                     result = msg["result"]
                 elif progress and "done" in msg:
-                    self.stage_text = _stage_line(msg)
+                    self.stage_text, self.stage = _stage_line(msg), msg.get("stage") or ""
                     progress((msg["iteration"] - 1) * 100 + msg["done"], 100 * msg["of"], self.stage_text)
             rc = self.proc.wait()
             errf.seek(0)
@@ -122,7 +127,7 @@ class IterationRun:
 
 
 def _stage_line(msg: dict) -> str:
-    """'Stage 5 of 8: fine-tuning on the SFT pool (40/100 steps)' from a progress line."""
+    """'Stage 5 of 8: fine-tuning on the SFT pool (step 40/100 · loss 2.314)' from a progress line."""
     text = msg.get("text") or msg.get("stage") or "working"
     head = f"Stage {msg['stage_index']} of {msg['stages']}: " if msg.get("stage_index") and msg.get("stages") else ""
     detail = msg.get("detail") or ""
@@ -159,7 +164,12 @@ class TrainPage(QWidget):
         self.where = QLabel()  # which store the flywheel trains on, said on the page
         self.where.setObjectName("muted")
         self.where.setWordWrap(True)
+        self.warning = QLabel()  # said before a run, not discovered from a model that memorized
+        self.warning.setObjectName("error")
+        self.warning.setWordWrap(True)
+        self.warning.hide()
         self._started_at = 0.0
+        self._curves_at, self._curves_stage = 0.0, ""  # the curves' last redraw during a run
         top = QHBoxLayout()
         top.addWidget(title)
         top.addWidget(self.summary, 1)
@@ -192,6 +202,7 @@ class TrainPage(QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.where)
+        layout.addWidget(self.warning)
         layout.addWidget(self.message)
         layout.addWidget(split, 1)
         self.refresh()
@@ -232,6 +243,8 @@ class TrainPage(QWidget):
         self.summary.setText(f"SFT {pools['sft']} · CT {pools['ct']} · rejected {pools['rejected']} · "
                              f"unscored {pools['unscored']} episodes — current model: {model}")
         self.summary.setToolTip(f"Trains on the episodes in {status.get('store') or self.data_dir}")
+        self.warning.setText(status.get("warning") or "")
+        self.warning.setVisible(bool(status.get("warning")))
         self._fill_table(status["versions"], cur)
         self._fill_routing(status.get("routing") or {})
         self._draw_pools(status)
@@ -340,6 +353,12 @@ class TrainPage(QWidget):
         if self.running is not None:
             m, sec = divmod(int(time.monotonic() - self._started_at), 60)
             self.message.setText(f"{text or self.running.stage_text} · {m}:{sec:02d} elapsed")
+            # the curves follow a training stage's rows: redrawn when a stage begins (the last one's
+            # rows complete), else at most every 2 s (a redraw costs ~0.1 s)
+            stage = self.running.stage
+            if stage in TRAINING_STAGES and (stage != self._curves_stage or time.monotonic() - self._curves_at > 2.0):
+                self._curves_at, self._curves_stage = time.monotonic(), stage
+                self._draw_curves(read_curves(self.data_dir))
 
     def _on_done(self, result: dict) -> None:
         self.progress.setValue(100)

@@ -94,7 +94,7 @@ def test_run_iteration_button_runs_a_real_iteration_with_progress(qtbot, store):
 
     def on_progress(done, total, text=""):  # what the page says after each progress line
         real(done, total, text)
-        said.add(page.message.text().split(" · ")[0])
+        said.add(page.message.text().rsplit(" · ", 1)[0])  # less the time elapsed
 
     page._on_progress = on_progress
     qtbot.mouseClick(page.run_btn, __import__("PySide6.QtCore", fromlist=["Qt"]).Qt.LeftButton)
@@ -106,12 +106,115 @@ def test_run_iteration_button_runs_a_real_iteration_with_progress(qtbot, store):
     assert any(t.startswith("Stage 1 of 8: preparing the model") for t in said), said
     assert any(t.startswith("Stage 2 of 8: playing on-policy episodes") for t in said), said
     assert any(t.startswith("Stage 3 of 8: scoring and routing new episodes (") for t in said), said
-    assert "Stage 5 of 8: fine-tuning on the SFT pool (2/2 steps)" in said, sorted(said)
+    assert any(t.startswith("Stage 5 of 8: fine-tuning on the SFT pool (step 2/2 · loss ") for t in said), sorted(said)
     assert any(t.startswith("Stage 8 of 8: evaluating both models on fresh held-out tasks") for t in said), said
     assert seen and seen[-1] == 100 and len(set(seen)) > 3  # it moved through the stages
     qtbot.waitUntil(lambda: page.table.rowCount() == 2, timeout=60_000)  # v0000 (base) and v0001
     assert page.run_btn.isEnabled()
     assert "SFT 2" in page.summary.text()
+
+
+def test_live_numbers_show_on_the_page_while_the_iteration_runs(qtbot, store, tmp_path):
+    """The issue's minor item: an iteration ran for minutes with only a stage line. Each stage's
+    count and latest numbers now show as they arrive: SFT's step and loss, PPO's reward, entropy
+    and success, evaluation's episodes; the curves follow the training stages' rows."""
+    import re
+
+    from PySide6.QtCore import Qt
+
+    from trainer.sandbox.rollout import plan, run_many, to_episode
+
+    for result in run_many(plan(2, families=["click_button"]), "expert", record=True, width=224, height=168):
+        to_episode(result, store)
+    store.set_setting("flywheel.config", {"families": ["click_button"], "width": 224, "height": 168, "max_steps": 1,
+                                          "eval_episodes": 1, "rollouts": 0, "ct_steps": 0, "sft_steps": 12, "batch": 2,
+                                          "ppo_updates": 1, "ppo_batch": 2, "max_new_tokens": 8, "miniwob_episodes": 0})
+    from app.train_view import TrainPage
+
+    page = TrainPage(store)
+    qtbot.addWidget(page)
+    page.resize(1100, 720)
+    page.show()
+    qtbot.waitUntil(lambda: page.status is not None, timeout=60_000)
+    said = []
+    real = page._on_progress
+
+    def on_progress(done, total, text=""):
+        real(done, total, text)
+        said.append(page.message.text().rsplit(" · ", 1)[0])  # less the time elapsed
+
+    page._on_progress = on_progress
+    qtbot.mouseClick(page.run_btn, Qt.LeftButton)
+    sft = re.compile(r"Stage 5 of 8: fine-tuning on the SFT pool \(step (\d+)/12 · loss \d+\.\d{3}\) · \d+:\d\d elapsed$")
+    qtbot.waitUntil(lambda: sft.search(page.message.text()) is not None, timeout=300_000)
+    assert page.running is not None  # seen while it ran, not in a report afterwards
+    page.grab().save(str(tmp_path / "train_page_sft.png"))
+    # PPO's critic warm-up, then its update: reward, entropy, success, on the page while PPO runs
+    qtbot.waitUntil(lambda: "Stage 7 of 8: PPO on sandbox tasks (critic warm-up done · reward "
+                    in page.message.text(), timeout=300_000)
+    assert page.running is not None
+    curves = page.curve_fig.axes  # redrawn as PPO began: the SFT loss of all 12 steps of this run
+    assert len(curves[3].lines[0].get_xdata()) == 12 and len(curves[0].lines[0].get_xdata()) == 0
+    page.grab().save(str(tmp_path / "train_page_ppo.png"))
+    qtbot.waitUntil(lambda: page.running is None, timeout=300_000)
+    assert page.message.text().startswith("Iteration 1 finished in"), page.message.text()
+    steps = [int(m.group(1)) for t in said for m in [re.search(r"SFT pool \(step (\d+)/12 · loss", t)] if m]
+    assert steps == list(range(1, 13)), said  # every step, in order, each with its loss
+    ppo = [t for t in said if t.startswith("Stage 7 of 8: PPO on sandbox tasks (update 1/1 · reward ")]
+    assert ppo and re.search(r"· entropy \d+\.\d\d · success \d+%\)$", ppo[0]), said
+    assert any(re.match(r"Stage 8 of 8: evaluating both models on fresh held-out tasks \(episode 1/2\)$", t)
+               for t in said), said
+    qtbot.waitUntil(lambda: len(page.curve_fig.axes[0].lines[0].get_xdata()) == 1, timeout=60_000)  # PPO's update, once read
+    curves = page.curve_fig.axes
+    assert len(curves[3].lines[0].get_xdata()) == 12
+
+
+def _routed_sft(store, n: int, unscored: int = 0):
+    from agent.schema import Outcome
+    from trainer.flywheel.routing import Router
+
+    for _ in range(n + unscored):
+        ep = make_episode(store, 2)
+        ep.outcome = Outcome(True, 1.0, "annotator")
+        store.save_episode(ep)
+        if _ < n:
+            Router(store).route(iteration=1, episode_ids=[ep.id])
+
+
+def test_the_page_warns_before_a_run_when_the_sft_data_is_too_small(qtbot, store, tmp_path):
+    """One SFT episode: the SFT stage (100 steps x 8 samples) would see its steps hundreds of
+    times. The page says so before the run, and the run stays allowed."""
+    from app.train_view import TrainPage
+
+    _routed_sft(store, 1)
+    page = TrainPage(store)
+    qtbot.addWidget(page)
+    qtbot.waitUntil(lambda: page.status is not None, timeout=60_000)
+    assert not page.warning.isHidden()
+    assert page.warning.text() == ("Only 1 SFT episode: the model will memorize it rather than learn; record or import "
+                                   "more (the SFT stage would show each of its 2 steps about 400 times; at least 8 "
+                                   "episodes, one batch, are needed).")
+    assert page.run_btn.isEnabled()  # advice, not a stop
+    page.resize(1100, 720)
+    page.grab().save(str(tmp_path / "train_page_warning.png"))
+    # unscored episodes may still go to SFT: counted as at most
+    _routed_sft(store, 0, unscored=2)
+    page.status = None
+    page.refresh()
+    qtbot.waitUntil(lambda: page.status is not None, timeout=60_000)
+    assert page.warning.text().startswith("At most 3 SFT episodes (1 in the SFT pool, 2 not yet scored): the model "
+                                          "will memorize them rather than learn;"), page.warning.text()
+
+
+def test_the_page_does_not_warn_when_the_sft_data_is_adequate(qtbot, store):
+    from app.train_view import TrainPage
+
+    _routed_sft(store, 8)
+    page = TrainPage(store)
+    qtbot.addWidget(page)
+    qtbot.waitUntil(lambda: page.status is not None, timeout=60_000)
+    assert page.status["pools"]["sft"] == 8
+    assert page.warning.isHidden() and page.warning.text() == ""
 
 
 def test_the_library_shows_the_route_the_train_page_iteration_chose(qtbot, store):

@@ -108,7 +108,9 @@ def cmd_run(args) -> int:
     from trainer.flywheel import FlywheelError
     from trainer.flywheel.announce import backend_target
     from trainer.flywheel.evaluation import miniwob_summary
-    from trainer.flywheel.iteration import CONFIG_KEY, STAGE_TEXT, FlywheelConfig, flywheel_dir, run_iteration
+    from trainer.flywheel.iteration import (
+        CONFIG_KEY, STAGE_TEXT, FlywheelConfig, flywheel_dir, run_iteration, too_little_data,
+    )
     from trainer.flywheel.plots import plot_flywheel
 
     if args.iterations < 1:
@@ -132,6 +134,9 @@ def cmd_run(args) -> int:
     target = backend_target(store, args.backend_url, args.backend_token, args.backend_data)
     rc = 0
     try:
+        warning = too_little_data(store, cfg)
+        if warning:  # advice, not a stop (the Train page says it before its button)
+            print(f"warning: {warning}", file=sys.stderr)
         for k in range(args.iterations):
             if args.progress_json:
                 def progress(done, total, stage, detail="", k=k):
@@ -174,7 +179,7 @@ def cmd_status(args) -> int:
     from trainer.flywheel.plots import summary
 
     from trainer.flywheel import FlywheelError
-    from trainer.flywheel.iteration import FlywheelConfig, first_model, skipped_last
+    from trainer.flywheel.iteration import FlywheelConfig, first_model, skipped_last, too_little_data
 
     from trainer.flywheel.registry import eval_summary
     from trainer.flywheel.routing import Router
@@ -183,9 +188,10 @@ def cmd_status(args) -> int:
     try:
         s = summary(store)
         try:
-            first = first_model(FlywheelConfig.load(store))
+            cfg = FlywheelConfig.load(store)
+            first, warning = first_model(cfg), too_little_data(store, cfg)
         except FlywheelError as e:
-            first = f"unknown: {e}"
+            first, warning = f"unknown: {e}", None
         # the last routing's decisions, each with the rule that decided it
         last = s["growth"][-1]["iteration"] if s["growth"] else None
         routing = [{"episode_id": r["episode_id"], "instruction": store.instruction_of(r["episode_id"]),
@@ -198,7 +204,7 @@ def cmd_status(args) -> int:
         print(json.dumps({"pools": s["pools"], "current": s["current"], "growth": s["growth"],
                           "versions": [version_record(v) for v in s["versions"]], "first_model": first,
                           "store": str(store.root), "routing": {"iteration": last, "decisions": routing},
-                          "skipped": {"iteration": skipped_in, "episodes": skipped}}, default=str))
+                          "skipped": {"iteration": skipped_in, "episodes": skipped}, "warning": warning}, default=str))
         return 0
     print("pools: " + ", ".join(f"{k} {v}" for k, v in s["pools"].items()))
     for g in s["growth"]:
@@ -210,6 +216,8 @@ def cmd_status(args) -> int:
     for eid, why in skipped.items():
         print(f"  skipped by iteration {skipped_in}: episode {eid}: {why}")
     print(f"current model: {s['current'] or 'none yet; the first iteration starts from ' + first}")
+    if warning:
+        print(f"warning: {warning}")
     print(f"{'version':<8} {'it':>3} {'status':<9} {'parent':<7} {'held-out success':<26} decision")
     for v in s["versions"]:
         ev = eval_summary(v.metrics)

@@ -14,8 +14,10 @@
   5. announce a promoted model through the backend, when one is configured.
 
 Progress goes to `progress(done, total, stage, detail)` (0..100 over the whole iteration; the
-stage's name from STAGES and its own count, like "3/12 episodes"); metrics of every stage go to
-<data>/flywheel/metrics.jsonl with the iteration number on each row.
+stage's name from STAGES and its live numbers: its count and the latest values of the metrics row
+that moved it, like "step 3/100 · loss 2.314" or "update 1/3 · reward 0.42 · entropy 1.31 ·
+success 33%"); metrics of every stage go to <data>/flywheel/metrics.jsonl with the iteration
+number on each row.
 """
 from __future__ import annotations
 
@@ -134,14 +136,34 @@ class FlywheelConfig:
         return cls(**d)
 
 
+# the live numbers a stage's detail shows, from its metrics rows: (key, label, format)
+LIVE_NUMBERS = {
+    "ct": (("loss", "loss", "{:.3f}"),), "sft": (("loss", "loss", "{:.3f}"),),
+    "dpo": (("loss", "loss", "{:.3f}"), ("accuracy", "accuracy", "{:.0%}")),
+    "ppo": (("reward", "reward", "{:.2f}"), ("entropy", "entropy", "{:.2f}"), ("success_rate", "success", "{:.0%}")),
+}
+
+
+def live_detail(unit: str, done: float, total: float, phase: str = "", values: dict | None = None) -> str:
+    """'step 3/100 · loss 2.314': a stage's count and the numbers of its latest metrics row."""
+    parts = [f"{unit} {int(done)}/{int(total)}"] if total and unit else []
+    for key, label, fmt in LIVE_NUMBERS.get(phase, ()):
+        v = (values or {}).get(key)
+        if isinstance(v, (int, float)):
+            parts.append(f"{label} {fmt.format(v)}")
+    return " · ".join(parts)
+
+
 class _Progress:
     def __init__(self, fn):
         self.fn, self.base = fn, 0
 
-    def stage(self, name: str, done: float, total: float, unit: str = "") -> None:
+    def stage(self, name: str, done: float, total: float, unit: str = "", detail: str | None = None,
+              share: float | None = None) -> None:
+        """`share`: how far through the stage, when it is not done/total (PPO's critic warm-up)."""
         if self.fn:
-            frac = min(1.0, done / total) if total else 1.0
-            detail = f"{int(done)}/{int(total)} {unit}" if total and unit else ""
+            frac = share if share is not None else min(1.0, done / total) if total else 1.0
+            detail = live_detail(unit, done, total) if detail is None else detail
             self.fn(int(self.base + STAGES[name] * frac), 100, name, detail)
 
     def finish(self, name: str) -> None:
@@ -167,7 +189,7 @@ class _StageLog:
     def log(self, step: int, phase: str, **values) -> dict:
         row = self.log_.log(self.start.get(phase, 0) + int(step), phase, iteration=self.iteration, **values)
         if self.on_row:
-            self.on_row(int(step), phase)
+            self.on_row(int(step), phase, values)
         return row
 
 
@@ -202,6 +224,35 @@ def first_model(cfg: FlywheelConfig) -> str:
         fits, why = shipped_model_fits(cfg)
         return why if fits else f"a new model with random weights ({why})"
     return "a new model with random weights (base: scratch)"
+
+
+def too_little_data(store, cfg: FlywheelConfig) -> str | None:
+    """A sentence for people when the SFT data is too small to learn from, else None; an
+    iteration still runs (the warning is advice). Counted before routing: the SFT pool, and at
+    most every unscored episode on top (routing may send any of them there).
+
+    The floor is one batch of episodes (cfg.batch, 8 by default): the SFT stage draws
+    sft_steps x batch samples (800 by default), so from fewer episodes than one batch every
+    step's batch repeats the same few tasks and each of their steps is seen hundreds of times.
+    The recipe behind the shipped model saw each of its demonstrations about sft_epochs (4)
+    times, from hundreds of episodes per family: there the model learned rather than memorized."""
+    if not cfg.sft_steps:
+        return None
+    pool = store.list_episodes(route="sft")
+    unscored = store.list_episodes(route="unscored")
+    n = len(pool) + len(unscored)
+    if n >= cfg.batch:
+        return None
+    steps = sum(int(e.meta.get("n_steps") or 0) for e in pool + unscored)
+    head = (f"Only {n} SFT episode{'s' if n != 1 else ''}" if not unscored else
+            f"At most {n} SFT episode{'s' if n != 1 else ''} ({len(pool)} in the SFT pool, {len(unscored)} not yet scored)")
+    if n == 0:
+        return ("No SFT episodes: the SFT stage has nothing to learn from; record or import more, or mark "
+                "recordings' outcome in the Library.")
+    seen = cfg.sft_steps * cfg.batch / max(1, steps)
+    return (f"{head}: the model will memorize {'it' if n == 1 else 'them'} rather than learn; record or import more "
+            f"(the SFT stage would show each of {'its' if n == 1 else 'their'} {steps} step{'s' if steps != 1 else ''} "
+            f"about {seen:.0f} times; at least {cfg.batch} episodes, one batch, are needed).")
 
 
 def bootstrap_model(store, cfg: FlywheelConfig, registry: Registry):
@@ -262,7 +313,7 @@ def collect_rollouts(store, model_dir, version: str, cfg: FlywheelConfig, iterat
     def tick(_traj):
         done[0] += 1
         if progress:
-            progress(done[0], cfg.rollouts, "episodes")
+            progress(done[0], cfg.rollouts, "episode")
 
     try:
         with torch.random.fork_rng():  # reproducible samples, the caller's RNG untouched
@@ -288,13 +339,17 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
     ct_ids = [e.id for e in store.list_episodes(route="ct")]
     ppo_rounds = 1 + cfg.ppo_updates  # value pretraining (value_pretrain_iters=1 below), then the updates
 
-    def on_row(step, phase):
+    def on_row(step, phase, values):  # each metrics row moves the bar and carries its numbers
         if phase in ("ct", "sft", "dpo"):
-            prog.stage(phase, step + 1, {"ct": cfg.ct_steps, "sft": cfg.sft_steps, "dpo": cfg.dpo_steps}[phase], "steps")
+            total = {"ct": cfg.ct_steps, "sft": cfg.sft_steps, "dpo": cfg.dpo_steps}[phase]
+            prog.stage(phase, step + 1, total, detail=live_detail("step", step + 1, total, phase, values))
         elif phase == "value_pretrain":
-            prog.stage("ppo", 1, ppo_rounds, "rounds (critic warm-up, then updates)")
+            nums = live_detail("", 0, 0, "ppo", values)  # the frozen policy's batch: reward, success
+            prog.stage("ppo", 0, cfg.ppo_updates, share=1 / ppo_rounds,
+                       detail="critic warm-up done" + (f" · {nums}" if nums else ""))
         elif phase == "ppo":
-            prog.stage("ppo", step + 2, ppo_rounds, "rounds (critic warm-up, then updates)")
+            prog.stage("ppo", step + 1, cfg.ppo_updates, share=(step + 2) / ppo_rounds,
+                       detail=live_detail("update", step + 1, cfg.ppo_updates, "ppo", values))
 
     slog.on_row = on_row
 
@@ -389,7 +444,7 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
     # -- 2. score and route what is new; corrections out as JSONL
     # an episode that cannot be read is left out and named here, never stops the iteration
     report["skipped"] = skipped = {}
-    report["routed"] = router.route(iteration, progress=lambda d, n: prog.stage("route", d, n, "episodes"),
+    report["routed"] = router.route(iteration, progress=lambda d, n: prog.stage("route", d, n, "episode"),
                                     skipped=skipped)
     report["pools"] = router.pools()
     report["corrections"] = export_corrections(store, fw / f"iteration-{iteration}", skipped=skipped)
@@ -414,12 +469,12 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
         total = 2 * n + (len(MINIWOB_TASKS) * cfg.miniwob_episodes if browser else 0)
         kw = dict(env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens, seed_start=seed_start)
         current_metrics = {**evaluate_model(current.path, cfg.families, per_family,
-                                            progress=lambda d, _n: prog.stage("eval", d, total, "episodes"), **kw),
+                                            progress=lambda d, _n: prog.stage("eval", d, total, "episode"), **kw),
                            "measured_at_iteration": iteration}
         registry.update(current.version, metrics=current_metrics)  # its latest, unselected measurement
         metrics = evaluate_model(out_dir, cfg.families, per_family, miniwob=cfg.miniwob_episodes > 0,
                                  miniwob_episodes=cfg.miniwob_episodes,
-                                 progress=lambda d, _n: prog.stage("eval", n + min(d, total - n), total, "episodes"),
+                                 progress=lambda d, _n: prog.stage("eval", n + min(d, total - n), total, "episode"),
                                  **kw)
         metrics["measured_at_iteration"] = iteration
     except Exception as e:  # a failed iteration is recorded and leaves the current model in place

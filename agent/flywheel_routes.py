@@ -64,7 +64,8 @@ class FlywheelRoutes:
         t = self.training_store()
         if t is None:
             return out
-        for trained in t.list_episodes():
+        # only the rows asked for: the step viewer asks for one episode at each selection
+        for trained in t.list_episodes(ids=out):
             mine = out.get(trained.id)
             if mine is not None:
                 shown = mine.outcome if mine.outcome.success is not None else trained.outcome

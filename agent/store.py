@@ -332,10 +332,18 @@ class Store:
             ]
         return self._episode_from_row(rows[0], steps)
 
-    def list_episodes(self, *, kind: str | None = None, route: str | None = None, limit: int | None = None) -> list[Episode]:
-        """Episodes without their steps (n_steps in meta['n_steps']), newest first."""
+    def list_episodes(self, *, kind: str | None = None, route: str | None = None, limit: int | None = None,
+                      ids=None) -> list[Episode]:
+        """Episodes without their steps (n_steps in meta['n_steps']), newest first; `ids`: only these."""
         sql, params = "SELECT * FROM episodes", []
         where = []
+        if ids is not None:
+            ids = list(ids)
+            if not ids:
+                return []
+            if len(ids) <= 500:  # SQLite's bound-parameter limit leaves room; more: filter after reading
+                where.append(f"id IN ({', '.join('?' * len(ids))})")
+                params.extend(ids)
         if kind:
             where.append("kind = ?")
             params.append(kind)

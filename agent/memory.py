@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from agent import coords
+from agent.elements import format_lines
 from agent.grammar import format_normalized
 from agent.schema import Action
 
@@ -40,6 +41,7 @@ class _SizeOnly:
 
     has_image = False  # never sent as an image
     text = None
+    elements = None
 
     def __init__(self, size):
         self.size = size
@@ -71,6 +73,9 @@ class Memory:
     count_tokens: Callable[[str], int] = approx_tokens
     image_tokens: Callable[[int, int], int] = qwen_image_tokens
     note_limit: int = 2_000  # characters of a tool's output kept in working memory
+    # what a working-memory step shows: "auto" its element list when its frame has one (its screenshot
+    # otherwise), "screenshots" always the screenshot; never both, to save tokens
+    history_view: str = "auto"
     steps: list[MemoryStep] = field(default_factory=list)
     last_report: dict = field(default_factory=dict)  # what the last build kept and dropped
 
@@ -113,6 +118,30 @@ class Memory:
         w, h = frame.size
         return self.image_tokens(w, h)
 
+    @staticmethod
+    def _elements_text(frame, space: str) -> str | None:
+        """The frame's element list as model text (agent.elements), or None when it has none."""
+        items = getattr(frame, "elements", None)
+        if items is None:
+            return None
+        w, h = frame.size
+        return format_lines(items, space, w, h)
+
+    def _history_parts(self, s: MemoryStep, space: str) -> list[dict]:
+        """What a working-memory step shows of its frame: its list or its screenshot (never both)."""
+        f = s.frame
+        if f is None:
+            return []
+        listed = self._elements_text(f, space) if self.history_view == "auto" else None
+        if listed is not None:
+            return [{"type": "text", "text": listed}]
+        if f.has_image:
+            return [{"type": "image", "frame": f}]
+        return [{"type": "text", "text": f.text}] if f.text else []
+
+    def _parts_cost(self, parts: list[dict]) -> int:
+        return sum(self._image_cost(p["frame"]) if p["type"] == "image" else self.count_tokens(p["text"]) for p in parts)
+
     # ---------------------------------------------------------------- build
     def build_messages(self, prompt: str, frame, *, space: str = coords.SMART_RESIZE, feedback: str | None = None,
                        system: str = SYSTEM_TEXT) -> list[dict]:
@@ -124,6 +153,9 @@ class Memory:
             current.append({"type": "image", "frame": frame})
         if frame is not None and frame.text:
             current.append({"type": "text", "text": frame.text})
+        listed = self._elements_text(frame, space) if frame is not None else None
+        if listed is not None:
+            current.append({"type": "text", "text": listed})
         if feedback:
             current.append({"type": "text", "text": feedback})
         used = ct(system) + ct(prompt) + self._image_cost(frame) + sum(ct(p["text"]) for p in current if p["type"] == "text")
@@ -134,7 +166,7 @@ class Memory:
         for i in range(n - 1, max(-1, n - 1 - self.working_steps), -1):
             s = self.steps[i]
             note = self._note(s)
-            cost = self._image_cost(s.frame) + ct(self._response_text(s, space)) + (ct(note) if note else 0)
+            cost = self._parts_cost(self._history_parts(s, space)) + ct(self._response_text(s, space)) + (ct(note) if note else 0)
             if used + cost > self.token_budget:
                 break
             used += cost
@@ -163,10 +195,11 @@ class Memory:
         messages.append({"role": "user", "content": intro})
         for i in working:
             s = self.steps[i]
-            if s.frame is not None and s.frame.has_image:
-                messages.append({"role": "user", "content": [{"type": "image", "frame": s.frame}]})
-            elif s.frame is not None and s.frame.text:
-                messages.append({"role": "user", "content": s.frame.text})
+            parts = self._history_parts(s, space)
+            if len(parts) == 1 and parts[0]["type"] == "text":
+                messages.append({"role": "user", "content": parts[0]["text"]})
+            elif parts:
+                messages.append({"role": "user", "content": parts})
             messages.append({"role": "assistant", "content": self._response_text(s, space)})
             note = self._note(s)
             if note:

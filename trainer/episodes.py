@@ -84,7 +84,9 @@ class Trajectory:
 
 
 def frame_of(obs) -> Frame:
-    return Frame(geometry=obs["geometry"], pixels=obs["screenshot"])
+    elements = obs.get("elements")
+    return Frame(geometry=obs["geometry"], pixels=obs["screenshot"], elements=elements,
+                 elements_source="sandbox" if elements is not None else None)
 
 
 @dataclass

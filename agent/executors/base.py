@@ -36,6 +36,9 @@ class Frame:
     time: float = field(default_factory=monotonic)
     text: str | None = None
     extra: dict = field(default_factory=dict)  # e.g. password_focused, hierarchy
+    # what is on the screen (agent.elements.Element, screenshot pixels); None: this platform gave no list
+    elements: list | None = None
+    elements_source: str | None = None  # sandbox | dom | atspi | uiautomator2; why none, when none
     _pil: Any = field(default=None, repr=False)
 
     @property

@@ -5,7 +5,8 @@
     obs, reward, terminated, truncated, info = env.step(Action("click", {"start_box": (0.5, 0.4)}))
     obs, ... = env.step("Thought: ...\\nAction: click(start_box='(168,120)')")   # UI-TARS text
 
-obs = {"screenshot": HxWx3 uint8 RGB, "geometry": ScreenGeometry}. Reward is 1 on the step the
+obs = {"screenshot": HxWx3 uint8 RGB, "geometry": ScreenGeometry} and, with observation="elements"
+(the default), "elements": the screen's element list (agent.elements.Element, screenshot pixels). Reward is 1 on the step the
 verifier first reports success, else 0; `info["progress"]` carries partial progress.
 `terminated` means a real end (success, an irreversible mistake, or the agent said finished /
 call_user); `truncated` means the step limit cut the episode. They are never merged.
@@ -25,6 +26,9 @@ from trainer.sandbox.screen import SandboxError
 
 ENV_ID = "Tandem/Sandbox-v0"
 SPLITS = ("train", "heldout")
+# "elements": the screenshot and the screen's element list (agent.elements, the sandbox's widget tree);
+# "pixels": the screenshot alone
+OBSERVATIONS = ("elements", "pixels")
 
 
 class GeometrySpace(gym.Space):
@@ -89,11 +93,15 @@ class SandboxEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
 
     def __init__(self, width: int = 320, height: int = 240, families: list[str] | None = None, split: str = "train",
-                 max_steps: int | None = None, coords_space: str = coords.SMART_RESIZE, render_mode: str | None = None):
+                 max_steps: int | None = None, coords_space: str = coords.SMART_RESIZE, render_mode: str | None = None,
+                 observation: str = "elements"):
         from trainer.sandbox.families import FAMILIES, family_class
 
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if observation not in OBSERVATIONS:
+            raise ValueError(f"observation must be one of {OBSERVATIONS}, got {observation!r}")
+        self.observation = observation
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         coords.model_extent(coords_space, width, height)  # raises on an unknown space
@@ -226,7 +234,10 @@ class SandboxEnv(gym.Env):
         return to_actions(action, extra, self.coords_space, self.width, self.height)
 
     def _observe(self) -> dict:
-        return {"screenshot": self.screen.render(), "geometry": ScreenGeometry.simple(self.width, self.height)}
+        obs = {"screenshot": self.screen.render(), "geometry": ScreenGeometry.simple(self.width, self.height)}
+        if self.observation == "elements":
+            obs["elements"] = self.screen.elements()
+        return obs
 
     def _info(self, verdict) -> dict:
         t = self.task

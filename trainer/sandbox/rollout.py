@@ -122,9 +122,9 @@ def trace_summary(results: list[dict]) -> dict:
 
 
 def _frame(obs):
-    from agent.executors.base import Frame
+    from trainer.episodes import frame_of
 
-    return Frame(geometry=obs["geometry"], pixels=obs["screenshot"])
+    return frame_of(obs)
 
 
 def _ask(policy, memory, instruction, obs):

@@ -195,6 +195,12 @@ def load_vlm(model_dir, device=None, dtype=None):
         model = cls.from_pretrained(str(model_dir), dtype=dt)
     except Exception as e:  # damaged or mismatched weights raise many types (SafetensorError, OSError, ...)
         raise VLMError(f"{model_dir}: the weights did not load: {e}") from e
+    from agent import pointer
+
+    try:
+        pointer.load_head(model, model_dir)  # the element-list pointer, when the checkpoint has one
+    except Exception as e:  # noqa: BLE001 - a damaged side file names itself
+        raise VLMError(f"{model_dir}: the pointer head did not load: {e}") from e
     model.to(dev).eval()
     return model, processor
 
@@ -237,6 +243,7 @@ class Generation:
     prompt_tokens: int = 0
     seconds: float = 0.0
     inputs: dict | None = field(default=None, repr=False)  # the prompt inputs (for extend_inputs)
+    pointer: list[int] | None = None  # per click site, the element-list entry chosen (agent.pointer)
 
     @property
     def tokens_per_second(self) -> float:
@@ -300,29 +307,42 @@ def generate(model, processor, messages, images=None, max_new_tokens: int = 256,
     model_inputs = to_model(inputs, model)
     devices = [model.device] if model.device.type == "cuda" else []
     t0 = time.perf_counter()
+    from agent import pointer
+
+    with_pointer = pointer.head_of(model) is not None
+    if with_pointer:  # the head reads the last hidden states of the list's entries and of each `_box='(`
+        kwargs["output_hidden_states"] = True
+    n_prompt = inputs["input_ids"].shape[1]
+    choices = None
     with torch.random.fork_rng(devices=devices, enabled=seed is not None), torch.no_grad():
         if seed is not None:
             torch.manual_seed(seed)
         out = model.generate(**model_inputs, **kwargs)
+        gen = out.sequences[0, n_prompt:]
+        if len(out.logits) and gen.numel():
+            logits = torch.stack([lg[0] for lg in out.logits[: gen.numel()]]).float()
+            lp = torch.log_softmax(logits / (temperature if sample else 1.0), dim=-1)
+            logprobs = lp.gather(1, gen.unsqueeze(1)).squeeze(1).tolist()
+        else:
+            logprobs = []
+        ids = gen.tolist()  # a batch of one is never padded: every id here was sampled
+        if with_pointer:
+            got = pointer.apply_to_generation(model, processor.tokenizer, inputs["input_ids"][0].tolist(), ids,
+                                              logprobs, pointer.generated_hidden(out, 0, n_prompt, n_prompt),
+                                              temperature if sample else 0.0)
+            if got is not None:
+                ids, logprobs, choices = got
     seconds = time.perf_counter() - t0
-    n_prompt = inputs["input_ids"].shape[1]
-    gen = out.sequences[0, n_prompt:]
-    if len(out.logits) and gen.numel():
-        logits = torch.stack([lg[0] for lg in out.logits[: gen.numel()]]).float()
-        lp = torch.log_softmax(logits / (temperature if sample else 1.0), dim=-1)
-        logprobs = lp.gather(1, gen.unsqueeze(1)).squeeze(1).tolist()
-    else:
-        logprobs = []
-    ids = gen.tolist()  # a batch of one is never padded: every id here was sampled
     text = processor.tokenizer.decode(ids, skip_special_tokens=True)
     if not details:
         return text
-    return Generation(text, ids, logprobs, n_prompt, seconds, inputs)
+    return Generation(text, ids, logprobs, n_prompt, seconds, inputs, choices)
 
 
 # ---------------------------------------------------------------- log-probs and losses
 
-def action_logprobs(model, inputs: dict, target_mask, *, temperature: float = 1.0, return_entropy: bool = False):
+def action_logprobs(model, inputs: dict, target_mask, *, temperature: float = 1.0, return_entropy: bool = False,
+                    return_hidden: bool = False):
     """Per-token log-probs (with gradients) of the masked tokens, as a float32 tensor like
     input_ids, 0 off the mask. Logits are computed only where needed (the vocab is 152k for
     UI-TARS). With return_entropy, also the policy entropy at those tokens."""
@@ -343,20 +363,42 @@ def action_logprobs(model, inputs: dict, target_mask, *, temperature: float = 1.
     mask = mask.to(dev)
     predict_from = torch.zeros_like(mask)
     predict_from[:, :-1] = mask[:, 1:]  # logits at t-1 predict token t
-    out = model(**model_inputs, logits_to_keep=predict_from, use_cache=False)
+    out = model(**model_inputs, logits_to_keep=predict_from, use_cache=False, output_hidden_states=return_hidden)
     logits = out.logits.reshape(-1, out.logits.shape[-1]).float() / temperature
     lp_all = torch.log_softmax(logits, dim=-1)
     targets = model_inputs["input_ids"][mask]  # row-major, same order as the kept positions
     chosen = lp_all.gather(1, targets.unsqueeze(1)).squeeze(1)
     result = torch.zeros(mask.shape, dtype=torch.float32, device=dev)
     result = result.masked_scatter(mask, chosen)
+    extra = (out.hidden_states[-1],) if return_hidden else ()  # [B, T, H]: the last layer's states
     if not return_entropy:
-        return result
+        return (result, *extra) if extra else result
     ent = -(lp_all.exp() * lp_all).sum(-1)
-    return result, torch.zeros(mask.shape, dtype=torch.float32, device=dev).masked_scatter(mask, ent)
+    return (result, torch.zeros(mask.shape, dtype=torch.float32, device=dev).masked_scatter(mask, ent), *extra)
+
+
+POINTER_DIGIT_WEIGHT = 0.1  # the digits the pointer writes keep this much of their cross-entropy
 
 
 def sft_loss(model, inputs: dict, target_mask):
-    """Mean cross-entropy over the masked (assistant) tokens."""
-    lp = action_logprobs(model, inputs, target_mask)
-    return -lp.sum() / target_mask.sum().clamp(min=1).to(lp.device)
+    """Mean cross-entropy over the masked (assistant) tokens. With a pointer head and a labelled
+    layout in inputs["pointer"] (trainer.sft.encode), the digits the pointer writes count
+    POINTER_DIGIT_WEIGHT each and every click site adds the pointer's cross-entropy on the
+    demonstrated entry, counted like one token."""
+    from agent import pointer
+
+    lay = inputs.get("pointer")
+    if lay is None or pointer.head_of(model) is None:
+        lp = action_logprobs(model, inputs, target_mask)
+        return -lp.sum() / target_mask.sum().clamp(min=1).to(lp.device)
+    lp, hidden = action_logprobs(model, inputs, target_mask, return_hidden=True)
+    weights = {p: w for p, w in pointer.digit_weights(lay, POINTER_DIGIT_WEIGHT).items()}
+    if weights:
+        import torch
+
+        w = torch.ones_like(lp)
+        cols = torch.tensor(list(weights), device=lp.device)
+        w[0, cols] = torch.tensor(list(weights.values()), device=lp.device)
+        lp = lp * w
+    total = -lp.sum() + pointer.site_loss(model, lay, hidden[0])
+    return total / target_mask.sum().clamp(min=1).to(lp.device)

@@ -346,11 +346,16 @@ def generate_batch(model, processor, chats, *, max_new_tokens: int = 256, temper
     cache = cache if cache is not None else ImageCache()
     rows, keys = build_batch_inputs(processor, chats, cache)
     n_prefix, prefix_kv = cache.prefix_cache(model, rows)
+    from agent import pointer
+
+    with_pointer = pointer.head_of(model) is not None
     kept = None
     reused = [n_prefix] * len(rows)
     if slots is not None:
         spans = [image_spans(r) for r in rows]
         kept = _kept_per_row(cache, rows, keys, spans, slots, n_prefix)
+        if with_pointer:  # the pointer reads the current list's hidden states: never take them from a cache
+            kept = [_before_list(processor.tokenizer, row, k, n_prefix) for row, k in zip(rows, kept)]
         lengths = [int(r["input_ids"].shape[1]) for r in rows]
         reused = _cheapest_reuse(model.config, lengths, [n for n, _, _ in kept], n_prefix, min(max_new_tokens, 64))
     if any(r != n_prefix for r in reused):
@@ -375,46 +380,70 @@ def generate_batch(model, processor, chats, *, max_new_tokens: int = 256, temper
     cache.last_reused = list(reused)
     if hasattr(model.model, "rope_deltas"):  # positions come from this batch, never an earlier call's
         model.model.rope_deltas = None
+    if with_pointer:  # the head reads the last hidden states of the list's entries and of each `_box='(`
+        kwargs["output_hidden_states"] = True
     sample = temperature > 0
     devices = [model.device] if model.device.type == "cuda" else []
     t0 = time.perf_counter()
+    stop_set = set(stops)
+    results, lengths = [], []
+    width = batch["input_ids"].shape[1]
     with torch.random.fork_rng(devices=devices, enabled=seed is not None), torch.no_grad():
         if seed is not None:
             torch.manual_seed(seed)
         out = model.generate(**to_model(batch, model), **kwargs)
+        gen = out.sequences[:, width:]
+        if gen.shape[1]:
+            logits = torch.stack(out.logits[: gen.shape[1]], dim=1).float()  # [B, steps, V]
+            lp = torch.log_softmax(logits / (temperature if sample else 1.0), dim=-1)
+            chosen = lp.gather(2, gen.unsqueeze(2)).squeeze(2)
+        for b in range(len(chats)):
+            ids = gen[b].tolist()
+            end = next((j + 1 for j, t in enumerate(ids) if t in stop_set), len(ids))  # padding follows a stop
+            ids = ids[:end]
+            lengths.append(end)
+            logprobs = chosen[b, :end].tolist() if ids else []
+            n_row = int(rows[b]["input_ids"].shape[1])
+            choices = None
+            if with_pointer:
+                got = pointer.apply_to_generation(model, processor.tokenizer, rows[b]["input_ids"][0].tolist(), ids,
+                                                  logprobs, pointer.generated_hidden(out, b, n_row, width),
+                                                  temperature if sample else 0.0)
+                if got is not None:
+                    ids, logprobs, choices = got
+            text = processor.tokenizer.decode(ids, skip_special_tokens=True)
+            results.append(Generation(text, ids, logprobs, n_row, 0.0, pointer=choices))
     seconds = time.perf_counter() - t0
-    width = batch["input_ids"].shape[1]
-    gen = out.sequences[:, width:]
-    if gen.shape[1]:
-        logits = torch.stack(out.logits[: gen.shape[1]], dim=1).float()  # [B, steps, V]
-        lp = torch.log_softmax(logits / (temperature if sample else 1.0), dim=-1)
-        chosen = lp.gather(2, gen.unsqueeze(2)).squeeze(2)
-    stop_set = set(stops)
-    results = []
-    for b in range(len(chats)):
-        ids = gen[b].tolist()
-        end = next((j + 1 for j, t in enumerate(ids) if t in stop_set), len(ids))  # padding follows a stop
-        ids = ids[:end]
-        logprobs = chosen[b, :end].tolist() if ids else []
-        text = processor.tokenizer.decode(ids, skip_special_tokens=True)
-        results.append(Generation(text, ids, logprobs, int(rows[b]["input_ids"].shape[1]), seconds))
+    for r in results:
+        r.seconds = seconds
     if slots is not None and out.past_key_values is not None:
-        _keep_turns(cache, out.past_key_values, batch["attention_mask"], width, gen, results, [sig for *_, sig in kept],
-                    slots)
+        _keep_turns(cache, out.past_key_values, batch["attention_mask"], width, gen, lengths,
+                    [sig for *_, sig in kept], slots)
     return results
 
 
-def _keep_turns(cache: ImageCache, past, mask, width: int, gen, results, sigs, slots) -> None:
-    """Keep each row's keys and values (its real tokens, then its reply as far as the cache
-    holds it) under its slot for the next call."""
+def _before_list(tokenizer, row: dict, kept: tuple, n_prefix: int, min_tokens: int = 16) -> tuple:
+    """A row's kept-turn reuse (_kept_per_row's tuple) cut where its last element list starts."""
+    from agent import pointer
+
+    n, layers, sig = kept
+    start = pointer.list_start(tokenizer, row["input_ids"][0].tolist()) if n else None
+    if start is None or n <= start:
+        return kept
+    return (start, layers, sig) if start > max(n_prefix, min_tokens - 1) else (0, None, sig)
+
+
+def _keep_turns(cache: ImageCache, past, mask, width: int, gen, lengths: list[int], sigs, slots) -> None:
+    """Keep each row's keys and values (its real tokens, then its reply as sampled, `lengths[b]`
+    tokens, as far as the cache holds it) under its slot for the next call."""
     import torch
 
     layers = [(layer.keys, layer.values) for layer in past.layers]
     generated = layers[0][0].shape[2] - width  # the last sampled token was never fed back
-    for b, (res, sig, slot) in enumerate(zip(results, sigs, slots)):
+    for b, (n, sig, slot) in enumerate(zip(lengths, sigs, slots)):
         if slot is None:
             continue
-        m = min(len(res.token_ids), generated)
+        m = min(n, generated)
         idx = torch.cat([mask[b].nonzero().flatten().to(layers[0][0].device),
                          torch.arange(width, width + m, device=layers[0][0].device)])
         kept = [(k[b:b + 1].index_select(2, idx), v[b:b + 1].index_select(2, idx)) for k, v in layers]

@@ -11,6 +11,7 @@ class ActorOutput:
     text: str
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    pointer: list[int] | None = None  # per click site, the element-list entry chosen (agent.pointer)
 
 
 class VLMActor:
@@ -41,7 +42,7 @@ class VLMActor:
         g = generate(self.model, self.processor, messages, max_new_tokens=self.max_new_tokens,
                      temperature=0.0 if greedy else self.temperature, details=True)
         # agent.vlm.generate never emits vision placeholders, so every reply can be scored again
-        return ActorOutput(g.text, list(g.token_ids), list(g.logprobs))
+        return ActorOutput(g.text, list(g.token_ids), list(g.logprobs), g.pointer)
 
     def generate_batch(self, chats, *, greedy: bool = False, slots: list | None = None) -> list[ActorOutput]:
         """slots: one key per chat (the environment slot it plays) so each slot's last turn is
@@ -50,7 +51,7 @@ class VLMActor:
 
         gens = generate_batch(self.model, self.processor, chats, max_new_tokens=self.max_new_tokens,
                               temperature=0.0 if greedy else self.temperature, cache=self.cache, slots=slots)
-        return [ActorOutput(g.text, list(g.token_ids), list(g.logprobs)) for g in gens]
+        return [ActorOutput(g.text, list(g.token_ids), list(g.logprobs), g.pointer) for g in gens]
 
     def load_weights(self, path) -> None:
         from safetensors.torch import load_file

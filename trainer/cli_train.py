@@ -129,6 +129,11 @@ def register(sub, common) -> None:
     s.add_argument("--ppo-epochs", type=int, help="PPO passes over each batch")
     s.add_argument("--temperature", type=float, help="sampling temperature of the PPO rollouts")
     s.add_argument("--policy-alpha", type=float, help="alpha of the length-adaptive policy lambda 1 - 1/(alpha*l)")
+    s.add_argument("--observation", choices=("elements", "pixels"),
+                   help="what the model sees: elements (default: the screenshot and the screen's element list, clicks "
+                        "chosen by a pointer over its entries) or pixels (the screenshot alone, clicks written as digits)")
+    s.add_argument("--width", type=int, help="sandbox screen width (default 336: pixel-exact for the model)")
+    s.add_argument("--height", type=int, help="sandbox screen height (default 252)")
     s.add_argument("--arch", help="the model class: qwen2_5_vl (default) or qwen3_vl (learned absolute vision positions)")
     s.add_argument("--hidden", type=int, help="width of the model's language and vision layers (a multiple of 32)")
     s.add_argument("--layers", type=int, help="language model layers")
@@ -465,6 +470,7 @@ def recipe_config(args):
                       ("progress_reward", "ppo_progress_reward"), ("end_on_parse_error", "ppo_end_on_parse_error"),
                       ("click_reward", "ppo_click_reward"), ("kl_coef", "ppo_kl_coef"),
                       ("no_effect_penalty", "ppo_no_effect_penalty"),
+                      ("observation", "observation"), ("width", "width"), ("height", "height"),
                       ("arch", "arch"), ("hidden", "hidden"), ("layers", "layers"), ("vision_depth", "vision_depth"),
                       ("rope_theta", "rope_theta"), ("mrope", "mrope"), ("engine", "ppo_engine"),
                       ("ray_address", "ray_address")):

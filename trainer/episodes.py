@@ -46,6 +46,7 @@ class Turn:
     space: str = "smart_resize"  # the coordinate space of the reply (the env's)
     t: tuple = (0.0, 0.0)  # monotonic times: the reply asked for, the env's answer in
     action_error: str | None = None  # it parsed, but the env could not perform it: an agent mistake, not format
+    pointer: list[int] | None = None  # per click site, the element-list entry the pointer chose (agent.pointer)
 
     @property
     def frame(self) -> Frame | None:
@@ -237,7 +238,8 @@ class EpisodeRunner:
         obs, reward, terminated, truncated, info = result if result is not None else env.recv_step()
         turn = Turn(messages, list(gen.ids), list(gen.logprobs), gen.text, float(reward), info.get("parse_error"),
                     float(info.get("progress", 0.0)), action_error=info.get("action_error"), expert_point=expert, changed=info.get("screen_changed"),
-                    hit=hit, version=self.version, space=env.coords_space, t=(self._asked, monotonic()))
+                    hit=hit, version=self.version, space=env.coords_space, t=(self._asked, monotonic()),
+                    pointer=getattr(gen, "pointer", None))
         traj.turns.append(turn)
         if info.get("parse_error"):
             if self.end_on_parse_error:

@@ -32,14 +32,14 @@ class _Ask:
 
 
 def _asks(families, screens_per_family: int, seed_start: int, per_screen: int, width: int, height: int, rng,
-          memory_kw=None, progress=None):
+          memory_kw=None, progress=None, observation: str = "elements"):
     """An _Ask for each of up to `per_screen` labelled elements of each screen."""
     from agent.memory import Memory
     from agent.policies.base import build_prompt
     from trainer.rollout import frame_of
     from trainer.sandbox.env import SandboxEnv
 
-    env = SandboxEnv(width=width, height=height, coords_space=SPACE)
+    env = SandboxEnv(width=width, height=height, coords_space=SPACE, observation=observation)
     try:
         for k in range(screens_per_family * len(families)):
             fam, seed = families[k % len(families)], seed_start + k
@@ -57,7 +57,7 @@ def _asks(families, screens_per_family: int, seed_start: int, per_screen: int, w
 
 
 def grounding_samples(families, screens_per_family: int, *, width: int, height: int, per_screen: int = 4,
-                      seed_start: int = 500_000, memory_kw=None, progress: bool = True):
+                      seed_start: int = 500_000, memory_kw=None, progress: bool = True, observation: str = "elements"):
     """SFT samples: "Click on 'X'." -> "Thought: I need to click 'X'.\\nAction: click(...)" on
     training screens (seeds from `seed_start`, which must stay below the held-out split)."""
     from tqdm import tqdm
@@ -71,7 +71,8 @@ def grounding_samples(families, screens_per_family: int, *, width: int, height: 
     bar = tqdm(total=screens_per_family * len(families), desc="grounding", disable=not progress or None)
     samples = []
     for a in _asks(families, screens_per_family, seed_start, per_screen, width, height,
-                   random.Random(f"grounding:{seed_start}"), memory_kw, progress=lambda: bar.update(1)):
+                   random.Random(f"grounding:{seed_start}"), memory_kw, progress=lambda: bar.update(1),
+                   observation=observation):
         reply = format_normalized(f"I need to click '{a.text}'.", [a.click], SPACE, width, height)
         samples.append(Sample(a.messages, reply, f"grounding:{a.family}:{a.seed}:{a.text}"))
     bar.close()
@@ -79,7 +80,7 @@ def grounding_samples(families, screens_per_family: int, *, width: int, height: 
 
 
 def grounding_eval(actor, families, screens_per_family: int, *, width: int, height: int, per_screen: int = 2,
-                   seed_start: int | None = None, memory_kw=None, progress=None) -> dict:
+                   seed_start: int | None = None, memory_kw=None, progress=None, observation: str = "elements") -> dict:
     """Greedy clicks for "Click on 'X'." on held-out screens: {"families": {name: {"accuracy",
     "asked", "unparsed", "named", "accuracy_named"}}, "mean_accuracy", "mean_named"}; a reply
     that does not parse counts as a miss. "named" is the share of replies whose thought names X
@@ -95,7 +96,7 @@ def grounding_eval(actor, families, screens_per_family: int, *, width: int, heig
     start = HELDOUT_START if seed_start is None else seed_start
     out: dict = {"families": {f: {"hits": 0, "asked": 0, "unparsed": 0, "named": 0, "hits_named": 0} for f in families}}
     for a in _asks(families, screens_per_family, start, per_screen, width, height,
-                   random.Random(f"grounding-eval:{start}"), memory_kw, progress):
+                   random.Random(f"grounding-eval:{start}"), memory_kw, progress, observation):
         row = out["families"][a.family]
         row["asked"] += 1
         if hasattr(actor, "propose"):  # an agent policy builds its prompt itself, from the same parts

@@ -45,6 +45,7 @@ class TurnBatch:
     adv: torch.Tensor | None = None
     ret: torch.Tensor | None = None
     tokens: int = field(init=False)  # n, the generated tokens (a Python int: no device sync to count them)
+    pointer: object = None  # agent.pointer.Layout of its click sites, their choices set (the element-list pointer)
 
     def __post_init__(self):
         self.tokens = int(self.target.sum())
@@ -98,11 +99,27 @@ def build_turns(trajs, processor, bank: ImageBank | None = None) -> list[TurnBat
             full, target = extend_inputs(prompt, turn.response_ids)
             behaviour = torch.tensor(turn.logprobs, dtype=torch.float32)
             tb = TurnBatch(full, target, behaviour if len(behaviour) == len(turn.response_ids) else None, i, tr.weight, k)
+            tb.pointer = _pointer_layout(processor, full, prompt, turn)
             if bank is not None:
                 tb.images = bank.add(full)
                 full.pop("pixel_values", None)
             out.append(tb)
     return out
+
+
+def _pointer_layout(processor, full: dict, prompt: dict, turn):
+    """The turn's click sites with the entries the pointer chose when it generated the reply
+    (Turn.pointer), or None: no pointer took part, or the sites no longer match the choices."""
+    if not getattr(turn, "pointer", None):
+        return None
+    from agent import pointer
+
+    lay = pointer.layout(processor.tokenizer, full["input_ids"][0].tolist(), int(prompt["input_ids"].shape[1]))
+    if lay is None or len(lay.sites) != len(turn.pointer) or any(not 0 <= c <= lay.none for c in turn.pointer):
+        return None
+    for s, c in zip(lay.sites, turn.pointer):
+        s.choice = int(c)
+    return lay
 
 
 def prepare_turns(trajs, processor, policy, cfg) -> list[TurnBatch]:
@@ -284,6 +301,7 @@ class Pack:
     inputs: dict
     target: torch.Tensor
     sizes: list[int]
+    rows: list[int] = field(default_factory=list)  # each turn's row
 
     @classmethod
     def build(cls, rows: list, pad_id: int, device=None) -> "Pack":
@@ -293,9 +311,10 @@ class Pack:
 
         members = [m for row in rows for m in members_of(row)]
         sizes = [m.tokens for m in members]
+        row_of = [r for r, row in enumerate(rows) for _ in members_of(row)]
         if len(rows) == 1:  # the sequential path: the row's own tensors, nothing padded
             row = rows[0]
-            return cls(members, row.inputs, row.target.to(device), sizes)
+            return cls(members, row.inputs, row.target.to(device), sizes, row_of)
         items = [{k: v for k, v in row.inputs.items() if k not in _PRECOMPUTED} | {"target": row.target.cpu()}
                  for row in rows]
         inputs = collate_inputs(items, pad_id)
@@ -304,7 +323,7 @@ class Pack:
             inputs["image_embeds"] = tuple(e for row in rows for e in row.inputs.get("image_embeds", ()))
         if any("image_deepstack" in row.inputs for row in rows):
             inputs["image_deepstack"] = [d for row in rows for d in row.inputs.get("image_deepstack", ())]
-        return cls(members, inputs, target, sizes)
+        return cls(members, inputs, target, sizes, row_of)
 
     def split(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """A flat per-token tensor over the pack's generated tokens -> one tensor per turn."""
@@ -443,21 +462,51 @@ def suffix_target(target: torch.Tensor, prefix: PrefixKV | None) -> torch.Tensor
 def pack_logprobs(model, p, temperature: float = 1.0, return_entropy: bool = False, prefix: PrefixKV | None = None):
     """Log-probs (with return_entropy, and entropies) of a Pack's generated tokens, flat in row
     order: agent.vlm.action_logprobs, or over the suffix after a shared prefix."""
+    from agent import pointer
     from agent.vlm import action_logprobs
 
+    with_pointer = pointer.head_of(model) is not None and any(tb.pointer is not None for tb in p.turns)
     if prefix is None:
-        out = action_logprobs(model, p.inputs, p.target, temperature=temperature, return_entropy=return_entropy)
-        return (out[0][p.target], out[1][p.target]) if return_entropy else out[p.target]
-    kw = forward_kwargs(model, p.inputs, prefix)
-    mask = suffix_target(p.target, prefix).to(kw["input_ids"].device)
-    predict_from = torch.zeros_like(mask)
-    predict_from[:, :-1] = mask[:, 1:]  # logits at t-1 predict token t
-    out = model(**kw, logits_to_keep=predict_from, use_cache=False)
-    lp_all = torch.log_softmax(out.logits.reshape(-1, out.logits.shape[-1]).float() / temperature, dim=-1)
-    lp = lp_all.gather(1, kw["input_ids"][mask].unsqueeze(1)).squeeze(1)
-    if not return_entropy:
-        return lp
-    return lp, -(lp_all.exp() * lp_all).sum(-1)
+        out = action_logprobs(model, p.inputs, p.target, temperature=temperature, return_entropy=return_entropy,
+                              return_hidden=with_pointer)
+        out = out if isinstance(out, tuple) else (out,)
+        lp, ent = out[0][p.target], (out[1][p.target] if return_entropy else None)
+        hidden, offset, mask = (out[-1] if with_pointer else None), 0, p.target
+    else:
+        kw = forward_kwargs(model, p.inputs, prefix)
+        mask = suffix_target(p.target, prefix).to(kw["input_ids"].device)
+        predict_from = torch.zeros_like(mask)
+        predict_from[:, :-1] = mask[:, 1:]  # logits at t-1 predict token t
+        out = model(**kw, logits_to_keep=predict_from, use_cache=False, output_hidden_states=with_pointer)
+        lp_all = torch.log_softmax(out.logits.reshape(-1, out.logits.shape[-1]).float() / temperature, dim=-1)
+        lp = lp_all.gather(1, kw["input_ids"][mask].unsqueeze(1)).squeeze(1)
+        ent = -(lp_all.exp() * lp_all).sum(-1) if return_entropy else None
+        hidden, offset = (out.hidden_states[-1] if with_pointer else None), prefix.n
+    if with_pointer:
+        lp, ent = _with_pointer(model, p, mask, hidden, offset, lp, ent, temperature)
+    return (lp, ent) if return_entropy else lp
+
+
+def _with_pointer(model, p, mask, hidden, offset: int, lp, ent, temperature: float):
+    """The pack's flat log-probs (and entropies) with each click site's pointer choice put in
+    (agent.pointer.adjust_logprobs). mask: the generated tokens over the columns the forward
+    computed (after `offset`, a shared prefix), row-major as lp is."""
+    from agent import pointer
+
+    counts = mask.sum(1)
+    starts = torch.cumsum(counts, 0) - counts  # each row's first flat index
+    cols = [mask[r].nonzero().flatten().tolist() for r in range(mask.shape[0])]
+    for tb, r in zip(p.turns, p.rows or [0] * len(p.turns)):
+        lay = tb.pointer
+        if lay is None:
+            continue
+        where = {c + offset: int(starts[r]) + i for i, c in enumerate(cols[r])}
+        choices = [s.choice for s in lay.sites]
+        if ent is None:
+            lp = pointer.adjust_logprobs(model, lay, choices, hidden[r], offset, where.get, lp, None, temperature)
+        else:
+            lp, ent = pointer.adjust_logprobs(model, lay, choices, hidden[r], offset, where.get, lp, ent, temperature)
+    return lp, ent
 
 
 def prefix_kv(model, turns: list, share: bool, grad: bool = False) -> PrefixKV | None:

@@ -31,8 +31,13 @@ class RecipeError(ValueError):
 
 @dataclass
 class RecipeConfig:
-    width: int = 320  # the sandbox screen (the model sees it smart-resized: 336x252, 108 image tokens)
-    height: int = 240
+    # the sandbox screen: 336x252 is pixel-exact for the model (smart_resize keeps it; 320x240 was resampled
+    # x1.05, blurring 11-13 px text), 108 image tokens
+    width: int = 336
+    height: int = 252
+    # what the model observes: "elements" the screenshot and the screen's element list, a pointer head
+    # choosing the clicked entry (agent.pointer); "pixels" the screenshot alone, clicks written as digits
+    observation: str = "elements"
     families: list[str] = field(default_factory=lambda: ["click_button", "radio", "list_pick", "check_boxes", "dropdown",
                                                          "tabs"])
     demo_episodes_per_family: int = 200
@@ -100,7 +105,8 @@ class RecipeConfig:
                 family_class(f)
             except Exception as e:  # SandboxError names the known families
                 raise RecipeError(str(e)) from None
-        checks = [(self.hidden >= 32 and self.hidden % 32 == 0, "--hidden must be a positive multiple of 32", self.hidden),
+        checks = [(self.observation in ("elements", "pixels"), "--observation must be elements or pixels", self.observation),
+                  (self.hidden >= 32 and self.hidden % 32 == 0, "--hidden must be a positive multiple of 32", self.hidden),
                   (self.layers >= 1 and self.vision_depth >= 1, "--layers and --vision-depth must be at least 1",
                    (self.layers, self.vision_depth)),
                   (self.rope_theta > 1, "--rope-theta must be > 1", self.rope_theta),
@@ -130,7 +136,7 @@ class RecipeConfig:
 
 
 # the settings that shape the SFT stage (demonstrations, model, SFT, its evaluation): --resume needs them unchanged
-SFT_STAGE_KEYS = ("width", "height", "families", "demo_episodes_per_family", "demo_slip", "grounding_screens_per_family",
+SFT_STAGE_KEYS = ("width", "height", "observation", "families", "demo_episodes_per_family", "demo_slip", "grounding_screens_per_family",
                   "eval_seeds_per_family", "arch", "hidden", "layers", "vision_depth", "rope_theta", "mrope", "sft_epochs", "sft_lr",
                   "sft_batch", "sft_schedule", "sft_grad_clip", "seed")
 
@@ -193,7 +199,7 @@ class ExpertActor:
 
 
 def demonstrations(families, per_family: int, *, width: int, height: int, seed_start: int = 0, memory_kw=None,
-                   progress: bool = True, slip: float = 0.0):
+                   progress: bool = True, slip: float = 0.0, observation: str = "elements"):
     """Expert trajectories on training seeds, and the SFT samples they give (every expert turn of
     the successful ones; a slipped turn, see ExpertActor, is context only)."""
     from tqdm import tqdm
@@ -202,7 +208,7 @@ def demonstrations(families, per_family: int, *, width: int, height: int, seed_s
     from trainer.sandbox.env import SandboxEnv
     from trainer.sft import Sample
 
-    env = SandboxEnv(width=width, height=height)
+    env = SandboxEnv(width=width, height=height, observation=observation)
     expert = ExpertActor(env, slip=slip, seed=seed_start)
     trajs, samples = [], []
     try:
@@ -234,6 +240,9 @@ def build_default_model(out_dir, cfg: RecipeConfig, demo_texts: list[str]) -> Pa
     proc = load_processor(out)
     ip = proc.image_processor
     ip.size = {"shortest_edge": coords.MIN_PIXELS, "longest_edge": max(side * side, coords.MIN_PIXELS)}
+    # the input centred on the sandbox's usual (light) background: flat background patches then embed near
+    # zero, instead of one large common direction that every RMSNorm downstream divides the detail away by
+    ip.image_mean = [0.94, 0.94, 0.94]
     proc.save_pretrained(str(out))
     from agent.vlm import name_stock_processor, resized_image_size
 
@@ -242,6 +251,15 @@ def build_default_model(out_dir, cfg: RecipeConfig, demo_texts: list[str]) -> Pa
     rw, rh = resized_image_size(load_processor(out), cfg.width, cfg.height)
     if (rh, rw) != (h, w):
         raise RuntimeError(f"the processor resizes {cfg.width}x{cfg.height} to {rw}x{rh}, not smart_resize's {w}x{h}")
+    if cfg.observation == "elements":  # the pointer head over the element list, in its own file beside the weights
+        import torch
+
+        from agent import pointer
+        from agent.vlm import load_vlm
+
+        model, _ = load_vlm(out)
+        torch.manual_seed(cfg.seed)
+        pointer.save_head(pointer.make_head(pointer.hidden_size(model)).state_dict(), out)
     return out
 
 
@@ -272,7 +290,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     work = Path(work_dir) if work_dir else out.parent / (out.name + "-work")
     work.mkdir(parents=True, exist_ok=True)
     log = MetricsLog(work)
-    env_kw = {"width": cfg.width, "height": cfg.height}
+    env_kw = {"width": cfg.width, "height": cfg.height, "observation": cfg.observation}
     report: dict = {"config": asdict(cfg), "device": dev}
     t0 = time.perf_counter()
     started = time.time()  # the log's wall clock: a resumed run's PPO rows are the ones after this
@@ -309,7 +327,8 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     else:
         # -- 1. expert demonstrations and the model
         trajs, samples = demonstrations(cfg.families, cfg.demo_episodes_per_family, width=cfg.width,
-                                        height=cfg.height, progress=progress, slip=cfg.demo_slip)
+                                        height=cfg.height, progress=progress, slip=cfg.demo_slip,
+                                        observation=cfg.observation)
         report["demos"] = {"episodes": len(trajs), "successful": sum(t.success for t in trajs), "samples": len(samples),
                            "slipped": sum(bool(t.slipped) for t in trajs),
                            "recovered": sum(bool(t.slipped) and t.success for t in trajs)}
@@ -317,7 +336,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
             from trainer.grounding import grounding_samples
 
             grounding = grounding_samples(cfg.families, cfg.grounding_screens_per_family, width=cfg.width,
-                                          height=cfg.height, progress=progress)
+                                          height=cfg.height, progress=progress, observation=cfg.observation)
             report["demos"]["grounding_samples"] = len(grounding)
             samples += grounding
         texts = [s.target for s in samples] + [t.instruction for t in trajs]

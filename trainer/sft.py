@@ -167,12 +167,23 @@ def jsonl_samples(path) -> list[Sample]:
 
 def encode(processor, sample: Sample) -> dict:
     """Model inputs of messages + target, with "assistant_mask" on the target's tokens only."""
+    from agent import pointer
     from agent.vlm import build_inputs
 
-    msgs = list(sample.messages) + [{"role": "assistant", "content": sample.target}]
+    # with an element list in the prompt, a click inside an entry is taught at that entry's centre,
+    # the point the pointer writes, and the entry is the pointer's target (agent.pointer)
+    entries = pointer.prompt_entries(sample.messages)
+    target = pointer.snap_reply(sample.target, entries) if entries else sample.target
+    msgs = list(sample.messages) + [{"role": "assistant", "content": target}]
     inputs = build_inputs(processor, msgs, add_generation_prompt=False, assistant_mask=True, last_only=True)
     if not inputs["assistant_mask"].any():
         raise SFTError(f"{sample.source}: the target has no tokens")
+    if entries:
+        n_prompt = int(inputs["assistant_mask"][0].nonzero()[0])
+        lay = pointer.layout(processor.tokenizer, inputs["input_ids"][0].tolist(), n_prompt)
+        if lay is not None:
+            pointer.label_choices(lay)
+            inputs["pointer"] = lay
     return inputs
 
 
@@ -244,9 +255,17 @@ def load_for_training(model_dir, device: str | None = "auto"):
 def save_checkpoint(model, processor, out_dir, extra: dict | None = None, *, state_dict=None) -> Path:
     """A standard transformers directory: config, safetensors weights, tokenizer, processor.
     state_dict: the weights to write instead of the model's own (e.g. gathered from FSDP2 shards)."""
+    from agent import pointer
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
+    # the pointer head goes to a file of its own: stock loaders read model.safetensors alone
+    stock, head = pointer.split_state(state_dict if state_dict else model.state_dict())
+    model.save_pretrained(str(out), safe_serialization=True, state_dict=stock)
+    if head:
+        pointer.save_head(head, out)
+    elif (out / pointer.HEAD_FILE).exists():
+        (out / pointer.HEAD_FILE).unlink()  # an older checkpoint's head does not belong to these weights
     processor.save_pretrained(str(out))
     from agent.vlm import name_stock_processor
 

@@ -87,9 +87,34 @@ def _size_parent():
     import argparse
 
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--width", type=int, default=320, help="screen width in pixels (default 320)")
-    p.add_argument("--height", type=int, default=240, help="screen height in pixels (default 240)")
+    p.add_argument("--width", type=int, help="screen width in pixels (default: the model's training size, else 320)")
+    p.add_argument("--height", type=int, help="screen height in pixels (default: the model's, else 240)")
     return p
+
+
+def model_screen(model_dir) -> dict:
+    """The sandbox screen a checkpoint of trainer.recipe was trained on: {"width", "height",
+    "observation"} as far as its tandem_training.json says (a model from before element lists: pixels)."""
+    try:
+        meta = json.loads((Path(model_dir) / "tandem_training.json").read_text(encoding="utf-8"))
+        cfg = meta["report"]["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    out = {k: cfg[k] for k in ("width", "height") if isinstance(cfg.get(k), int)}
+    if out:
+        out["observation"] = cfg.get("observation", "pixels")
+    return out
+
+
+def resolve_screen(args) -> None:
+    """Fill args.width, args.height and args.observation: given flags win, then the size and
+    observation the evaluated model was trained with, then 320x240 with element lists."""
+    trained = {}
+    if getattr(args, "policy", None) in ("default", "local"):
+        trained = model_screen(getattr(args, "model_dir", None) or DEFAULT_MODEL_DIR)
+    args.width = args.width or trained.get("width", 320)
+    args.height = args.height or trained.get("height", 240)
+    args.observation = trained.get("observation", "elements")
 
 
 def _families(args) -> list[str] | None:
@@ -125,6 +150,7 @@ def cmd_show(args) -> int:
         os.environ.setdefault("QT_QPA_PLATFORM", "xcb" if sys.platform.startswith("linux") else "")
     from trainer.sandbox.env import SandboxEnv
 
+    resolve_screen(args)
     try:
         env = SandboxEnv(args.width, args.height)
         obs, info = env.reset(seed=args.seed, options={"family": args.family})
@@ -179,6 +205,7 @@ def cmd_generate(args) -> int:
     except Exception as e:
         return _fail(str(e))
     store = Store(args.data) if args.data else Store()
+    resolve_screen(args)
     ok = 0
     bar = _bar(len(jobs), "expert episodes")
     try:
@@ -244,7 +271,7 @@ def _play_model(args, actor, jobs, bar) -> list[dict]:
     from trainer.episodes import EpisodeRunner
     from trainer.sandbox.env_process import make_envs
 
-    envs = make_envs(min(args.envs, len(jobs)), width=args.width, height=args.height)
+    envs = make_envs(min(args.envs, len(jobs)), width=args.width, height=args.height, observation=args.observation)
     try:
         runner = EpisodeRunner(actor, envs, greedy=True, platform="desktop", trace=args.trace)
         trajs = runner.run_all([(seed, family) for family, seed in jobs], progress=lambda _t: bar.update(1))
@@ -277,6 +304,7 @@ def _grounding(args, families) -> int:
     bar = _bar(per_family * len(families), f"{args.policy} grounding screens")
     try:
         res = grounding_eval(policy, families, per_family, width=args.width, height=args.height,
+                             observation=args.observation,
                              seed_start=HELDOUT_START if args.split == "heldout" else 0, progress=lambda: bar.update(1))
     except Exception as e:
         return _fail(str(e))
@@ -329,7 +357,7 @@ def _suite_problem(args) -> str | None:
             return "--grounding scores the sandbox's labelled screens; it has no MiniWoB++ form"
         if args.episode_seconds is not None and not args.episode_seconds > 0:
             return f"--episode-seconds must be > 0, got {args.episode_seconds}"
-        ignored = [flag for flag, given in (("--width", args.width != 320), ("--height", args.height != 240),
+        ignored = [flag for flag, given in (("--width", args.width is not None), ("--height", args.height is not None),
                                             ("--split", args.split != "heldout"), ("--workers", args.workers != 1))
                    if given]
         if ignored:  # said, not silently ignored
@@ -382,6 +410,7 @@ def cmd_eval(args) -> int:
         return _fail(problem)
     if args.suite == "miniwob":
         return _eval_miniwob(args)
+    resolve_screen(args)
     try:
         families = _families(args)
         if families is None and args.policy == "default":

@@ -85,9 +85,11 @@ class Trajectory:
 
 
 def frame_of(obs) -> Frame:
+    """An env's observation as the agent's Frame: the screenshot and, where the env reads one, the
+    element list with its source ("sandbox", MiniWoB's "dom", or why there is none)."""
     elements = obs.get("elements")
-    return Frame(geometry=obs["geometry"], pixels=obs["screenshot"], elements=elements,
-                 elements_source="sandbox" if elements is not None else None)
+    source = obs.get("elements_source") or ("sandbox" if elements is not None else None)
+    return Frame(geometry=obs["geometry"], pixels=obs["screenshot"], elements=elements, elements_source=source)
 
 
 @dataclass

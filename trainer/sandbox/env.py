@@ -48,6 +48,47 @@ class GeometrySpace(gym.Space):
         return isinstance(other, GeometrySpace) and other.value == self.value
 
 
+class ElementsSpace(gym.Space):
+    """An element list beside each screenshot (agent.elements.Element, boxes in screenshot pixels
+    within width x height), or None where the platform could not read one."""
+
+    def __init__(self, width: int, height: int):
+        super().__init__(None, None)
+        self.width, self.height = int(width), int(height)
+
+    def sample(self, mask=None, probability=None):
+        return []
+
+    def contains(self, x) -> bool:
+        from agent.elements import Element
+
+        if x is None:
+            return True
+        return isinstance(x, list) and all(
+            isinstance(e, Element) and 0 <= e.box[0] <= e.box[2] <= self.width and 0 <= e.box[1] <= e.box[3] <= self.height
+            for e in x)
+
+    def __eq__(self, other):
+        return isinstance(other, ElementsSpace) and (other.width, other.height) == (self.width, self.height)
+
+
+class NoteSpace(gym.Space):
+    """A short line of text beside an observation (where its element list came from, or why there is none)."""
+
+    def __init__(self, max_length: int = 1000):
+        super().__init__(None, None)
+        self.max_length = int(max_length)
+
+    def sample(self, mask=None, probability=None):
+        return ""
+
+    def contains(self, x) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def __eq__(self, other):
+        return isinstance(other, NoteSpace) and other.max_length == self.max_length
+
+
 class ActionSpace(gym.Space):
     """Schema Actions with normalized points (or UI-TARS text). sample() is the random policy:
     mostly clicks, some double/right clicks, drags, scrolls, typing, keys and waits."""
@@ -113,6 +154,7 @@ class SandboxEnv(gym.Env):
         self.observation_space = gym.spaces.Dict({
             "screenshot": gym.spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
             "geometry": GeometrySpace(self.width, self.height),
+            **({"elements": ElementsSpace(self.width, self.height)} if observation == "elements" else {}),
         })
         self.action_space = ActionSpace()
         self.screen = None

@@ -6,8 +6,12 @@
     obs, reward, terminated, truncated, info = env.step(Action("click", {"start_box": (0.4, 0.6)}))
 
 The same contract as trainer.sandbox.env.SandboxEnv, so the one episode runner
-(trainer.episodes) plays it: obs = {"screenshot": 210x160x3 RGB (MiniWoB's task area), "geometry"};
-a step takes an Action, a list of them or UI-TARS text in `coords_space`; reward is 1 on the step
+(trainer.episodes) plays it: obs = {"screenshot": 210x160x3 RGB (MiniWoB's task area), "geometry"}
+and, with observation="elements" (the default), "elements": the page's element list read from its
+DOM (agent.elements.Element, screenshot pixels; trainer.sandbox.miniwob_elements) and
+"elements_source": "dom", or why the list is None (the scan ran past `elements_budget` seconds,
+the page's script failed); the episode goes on either way. A step takes an Action, a list of them
+or UI-TARS text in `coords_space`; reward is 1 on the step
 MiniWoB reports full success (raw reward 1), else 0; info has "instruction", "family"
 ("miniwob/<task>"), "success", "progress" (MiniWoB's raw reward, from 0, for partial credit),
 "status", "steps", "max_steps", and "parse_error" / "action_error" / "error" when something was
@@ -36,6 +40,7 @@ from agent.actions import KEY_ALIASES, validate
 from agent.schema import Action, ScreenGeometry
 from trainer.sandbox.miniwob_browser import (Deadline, MiniWoBError, MiniWoBTimeout, check_versions,
                                              chromium_paths)
+from trainer.sandbox.miniwob_elements import SOURCE
 
 PREFIX = "miniwob/"
 TASK_WIDTH, TASK_HEIGHT = 160, 210  # MiniWoB's task area in CSS pixels (miniwob.constants), also the screenshot
@@ -145,8 +150,9 @@ class MiniWoBEnv(gym.Env):
 
     def __init__(self, tasks: str | list[str] | None = None, *, max_steps: int = 10,
                  episode_seconds: float | None = None, reset_timeout: float = 30.0, step_timeout: float = 30.0, launch_timeout: float = 60.0,
-                 coords_space: str = coords.SMART_RESIZE, render_mode: str | None = None):
-        from trainer.sandbox.env import ActionSpace, GeometrySpace
+                 coords_space: str = coords.SMART_RESIZE, render_mode: str | None = None,
+                 observation: str = "elements", elements_budget: float = 1.0):
+        from trainer.sandbox.env import OBSERVATIONS, ActionSpace, ElementsSpace, GeometrySpace, NoteSpace
 
         missing = available()
         if missing:
@@ -165,6 +171,11 @@ class MiniWoBEnv(gym.Env):
                 raise ValueError(f"{name} must be > 0 seconds, got {value}")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        if observation not in OBSERVATIONS:
+            raise ValueError(f"observation must be one of {OBSERVATIONS}, got {observation!r}")
+        if not float(elements_budget) > 0:
+            raise ValueError(f"elements_budget must be > 0 seconds, got {elements_budget}")
+        self.observation, self.elements_budget = observation, float(elements_budget)
         coords.model_extent(coords_space, TASK_WIDTH, TASK_HEIGHT)  # raises on an unknown space
         self.max_steps, self.episode_seconds = int(max_steps), episode_seconds
         self.reset_timeout, self.step_timeout = float(reset_timeout), float(step_timeout)
@@ -174,6 +185,8 @@ class MiniWoBEnv(gym.Env):
         self.observation_space = gym.spaces.Dict({
             "screenshot": gym.spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
             "geometry": GeometrySpace(self.width, self.height),
+            **({"elements": ElementsSpace(self.width, self.height), "elements_source": NoteSpace()}
+               if observation == "elements" else {}),
         })
         self.action_space = ActionSpace()  # the sandbox's random policy: clicks, drags, scrolls, typing, keys
         self.keys = allowed_keys()
@@ -182,6 +195,7 @@ class MiniWoBEnv(gym.Env):
         self._task = self._loaded = None  # the episode's task; the task the browser has open
         self._raw = None  # miniwob's last observation (utterance, DOM, fields, screenshot)
         self._obs = None
+        self.scale = (1.0, 1.0)  # screenshot pixels per CSS pixel (miniwob_elements.screen_scale)
         self._seed, self._instruction = None, ""
         self._steps, self._done, self._limit_s = 0, False, None
         self._verdict = ("running", 0.0, None)
@@ -202,6 +216,10 @@ class MiniWoBEnv(gym.Env):
                         self._loaded = task
                     self._set_time_limit()
                     raw, _ = self._env.reset(seed=seed)
+                    self._measure()
+                    self._task, self._done = task, False
+                    self._wrap(raw)
+                    self._read_elements()
                 break
             except Exception as e:  # noqa: BLE001 - a hung or crashed browser: a fresh one gets one more try
                 self._drop()
@@ -212,7 +230,6 @@ class MiniWoBEnv(gym.Env):
         self._task, self._seed, self._steps, self._done = task, seed, 0, False
         self._instruction = str(raw["utterance"])
         self._verdict = ("running", 0.0, None)
-        self._wrap(raw)
         return self._obs, self._info()
 
     def step(self, action):
@@ -252,10 +269,14 @@ class MiniWoBEnv(gym.Env):
                         break
                 if not self._done:
                     self._check_done()  # MiniWoB's clock may have run out meanwhile
+                if not self._done:
+                    self._read_elements()
         except MiniWoBTimeout as e:
             extra["error"] = str(e)
             timed_out = True
             self._drop()
+            if self.observation == "elements":
+                self._obs = {**self._obs, "elements": None, "elements_source": "no element list: the step timed out"}
         self._steps += 1
         status, progress, reason = self._verdict
         success = status == "success"
@@ -368,8 +389,8 @@ class MiniWoBEnv(gym.Env):
         """One schema action as miniwob actions; ValueError for what MiniWoB++ cannot do."""
         make = self._env.create_action
 
-        def px(p):
-            return np.array([p[0] * self.width, p[1] * self.height], dtype=np.float32)
+        def px(p):  # a normalized point on the screenshot -> the page's CSS pixels
+            return np.array([p[0] * self.width / self.scale[0], p[1] * self.height / self.scale[1]], dtype=np.float32)
 
         n, args = a.name, a.args
         if n == "click":
@@ -404,6 +425,29 @@ class MiniWoBEnv(gym.Env):
         self._raw = raw
         shot = np.ascontiguousarray(raw["screenshot"][:, :, :3], dtype=np.uint8)
         self._obs = {"screenshot": shot, "geometry": ScreenGeometry.simple(shot.shape[1], shot.shape[0])}
+        if self.observation == "elements":
+            # until _read_elements reads the page; and so it stays once the task has ended, when
+            # MiniWoB's observation is an empty page (no DOM, a black screenshot)
+            self._obs.update(elements=[], elements_source=SOURCE)
+
+    def _read_elements(self) -> None:
+        """The page's element list into the observation (observation="elements"); once the task
+        has ended, MiniWoB shows no page, and the list is empty."""
+        from trainer.sandbox.miniwob_elements import read_elements
+
+        if self.observation != "elements" or not self._raw["dom_elements"]:
+            return
+        items, source = read_elements(self._env.instance.driver, self.scale, self.width, self.height,
+                                      self.elements_budget)
+        self._obs = {**self._obs, "elements": items, "elements_source": source}  # a new dict: the last one was handed out
+
+    def _measure(self) -> None:
+        """self.scale from the page's viewport, as miniwob's screenshot crops and resizes it."""
+        from trainer.sandbox.miniwob_elements import screen_scale
+
+        inst = self._env.instance
+        ratio = float(inst.driver.execute_script("return window.devicePixelRatio;") or 1.0)
+        self.scale = screen_scale(inst.inner_width, inst.inner_height, ratio, self.width, self.height)
 
     def _info(self) -> dict:
         status, progress, reason = self._verdict

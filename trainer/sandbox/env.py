@@ -48,6 +48,32 @@ class GeometrySpace(gym.Space):
         return isinstance(other, GeometrySpace) and other.value == self.value
 
 
+class ElementListSpace(gym.Space):
+    """The element list beside each screenshot: a list of agent.elements.Element whose boxes lie
+    on a width x height screen."""
+
+    def __init__(self, width: int, height: int):
+        super().__init__(None, None)
+        self.width, self.height = width, height
+
+    def sample(self, mask=None, probability=None):
+        from agent.elements import Element
+
+        return [Element("button", "OK", (0, 0, min(40, self.width), min(20, self.height)))]
+
+    def contains(self, x) -> bool:
+        from agent.elements import Element
+
+        def on_screen(e):
+            x0, y0, x1, y1 = e.box
+            return 0 <= x0 <= x1 <= self.width and 0 <= y0 <= y1 <= self.height
+
+        return isinstance(x, list) and all(isinstance(e, Element) and on_screen(e) for e in x)
+
+    def __eq__(self, other):
+        return isinstance(other, ElementListSpace) and (other.width, other.height) == (self.width, self.height)
+
+
 class ActionSpace(gym.Space):
     """Schema Actions with normalized points (or UI-TARS text). sample() is the random policy:
     mostly clicks, some double/right clicks, drags, scrolls, typing, keys and waits."""
@@ -110,10 +136,13 @@ class SandboxEnv(gym.Env):
             family_class(f)
         self.width, self.height, self.split = int(width), int(height), split
         self.max_steps, self.coords_space, self.render_mode = max_steps, coords_space, render_mode
-        self.observation_space = gym.spaces.Dict({
+        spaces = {
             "screenshot": gym.spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
             "geometry": GeometrySpace(self.width, self.height),
-        })
+        }
+        if observation == "elements":
+            spaces["elements"] = ElementListSpace(self.width, self.height)
+        self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = ActionSpace()
         self.screen = None
         self.task = None

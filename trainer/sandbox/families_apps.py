@@ -114,7 +114,7 @@ class ScrollFind(Task):
         lay.addWidget(QLabel(rng.choice(("All entries", "Browse", "Items"))))
         self.list = QListWidget()
         self.list.addItems(items)
-        self.list.setMaximumHeight(rng.choice((110, 130, 150)))
+        self.list.setMaximumHeight(rng.choice((146, 174, 202)))  # 5 to 7 rows of ROW_HEIGHT where there is room
         lay.addWidget(self.list)
         lay.addStretch(1)
         self.target = items[rng.randint(8, len(items) - 1)]
@@ -130,14 +130,8 @@ class ScrollFind(Task):
 
         item = self.list.findItems(self.target, Qt.MatchExactly)[0]
         rect = self.list.visualItemRect(item)
-        vp = self.list.viewport().rect()
-        if rect.top() < vp.top():
-            return (f"'{self.target}' is above the visible part; I'll scroll up.",
-                    Action("scroll", {"start_box": self.screen.point_of(self.list.viewport()), "direction": "up"}))
-        if rect.bottom() > vp.bottom():
-            return (f"I can't see '{self.target}' yet; I'll scroll down the list.",
-                    Action("scroll", {"start_box": self.screen.point_of(self.list.viewport()), "direction": "down"}))
-        return (f"'{self.target}' is visible now; I'll click it.", self.click(self.list.viewport(), rect))
+        return self.scroll_to(self.list, rect, self.target) or (
+            f"'{self.target}' is visible now; I'll click it.", self.click(self.list.viewport(), rect))
 
 
 MENUS = {
@@ -255,6 +249,9 @@ class ContextMenu(Task):
                         self.click(fl.menu, fl.menu.actionGeometry(fl.actions[self.target[1]])))
             return ("This menu belongs to the wrong file; I'll close it.", Action("hotkey", {"key": "esc"}))
         item = fl.list.findItems(self.target[0], Qt.MatchExactly)[0]
+        scroll = self.scroll_to(fl.list, fl.list.visualItemRect(item), self.target[0])
+        if scroll:
+            return scroll
         return (f"I'll right-click '{self.target[0]}' to open its menu.",
                 Action("right_single", {"start_box": self.screen.point_of(fl.list.viewport(), fl.list.visualItemRect(item))}))
 
@@ -353,6 +350,7 @@ class _Card:
                 self.setStyleSheet(f"background:{task.rng.choice(('#fff6c2', '#d9f0ff', '#e3ffd9', '#ffe0e6'))};"
                                    "border:1px solid #777; border-radius:3px; padding:2px 4px; color:#222;")
                 self.adjustSize()
+                self.setProperty("elementRole", "other")  # listed (trainer.sandbox.elements): a thing to drag
 
             def mousePressEvent(self, e):
                 self._grab = e.position().toPoint()
@@ -394,6 +392,8 @@ class DragDrop(Task):
             z.setFrameShape(QFrame.StyledPanel)
             z.setMinimumHeight(rng.choice((60, 70, 80)))
             z.setStyleSheet("QFrame{border:2px dashed #888; border-radius:6px;}")
+            z.setProperty("elementRole", "other")  # listed by its heading: where a card is dropped
+            z.setProperty("elementName", n)
             zl = QVBoxLayout(z)
             lab = QLabel(n)
             lab.setStyleSheet("border:none; font-weight:bold;")

@@ -221,6 +221,9 @@ class ListPick(Task):
     def expert(self):
         lw = self.lists[self.name]
         item = lw.findItems(self.target, self._exact())[0]
+        scroll = self.scroll_to(lw, lw.visualItemRect(item), self.target)
+        if scroll:
+            return scroll
         return (f"I'll click '{self.target}' in the {self.name} list.", self.click(lw.viewport(), lw.visualItemRect(item)))
 
     @staticmethod

@@ -153,6 +153,9 @@ class SearchChain(Task):
             found = self.results.findItems(self.target, Qt.MatchExactly)
             if found:
                 rect = self.results.visualItemRect(found[0])
+                scroll = self.scroll_to(self.results, rect, self.target)
+                if scroll:
+                    return scroll
                 return (f"'{self.target}' is in the results; I'll double-click it to open it.",
                         Action("left_double", {"start_box": self.screen.point_of(self.results.viewport(), rect)}))
         if self.search.text() != self.query:

@@ -25,9 +25,22 @@ class SandboxError(Exception):
     """A sandbox problem (bad family, seed, size or action), named with the offending value."""
 
 
+def _immortal_none() -> None:
+    """PySide6 (6.12 here) on Python 3.11 drops a reference to None each time a wrapped function
+    returns a null pointer (activePopupWidget(), parentWidget(), QLabel.buddy(), childAt() over
+    nothing...): a long sandbox run brings None's count to zero and the process aborts with
+    "deallocating None". Python 3.12 made None immortal; here its count is raised out of reach."""
+    import ctypes
+    import sys
+
+    if sys.version_info < (3, 12) and sys.implementation.name == "cpython" and sys.getrefcount(None) < 1 << 40:
+        ctypes.c_ssize_t.from_address(id(None)).value += 1 << 48  # ob_refcnt is a PyObject's first field
+
+
 def ensure_app():
     """The process's QApplication, created offscreen if none exists yet."""
     global _APP
+    _immortal_none()
     from PySide6.QtCore import QCoreApplication, Qt, qInstallMessageHandler
     from PySide6.QtWidgets import QApplication
 
@@ -233,6 +246,13 @@ class Screen:
         p.setFont(f)
         p.drawText(bar.adjusted(6, 0, -4, 0), Qt.AlignVCenter | Qt.AlignLeft, w.windowTitle())
 
+    def elements(self) -> list:
+        """The screen's element list (agent.elements.Element, screenshot pixels): what a user can act
+        on in every visible window, bottom to top (trainer.sandbox.elements)."""
+        from trainer.sandbox.elements import screen_elements
+
+        return screen_elements(self)
+
     # ------------------------------------------------------------ geometry
     @staticmethod
     def shown_rect(widget):
@@ -317,6 +337,7 @@ class Screen:
         Qt = self._qt()
         name, args = action.name, action.args
         if name in ("click", "left_double", "right_single"):
+            self._pointer_moved_on()
             x, y = self.pixel(args["start_box"])
             w = self.window_at(x, y)
             local = w.mapFromGlobal(QPoint(x, y))
@@ -350,6 +371,25 @@ class Screen:
         else:
             raise SandboxError(f"action {name!r} is not available in the sandbox")
         self.settle()
+
+    def _pointer_moved_on(self) -> None:
+        """A combo box's popup ignores a release for a double-click interval after the press that
+        opened it, unless the pointer has moved more than 9 pixels since (Qt's guard against the
+        opening click picking an entry). No time passes between env steps, so a click on an entry
+        just below the combo (a popup moved up to stay on screen) would be ignored; a person's hand
+        has moved on by then, so the popup is told so: a move far outside its list (no entry hovered)."""
+        from PySide6.QtCore import QEvent, QPointF
+        from PySide6.QtGui import QMouseEvent
+        from PySide6.QtWidgets import QComboBox
+
+        Qt = self._qt()
+        popup = self.app.activePopupWidget()
+        if popup is None or not isinstance(popup.parentWidget(), QComboBox) or not self._ours(popup):
+            return
+        vp = popup.parentWidget().view().viewport()
+        far = QPointF(-10 * self.width, -10 * self.height)
+        ev = QMouseEvent(QEvent.MouseMove, far, vp.mapToGlobal(far), Qt.NoButton, Qt.NoButton, Qt.NoModifier)
+        self.app.sendEvent(vp, ev)
 
     def _wheel(self, point, direction: str) -> None:
         from PySide6.QtCore import QPoint, QPointF, Qt

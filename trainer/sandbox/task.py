@@ -20,6 +20,7 @@ HELDOUT_START = 1_000_000  # seeds >= this are kept for evaluation
 SEED_LIMIT = 2**31 - 1
 
 RUNNING, SUCCESS, FAILED = "running", "success", "failed"
+ROW_HEIGHT = 28  # the model's token grid: a list row this tall never shares a token row with the next
 
 
 def split_of(seed: int) -> str:
@@ -60,6 +61,31 @@ THEMES = [  # (window, base, text, button, accent, title bar)
 ]
 
 
+def tall_rows(widget, height: int = ROW_HEIGHT) -> None:
+    """Rows at least `height` pixels tall in a list view or in a combo box's popup list, still
+    painted by the view's own delegate (a combo's popup keeps its menu look)."""
+    from PySide6.QtWidgets import QComboBox, QStyledItemDelegate
+
+    class TallRows(QStyledItemDelegate):
+        def __init__(self, inner, parent):
+            super().__init__(parent)
+            self.inner = inner
+
+        def paint(self, painter, option, index):
+            self.inner.paint(painter, option, index)
+
+        def sizeHint(self, option, index):
+            size = self.inner.sizeHint(option, index)
+            size.setHeight(max(size.height(), height))
+            return size
+
+    view = widget.view() if isinstance(widget, QComboBox) else widget
+    if type(view.itemDelegate()).__name__ != "TallRows":  # once only
+        inner = view.itemDelegate()
+        widget.setItemDelegate(TallRows(inner, inner))  # a child of the delegate it wraps: it never outlives it
+    view.setUniformItemSizes(True)
+
+
 class Task:
     """One generated task. Subclasses set `family`, `level`, `max_steps` and write build/check/expert."""
 
@@ -79,6 +105,7 @@ class Task:
         self._failed: str | None = None
         self._build_frame()
         self.build()
+        self._tall_rows()
         if not self.instruction:
             raise SandboxError(f"family {self.family} built no instruction")
 
@@ -149,6 +176,21 @@ class Task:
         self.margin = rng.choice((6, 8, 10, 12))
         self.spacing = rng.choice((4, 6, 8))
 
+    def _tall_rows(self) -> None:
+        """Every list and combo box popup built gets rows at least ROW_HEIGHT pixels tall."""
+        from PySide6.QtWidgets import QComboBox, QListView
+
+        def in_combo(w):
+            while w is not None and not isinstance(w, QComboBox):
+                w = w.parent()
+            return w is not None
+
+        for c in self.screen.window.findChildren(QComboBox):
+            tall_rows(c)
+        for v in self.screen.window.findChildren(QListView):
+            if not in_combo(v):  # a combo's popup list was done with its combo
+                tall_rows(v)
+
     def style_dialog(self, dialog) -> None:
         """Dialogs are top-level windows: give them the app's look and frame colour."""
         dialog.setPalette(self.palette)
@@ -206,18 +248,31 @@ class Task:
         counts = Counter(t[0] for t in out)
         return [t for t in out if counts[t[0]] == 1]  # "click on X" must be unambiguous
 
+    def scroll_to(self, view, rect, name: str) -> tuple[str, Action] | None:
+        """A scroll of list `view` toward the row at `rect` (viewport coordinates) while the list
+        does not show all of it; None once it does."""
+        vp = view.viewport().rect()
+        at = self.screen.point_of(view.viewport())
+        if rect.top() < vp.top():
+            return (f"'{name}' is above the visible part; I'll scroll up.",
+                    Action("scroll", {"start_box": at, "direction": "up"}))
+        if rect.bottom() > vp.bottom():
+            return (f"I can't see '{name}' yet; I'll scroll down the list.",
+                    Action("scroll", {"start_box": at, "direction": "down"}))
+        return None
+
     def open_tab(self, tabs, name: str) -> tuple[str, Action]:
         """The next step to bring tab `name` forward: click it, or scroll the tab bar to it first."""
         from PySide6.QtCore import Qt
         from PySide6.QtWidgets import QToolButton
 
+        from trainer.sandbox.elements import shown_tab_rect
+
         bar = tabs.tabBar()
         i = [tabs.tabText(k) for k in range(tabs.count())].index(name)
         rect = bar.tabRect(i)
         arrows = [b for b in bar.findChildren(QToolButton) if b.isVisible()]
-        part = rect.intersected(self.screen.shown_rect(bar))
-        if arrows:  # the scroll arrows cover the bar's right end
-            part.setRight(min(part.right(), min(b.geometry().left() for b in arrows) - 1))
+        part = shown_tab_rect(bar, i)  # the scroll arrows cover the bar's right end
         if part.width() < min(24, rect.width()) and arrows:
             want = Qt.RightArrow if rect.center().x() > bar.width() // 2 else Qt.LeftArrow
             arrow = next((b for b in arrows if b.arrowType() == want), arrows[-1])

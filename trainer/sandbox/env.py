@@ -151,7 +151,7 @@ class SandboxEnv(gym.Env):
             family_class(f)
         self.width, self.height, self.split = int(width), int(height), split
         self.max_steps, self.coords_space, self.render_mode = max_steps, coords_space, render_mode
-        spaces = {
+        self.observation_space = gym.spaces.Dict({
             "screenshot": gym.spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
             "geometry": GeometrySpace(self.width, self.height),
             **({"elements": ElementsSpace(self.width, self.height)} if observation == "elements" else {}),

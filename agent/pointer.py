@@ -10,9 +10,10 @@ list in the observation (agent.elements), a click becomes one categorical choice
   the prompt);
 - the query: the last hidden state at the token that ends with `_box='(`, the position whose next
   token would be the first coordinate digit;
-- logits: q(query)·k(key)/sqrt(d) + alpha * copy, where copy is the cosine between the input
-  embeddings of a name the reply's thought quotes ('Save') and each entry's name, so an element the
-  thought names exactly is found before any training; plus one "no entry" logit (a learned key) for
+- logits: q(query)·k(key)/sqrt(d) + alpha * copy + beta * named, where copy is the cosine between
+  the input embeddings of a name the reply's thought quotes ('Save') and each entry's name, so an
+  element the thought names exactly is found before any training, and named is 1 where the task's
+  instruction holds the entry's name word for word; plus one "no entry" logit (a learned key) for
   positions that are not elements (a slider value, a drop point): the model's own digits stay.
 
 The chosen entry's centre is written as the usual UI-TARS text `click(start_box='(x,y)')`, so replies
@@ -40,7 +41,9 @@ QUERY_RE = re.compile(r"_box='\(")
 QUOTED_RE = re.compile(r"(?<![A-Za-z])'([^'\n]{1,60}?)'(?![A-Za-z])")  # 'Save', not the ' of "I'll"
 DIGITS_RE = re.compile(r"^[0-9, ]+$")
 POINT_RE = re.compile(r"^\s*(-?\d+)\s*,\s*(-?\d+)\s*$")
-ALPHA0 = 5.0  # the copy feature's starting weight: an exactly named entry wins by ~5 logits at first
+ALPHA0 = 5.0  # the copy feature's starting weight: an entry the thought names exactly wins by ~5 logits at first
+BETA0 = 3.0  # the starting weight of "the instruction names this entry" (word for word)
+INSTRUCTION = "## User Instruction\n"  # where agent.grammar's prompt puts the task
 
 
 def head_of(model):
@@ -65,13 +68,17 @@ def make_head(hidden: int, dim: int = 128):
             self.k = nn.Linear(hidden, dim)
             self.none = nn.Parameter(torch.zeros(dim))  # the key of "no entry"
             self.alpha = nn.Parameter(torch.tensor(ALPHA0))
+            self.beta = nn.Parameter(torch.tensor(BETA0))
             self.scale = 1.0 / math.sqrt(dim)
 
-        def forward(self, h_query, h_keys, copy):
-            """h_query [Q, H], h_keys [K, H], copy [Q, K] -> logits [Q, K + 1] (the last: no entry)."""
+        def forward(self, h_query, h_keys, copy, named=None):
+            """h_query [Q, H], h_keys [K, H], copy [Q, K], named [K] (1 where the instruction names
+            the entry) -> logits [Q, K + 1] (the last: no entry)."""
             q = self.q(h_query.float())
             k = self.k(h_keys.float())
             s = q @ k.T * self.scale + self.alpha * copy.to(q.dtype)
+            if named is not None:
+                s = s + self.beta * named.to(q.dtype)
             return torch.cat([s, (q @ self.none * self.scale).unsqueeze(-1)], dim=-1)
 
     return PointerHead(hidden, dim)
@@ -121,6 +128,10 @@ def load_head(model, model_dir) -> bool:
         raise ValueError(f"{path}: not a pointer head (no q.weight)")
     head = make_head(int(state["q.weight"].shape[1]), int(state["q.weight"].shape[0]))
     missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing == ["beta"]:  # a head from before the instruction feature: it had none
+        with _torch().no_grad():
+            head.beta.zero_()
+        missing = []
     if missing or unexpected:
         raise ValueError(f"{path}: the pointer head does not fit (missing {missing}, unexpected {unexpected})")
     attach(model, head)
@@ -167,6 +178,7 @@ class Layout:
     keys: list[int]
     sites: list[Site]
     name_ids: list[list[int]] = field(default_factory=list)  # each entry's name's token ids
+    named: list[float] = field(default_factory=list)  # 1.0 where the instruction names the entry word for word
 
     @property
     def none(self) -> int:
@@ -213,7 +225,26 @@ def layout(tokenizer, ids, n_prompt: int) -> Layout | None:
         sites.append(Site(t, digits, "".join(texts[k] for k in digits), names, name_ids=[_ids(tokenizer, n) for n in names]))
     if not sites:
         return None
-    return Layout(entries, keys, sites, [_ids(tokenizer, e.name) for e in entries])
+    return Layout(entries, keys, sites, [_ids(tokenizer, e.name) for e in entries],
+                  instruction_names(_instruction(text[:prompt_end]), entries))
+
+
+def _instruction(prompt: str) -> str:
+    at = prompt.find(INSTRUCTION)
+    if at < 0:
+        return ""
+    rest = prompt[at + len(INSTRUCTION):]
+    return rest.split("\n", 1)[0].split("<|im_end|>", 1)[0]
+
+
+def instruction_names(instruction: str, entries) -> list[float]:
+    """Per entry, 1.0 when the instruction holds its name as whole words (case aside), else 0."""
+    out = []
+    for e in entries:
+        name = e.name.strip()
+        hit = bool(name) and re.search(r"(?<!\w)" + re.escape(name) + r"(?!\w)", instruction, re.I) is not None
+        out.append(1.0 if hit else 0.0)
+    return out
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -285,7 +316,8 @@ def site_logits(model, lay: Layout, hidden, offset: int = 0):
     torch = _torch()
     q = hidden[torch.tensor([s.query - offset for s in lay.sites], device=hidden.device)]
     k = hidden[torch.tensor([p - offset for p in lay.keys], device=hidden.device)]
-    return head_of(model)(q, k, copy_features(model, lay).to(hidden.device))
+    named = torch.tensor(lay.named or [0.0] * len(lay.entries), device=hidden.device)
+    return head_of(model)(q, k, copy_features(model, lay).to(hidden.device), named)
 
 
 def site_loss(model, lay: Layout, hidden, offset: int = 0):

@@ -7,7 +7,7 @@ import pytest
 
 from tests.vlm_fixtures import one_thread, tiny_any_dir, tiny_qwen3_dir, tiny_vlm_dir  # noqa: F401 - fixtures
 
-ENV = {"width": 224, "height": 168}
+ENV = {"width": 224, "height": 168, "observation": "pixels"}  # prompts that extend one another: what kept turns reuse
 
 
 def _chats(n: int, env_kw=ENV):
@@ -22,7 +22,7 @@ def _chats(n: int, env_kw=ENV):
     try:
         for k in range(n):
             obs, info = env.reset(seed=k, options={"family": ("radio", "click_button", "check_boxes")[k % 3]})
-            mem = Memory()
+            mem = Memory(history_view="screenshots")  # history screenshots: what the image cache is for
             for _ in range(k % 4):
                 mem.add(MemoryStep("looking around", [], frame_of(obs)))
                 obs, *_ = env.step("Thought: try\nAction: click(start_box='(30,40)')")

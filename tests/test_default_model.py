@@ -42,7 +42,11 @@ def test_default_model_acts_on_sandbox_tasks_through_the_agent_policy(one_thread
     from trainer.sandbox.task import HELDOUT_START
 
     policy = LocalVLMPolicy(str(MODEL), platform="sandbox", max_new_tokens=64)
-    env = SandboxEnv(320, 240, coords_space=policy.space)
+    from trainer.sandbox.cli import model_screen
+
+    screen = model_screen(MODEL)  # the size and observation it was trained with
+    env = SandboxEnv(screen.get("width", 320), screen.get("height", 240), coords_space=policy.space,
+                     observation=screen.get("observation", "pixels"))
     results = []
     try:
         for k, fam in enumerate(_families()):

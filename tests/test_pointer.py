@@ -91,6 +91,7 @@ def test_layout_finds_entries_and_the_click_site(model_and_processor):
     assert all(texts[k].strip().endswith(e.name[-1]) for k, e in zip(lay.keys, lay.entries))
     (site,) = lay.sites
     assert texts[site.query].endswith("(") and site.written == "5,7" and site.names == ["Paste"]
+    assert lay.named == [0.0, 1.0, 0.0]  # the instruction "Click 'Paste'." names entry 1
     pointer.label_choices(lay)
     assert site.choice == lay.none  # (5,7) lies in no entry
     assert pointer.snap_reply("Action: click(start_box='(120,50)')", lay.entries) == "Action: click(start_box='(135,54)')"
@@ -154,7 +155,9 @@ def test_ppo_logprob_of_a_pointer_choice_is_the_heads_softmax(model_and_processo
         k = hidden[key] @ head.k.weight.T + head.k.bias
         name = emb[torch.tensor(tok(e.name, add_special_tokens=False)["input_ids"])].mean(0)
         cos = float(torch.dot(paste, name) / (paste.norm() * name.norm()))
-        scores.append(float(q @ k) / math.sqrt(q.numel()) + float(head.alpha) * cos)
+        named = 1.0 if e.name == "Paste" else 0.0  # the instruction is "Click 'Paste'."
+        scores.append(float((q @ k).detach()) / math.sqrt(q.numel()) + float(head.alpha.detach()) * cos
+                      + float(head.beta.detach()) * named)
     scores.append(float(q @ head.none) / math.sqrt(q.numel()))
     expected = scores[1] - math.log(sum(math.exp(s) for s in scores))
     first = int(target[0].nonzero()[0])  # the flat lp starts at the reply's first token
@@ -176,7 +179,7 @@ def test_sft_teaches_the_pointer_the_demonstrated_entry(model_and_processor, tmp
 
     model, processor = model_and_processor
     # the demonstration clicks inside 'Dark mode' (not at its centre) under a thought naming nothing
-    sample = Sample(chat("Turn on dark mode."), "Thought: I'll turn it on.\nAction: click(start_box='(20,90)')")
+    sample = Sample(chat("Switch the theme."), "Thought: I'll turn it on.\nAction: click(start_box='(20,90)')")
     enc = encode(processor, sample)
     lay = enc["pointer"]
     assert lay.sites[0].choice == 2 and lay.sites[0].written == "65,94"  # snapped to the entry's centre
@@ -209,7 +212,7 @@ def test_sft_teaches_the_pointer_the_demonstrated_entry(model_and_processor, tmp
     from agent.vlm_batch import ImageCache, generate_batch
 
     cache = ImageCache()
-    other = chat("Turn on dark mode now.")
+    other = chat("Switch the theme now.")
     for _ in range(2):  # the second call reuses each slot's kept turn
         gens = generate_batch(model, processor, [sample.messages, other], max_new_tokens=40, cache=cache, slots=[0, 1])
         assert gens[0].text == g.text and gens[0].pointer == [2] and gens[0].token_ids == g.token_ids

@@ -61,7 +61,7 @@ def _chained_episodes(model, proc, n=3, steps=3):
     from trainer.episodes import run_episode
     from trainer.sandbox.env import SandboxEnv
 
-    env = SandboxEnv(width=224, height=168)
+    env = SandboxEnv(width=224, height=168, observation="pixels")  # each prompt extends the one before
     try:
         trajs = [run_episode(_ScoredScript(model, proc), env, s, family="check_boxes", max_steps=steps) for s in range(n)]
     finally:
@@ -364,7 +364,7 @@ def _bench(argv=None) -> None:
     torch.set_num_threads(a.threads)
     model, proc = load_vlm(a.model, device="cpu")
     families = ["click_button", "radio", "list_pick", "form", "settings_chain", "scroll_find"]
-    env = SandboxEnv(width=224, height=168)
+    env = SandboxEnv(width=224, height=168, observation="pixels")  # each prompt extends the one before
     try:
         actor = VLMActor(model, proc, max_new_tokens=24)
         trajs = [run_episode(actor, env, s, family=families[s % len(families)], max_steps=6) for s in range(a.batch)]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from agent.actions import REGISTRY, validate
+from agent.elements import Element
 from agent.executors.base import ExecutionError
 from agent.gate import Decision, Gate, GateRequest, Takeover
 from agent.grammar import format_normalized
@@ -305,7 +306,10 @@ class AgentLoop:
             h, (w, hgt) = None, (frame.geometry.physical_width, frame.geometry.physical_height)
             if frame.text is not None:
                 extra["text"] = frame.text
-        return Observation(screenshot=h, width=w, height=hgt, geometry=frame.geometry, time=frame.time, extra=extra)
+        items = getattr(frame, "elements", None)
+        elements = None if items is None else [e if isinstance(e, Element) else Element.from_dict(e) for e in items]
+        return Observation(screenshot=h, width=w, height=hgt, geometry=frame.geometry, time=frame.time, extra=extra,
+                           elements=elements, elements_source=getattr(frame, "elements_source", None))
 
     def _execute_and_record(self, frame, thought, action: Action, prov: Provenance, raw, info: dict, *, source: str):
         """Execute one action, record the step; returns (next frame, terminated, error or None)."""

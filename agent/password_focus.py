@@ -121,21 +121,7 @@ class PasswordFocus:
         from jeepney import DBusAddress, MatchRule, message_bus, new_method_call
         from jeepney.io.blocking import Proxy, open_dbus_connection
 
-        address = os.environ.get("AT_SPI_BUS_ADDRESS")
-        if not address:
-            session = open_dbus_connection(bus="SESSION", enable_fds=False)
-            try:
-                bus = DBusAddress("/org/a11y/bus", bus_name="org.a11y.Bus", interface="org.a11y.Bus")
-                address = session.send_and_get_reply(new_method_call(bus, "GetAddress"), timeout=3).body[0]
-                if self.enable_bridges:
-                    props = DBusAddress("/org/a11y/bus", bus_name="org.a11y.Bus",
-                                        interface="org.freedesktop.DBus.Properties")
-                    session.send_and_get_reply(new_method_call(props, "Set", "ssv",
-                                                               ("org.a11y.Status", "IsEnabled", ("b", True))),
-                                               timeout=3)
-            finally:
-                session.close()
-        conn = open_dbus_connection(bus=address)
+        conn = open_dbus_connection(bus=a11y_bus_address(self.enable_bridges))
         self._conn = conn
         rule = MatchRule(type="signal", interface="org.a11y.atspi.Event.Object", member="StateChanged")
         Proxy(message_bus, conn).AddMatch(rule)
@@ -160,3 +146,25 @@ class PasswordFocus:
         except Exception:  # noqa: BLE001 - the object may be gone already
             return None
 
+
+def a11y_bus_address(enable_bridges: bool = True) -> str:
+    """The accessibility bus's address ($AT_SPI_BUS_ADDRESS, else asked of the session bus's
+    org.a11y.Bus). enable_bridges sets org.a11y.Status.IsEnabled, as a screen reader does. Raises
+    (KeyError without DBUS_SESSION_BUS_ADDRESS, OSError, a D-Bus error) where there is no bus."""
+    from jeepney import DBusAddress, new_method_call
+    from jeepney.io.blocking import open_dbus_connection
+
+    address = os.environ.get("AT_SPI_BUS_ADDRESS")
+    if address:
+        return address
+    session = open_dbus_connection(bus="SESSION", enable_fds=False)
+    try:
+        bus = DBusAddress("/org/a11y/bus", bus_name="org.a11y.Bus", interface="org.a11y.Bus")
+        address = session.send_and_get_reply(new_method_call(bus, "GetAddress"), timeout=3).body[0]
+        if enable_bridges:
+            props = DBusAddress("/org/a11y/bus", bus_name="org.a11y.Bus", interface="org.freedesktop.DBus.Properties")
+            session.send_and_get_reply(new_method_call(props, "Set", "ssv", ("org.a11y.Status", "IsEnabled", ("b", True))),
+                                       timeout=3)
+    finally:
+        session.close()
+    return address

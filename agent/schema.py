@@ -193,9 +193,13 @@ class Observation:
     post_screenshot: str | None = None  # frame after the screen settled
     post_time: float | None = None
     extra: dict = field(default_factory=dict)  # e.g. a UI hierarchy, focused window title
+    # what was on the pre-action frame (agent.elements.Element, screenshot pixels); None: no list
+    elements: list | None = None
+    # where the list came from (atspi | uiautomator2 | dom | sandbox), or why there is none ("none: ...")
+    elements_source: str | None = None
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "screenshot": self.screenshot,
             "width": self.width,
             "height": self.height,
@@ -205,6 +209,12 @@ class Observation:
             "post_time": self.post_time,
             "extra": self.extra,
         }
+        # written only when present: an episode without lists keeps its dict (and content hash) as before
+        if self.elements is not None:
+            d["elements"] = [e.to_dict() for e in self.elements]
+        if self.elements_source is not None:
+            d["elements_source"] = self.elements_source
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Observation":
@@ -219,11 +229,31 @@ class Observation:
                 post_screenshot=d.get("post_screenshot"),
                 post_time=d.get("post_time"),
                 extra=dict(d.get("extra") or {}),
+                elements=_elements(d.get("elements"), where),
+                elements_source=_elements_source(d.get("elements_source"), where),
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, SchemaError):
                 raise
             raise SchemaError(f"{where}: {e}") from None
+
+
+def _elements(items, where: str) -> list | None:
+    """An observation's element list (agent.elements), validated; None stays None (no list)."""
+    if items is None:
+        return None
+    from agent.elements import ElementError, elements_from_dicts  # agent.elements imports coords, which imports this module
+
+    try:
+        return elements_from_dicts(items, f"{where}: elements")
+    except ElementError as e:
+        raise SchemaError(str(e)) from None
+
+
+def _elements_source(source, where: str) -> str | None:
+    if source is not None and not isinstance(source, str):
+        raise SchemaError(f"{where}: elements_source must be a string, got {type(source).__name__}")
+    return source
 
 
 @dataclass

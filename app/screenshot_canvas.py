@@ -3,6 +3,9 @@
 Points go normalized -> screenshot pixels through agent.coords.normalized_to_image (the transform
 the executor's coordinate chain starts from), then screenshot pixels -> widget pixels by the
 scale and offset of the fitted pixmap rectangle. Both directions are pure functions below.
+
+With an element list shown (set_elements, set_elements_shown), each element's box is outlined
+with its index in the list, and the one under the pointer is filled and named.
 """
 from __future__ import annotations
 
@@ -50,6 +53,23 @@ def normalized_to_widget(point, image_w: int, image_h: int, rect: Rect) -> tuple
     return (rect[0] + ix * rect[2] / image_w, rect[1] + iy * rect[3] / image_h)
 
 
+def element_at(elements, x: float, y: float) -> int | None:
+    """The index of the smallest element whose box (screenshot pixels) holds the point, or None."""
+    best, area = None, None
+    for i, e in enumerate(elements or ()):
+        if e.contains(x, y):
+            a = (e.box[2] - e.box[0]) * (e.box[3] - e.box[1])
+            if area is None or a < area:
+                best, area = i, a
+    return best
+
+
+def element_line(index: int, e) -> str:
+    """How the hovered element is named: as the model reads it, in screenshot pixels."""
+    tail = "".join(f" {s}" for s in e.states) + (f" value '{e.value}'" if e.value else "")
+    return f"[{index}] {e.role} '{e.name}' ({e.box[0]},{e.box[1]},{e.box[2]},{e.box[3]}){tail}"
+
+
 def widget_to_normalized(pos, image_w: int, image_h: int, rect: Rect) -> tuple[float, float] | None:
     """Widget coordinates -> normalized screenshot point; None outside the drawn pixmap."""
     x, y = pos
@@ -69,6 +89,7 @@ class ScreenshotCanvas(QWidget):
     pointsEdited = Signal(object)  # {param_name: (x, y) normalized}
     navigate = Signal(int)  # -1 / +1 from the Up/Down keys
     regionSelected = Signal(object)  # (x0, y0, x1, y1) normalized, in region mode; None: Esc cancelled it
+    elementHovered = Signal(object)  # the index of the element under the pointer, or None
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -87,6 +108,9 @@ class ScreenshotCanvas(QWidget):
         self._dragging = False
         self._region_mode = False  # press-drag-release selects a rectangle instead of moving points
         self._region: tuple[tuple[float, float], tuple[float, float]] | None = None  # widget corners
+        self._elements: list = []  # agent.elements.Element, screenshot pixels
+        self._elements_shown = False
+        self._hovered: int | None = None
 
     # ------------------------------------------------------------ state
     def set_region_mode(self, on: bool) -> None:
@@ -114,6 +138,45 @@ class ScreenshotCanvas(QWidget):
         self._action = action
         self.setCursor(Qt.CrossCursor if self._editable_points() else Qt.ArrowCursor)
         self.update()
+
+    def set_elements(self, elements) -> None:
+        """The observation's element list (None or [] : none)."""
+        self._elements = list(elements or ())
+        self._set_hovered(None)
+        self.update()
+
+    def set_elements_shown(self, on: bool) -> None:
+        self._elements_shown = bool(on)
+        self.setMouseTracking(self._elements_shown)  # hover names an element without a button held
+        self._set_hovered(None)
+        self.update()
+
+    def elements_shown(self) -> bool:
+        return self._elements_shown
+
+    def hovered_element(self) -> int | None:
+        return self._hovered
+
+    def _set_hovered(self, index: int | None) -> None:
+        if index != self._hovered:
+            self._hovered = index
+            self.elementHovered.emit(index)
+            self.update()
+
+    def _hover(self, pos) -> None:
+        if not (self._elements_shown and self._elements):
+            return
+        x, y, w, h = self.image_rect()
+        if not (x <= pos[0] <= x + w and y <= pos[1] <= y + h):
+            return self._set_hovered(None)
+        self._set_hovered(element_at(self._elements, (pos[0] - x) * self._image_w / w, (pos[1] - y) * self._image_h / h))
+
+    def element_rect(self, index: int) -> QRectF:
+        """Where element `index`'s box is drawn, in widget pixels."""
+        x, y, w, h = self.image_rect()
+        sx, sy = w / self._image_w, h / self._image_h
+        x0, y0, x1, y1 = self._elements[index].box
+        return QRectF(x + x0 * sx, y + y0 * sy, (x1 - x0) * sx, (y1 - y0) * sy)
 
     def set_proposal(self, action: Action | None) -> None:
         """The agent's original proposal, drawn dashed and grey under the corrected action."""
@@ -160,6 +223,7 @@ class ScreenshotCanvas(QWidget):
         event.accept()
 
     def mouseMoveEvent(self, event):
+        self._hover((event.position().x(), event.position().y()))
         if self._region is not None:
             self._region = (self._region[0], (event.position().x(), event.position().y()))
             self.update()
@@ -230,6 +294,10 @@ class ScreenshotCanvas(QWidget):
             super().keyPressEvent(event)
 
     # ------------------------------------------------------------ drawing
+    def leaveEvent(self, event):
+        self._set_hovered(None)
+        super().leaveEvent(event)
+
     def resizeEvent(self, event):
         self._scaled = None
         super().resizeEvent(event)
@@ -251,6 +319,8 @@ class ScreenshotCanvas(QWidget):
             p.drawText(target, Qt.AlignCenter, self._missing or "no screenshot")
         p.setPen(QPen(QColor(0, 0, 0, 60), 1))
         p.drawRect(target.adjusted(-0.5, -0.5, 0.5, 0.5))
+        if self._elements_shown and self._elements:
+            self._draw_elements(p, target)
         if self._proposal is not None:
             self._draw_proposal(p, self._proposal)
         if self._action is not None:
@@ -312,6 +382,30 @@ class ScreenshotCanvas(QWidget):
         else:  # wait, press_home, open_app, terminal tools: a caption of the call
             args = ", ".join(f"{k}={visible_text(str(v), 40)}" for k, v in a.args.items())
             self._label(p, target, f"{name}({args})" if args else name, self._bottom(target))
+
+    def _draw_elements(self, p: QPainter, target: QRectF) -> None:
+        """Every element's box with its index; the hovered one filled and named along the top."""
+        f = QFont(self.font())
+        f.setPixelSize(10)
+        f.setBold(True)
+        p.setFont(f)
+        fm = QFontMetricsF(f)
+        for i in range(len(self._elements)):
+            r = self.element_rect(i)
+            hovered = i == self._hovered
+            p.setPen(QPen(QColor("#ff8c00" if hovered else "#0b7285"), 3 if hovered else 2))
+            p.setBrush(QColor(255, 140, 0, 60) if hovered else Qt.NoBrush)
+            p.drawRect(r)
+            tag = QRectF(r.left(), r.top(), fm.horizontalAdvance(str(i)) + 6, fm.height() + 2)
+            p.setPen(Qt.NoPen)
+            p.setBrush(QColor("#ff8c00" if hovered else "#0b7285"))
+            p.drawRect(tag)
+            p.setPen(QColor("white"))
+            p.drawText(tag, Qt.AlignCenter, str(i))
+        p.setBrush(Qt.NoBrush)
+        if self._hovered is not None:
+            e = self._elements[self._hovered]
+            self._label(p, target, element_line(self._hovered, e), QPointF(target.center().x(), target.top() + 16), "#ff8c00")
 
     def _draw_proposal(self, p: QPainter, a: Action) -> None:
         pts = [self._pt(v) for v in a.points()]

@@ -141,13 +141,25 @@ class StepViewer(QWidget):
         self.canvas.pointsEdited.connect(self._points_from_canvas)
         self.canvas.navigate.connect(self.move)
         self.canvas.regionSelected.connect(self._region_selected)
+        self.canvas.elementHovered.connect(self._element_hovered)
         self.hint = QLabel()
         self.hint.setObjectName("muted")
         self.hint.setWordWrap(True)
+        # the step's element list (what the platform's accessibility layer said was on the screen)
+        self.elements_btn = QPushButton("Elements")
+        self.elements_btn.setCheckable(True)
+        self.elements_btn.toggled.connect(self._elements_toggled)
+        self.element_info = QLabel()
+        self.element_info.setObjectName("muted")
+        self.element_info.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        under = QHBoxLayout()
+        under.addWidget(self.elements_btn)
+        under.addWidget(self.element_info, 1)
         centre = QWidget()
         cl = QVBoxLayout(centre)
         cl.setContentsMargins(0, 0, 0, 0)
         cl.addWidget(self.canvas, 1)
+        cl.addLayout(under)
         cl.addWidget(self.hint)
 
         # right: the editor
@@ -340,6 +352,7 @@ class StepViewer(QWidget):
             self.canvas.set_observation(None, 16, 10, "this episode has no steps")
             self.canvas.set_action(None)
             self.canvas.set_proposal(None)
+            self._show_elements(None)
             self.action_editor.clear()  # else the last episode's action stays in the form
             self.provenance.setText("")
             self.hint.setText("")
@@ -350,12 +363,47 @@ class StepViewer(QWidget):
         self.canvas.set_observation(pm, obs.width, obs.height, missing)
         self.canvas.set_action(step.action)
         self.canvas.set_proposal(step.provenance.proposal_action if step.provenance.source == "corrected" else None)
+        self._show_elements(obs)
         self.thought.setPlainText(step.thought)
         self.action_editor.set_action(step.action, self.episode.platform, obs.width, obs.height)
         self.provenance.setText(self._describe(step.provenance, obs.width, obs.height))
         self._loading = False
         self._update_dirty()
         self._update_hint(step.action)
+
+    def _show_elements(self, obs) -> None:
+        """The toggle and the canvas for this observation's element list (or why it has none)."""
+        elements = obs.elements if obs is not None else None
+        self.canvas.set_elements(elements)
+        has = bool(elements)
+        self.elements_btn.setEnabled(has)
+        self.elements_btn.setText(f"Elements ({len(elements)})" if has else "Elements")
+        source = obs.elements_source if obs is not None else None
+        if has:
+            tip = f"Outline the {plural(len(elements), 'element')} the platform listed ({source or 'unknown source'}); hover one to see it"
+        elif elements is not None:
+            tip = f"The platform listed no element on this screen ({source or 'unknown source'})"
+        else:
+            tip = f"No element list: {source.removeprefix('none: ')}" if source else "This step has no element list"
+        self.elements_btn.setToolTip(tip)
+        self.canvas.set_elements_shown(has and self.elements_btn.isChecked())
+        self._element_hovered(None)
+
+    def _elements_toggled(self, on: bool) -> None:
+        self.canvas.set_elements_shown(on and self.elements_btn.isEnabled())
+        self._element_hovered(None)
+
+    def _element_hovered(self, index) -> None:
+        from app.screenshot_canvas import element_line
+
+        step = self.current_step()
+        items = step.observation.elements if step is not None else None
+        if index is not None and items and 0 <= index < len(items):
+            self.element_info.setText(element_line(index, items[index]))
+        elif self.canvas.elements_shown():
+            self.element_info.setText("Hover a box to see its element")
+        else:
+            self.element_info.setText("")
 
     @staticmethod
     def _describe(prov: Provenance, w: int, h: int) -> str:

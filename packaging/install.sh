@@ -28,7 +28,7 @@ SUDO=""
 # Qt's xcb platform plugin and audio need these system libraries.
 debs=(libxcb-icccm4 libxcb-keysyms1 libxcb-xinerama0 libxcb-cursor0 libxkbcommon-x11-0 libegl1 libgl1
       libfontconfig1 libdbus-1-3 libpulse0 libportaudio2 xdotool scrot
-      dbus-daemon at-spi2-core)  # the accessibility bus: the recorder asks it whether a password field is focused
+      dbus-daemon at-spi2-core)  # the accessibility bus: is a password field focused, and the active window's element list
 [ $want_test -eq 1 ] && debs+=(xvfb espeak-ng sox pulseaudio pulseaudio-utils libasound2-plugins xterm  # xterm: the gate's terminal test
                               chromium chromium-driver)  # MiniWoB++ (trainer/sandbox/miniwob_env.py)
 if command -v apt-get >/dev/null; then

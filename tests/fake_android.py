@@ -6,8 +6,10 @@ adb transport is replaced (uiautomator2 3.x talks to the device only through adb
 TCP socket to this server on 127.0.0.1 instead of adb's tcp:9008 tunnel, and its shell answers
 the few commands uiautomator2 runs (md5sum of u2.jar, monkey, input keyevent).
 
-The phone has one screen with a text field, a password field and a button; clicks hit them by
-their bounds, so a test can check that the executor reached the right pixels.
+The phone has one screen with a text field, a password field, a button and a Wi-Fi check box
+(a click toggles it); clicks hit them by their bounds, so a test can check that the executor
+reached the right pixels. Below them, a settings-style list (clickable rows named by the texts
+inside them), a disabled switch and a node that is not visible to the user.
 """
 from __future__ import annotations
 
@@ -28,7 +30,21 @@ WIDGETS = {  # name: (left, top, right, bottom), class, password
     "field": ((40, 200, 500, 280), "android.widget.EditText", False),
     "password": ((40, 320, 500, 400), "android.widget.EditText", True),
     "button": ((170, 500, 370, 600), "android.widget.Button", False),
+    "wifi": ((40, 640, 500, 700), "android.widget.CheckBox", False),
 }
+LABELS = {"button": "OK", "wifi": "Wi-Fi"}
+# static nodes after the widgets: a list of two settings rows, a disabled switch, a hidden node
+STATIC_NODES = (
+    '<node index="0" class="androidx.recyclerview.widget.RecyclerView" scrollable="true" bounds="[0,740][540,1000]">'
+    '<node index="0" class="android.widget.LinearLayout" clickable="true" bounds="[0,740][540,860]">'
+    '<node index="0" class="android.widget.TextView" text="Display" bounds="[40,760][400,800]" />'
+    '<node index="1" class="android.widget.TextView" text="Brightness, dark theme" bounds="[40,800][500,840]" /></node>'
+    '<node index="1" class="android.widget.LinearLayout" clickable="true" bounds="[0,860][540,980]">'
+    '<node index="0" class="android.widget.TextView" text="Sound" bounds="[40,880][400,920]" /></node></node>'
+    '<node index="1" class="android.widget.Switch" text="Airplane mode" checkable="true" checked="false" enabled="false" '
+    'bounds="[40,1020][500,1080]" />'
+    '<node index="2" class="android.widget.Button" text="Hidden" clickable="true" visible-to-user="false" bounds="[40,1100][500,1160]" />'
+)
 
 
 class PhoneState:
@@ -36,6 +52,7 @@ class PhoneState:
         self.lock = threading.Lock()
         self.calls: list[tuple[str, list]] = []
         self.text = {"field": "", "password": ""}
+        self.checked = {"wifi": False}
         self.focused: str | None = None
         self.button_presses = 0
         self.long_presses: list[tuple[int, int]] = []
@@ -56,7 +73,7 @@ class PhoneState:
         d = ImageDraw.Draw(img)
         for name, ((l, t, r, b), _, pw) in WIDGETS.items():
             d.rectangle([l, t, r, b], outline=(0, 0, 0), fill=(255, 255, 255) if name != "button" else (80, 140, 255))
-            label = ("*" * len(self.text[name])) if pw else self.text.get(name, "OK")
+            label = ("*" * len(self.text[name])) if pw else self.text.get(name, LABELS.get(name))
             d.text((l + 10, t + 10), label, fill=(0, 0, 0))
         d.text((10, 10), f"app {self.app}", fill=(0, 0, 0))
         out = io.BytesIO()
@@ -66,13 +83,14 @@ class PhoneState:
     def hierarchy(self) -> str:
         nodes = []
         for i, (name, ((l, t, r, b), cls, pw)) in enumerate(WIDGETS.items()):
-            text = self.text.get(name, "OK")
+            text = self.text.get(name, LABELS.get(name))
+            check = f'checkable="true" checked="{str(self.checked[name]).lower()}" ' if name in self.checked else ""
             nodes.append(
                 f'<node index="{i}" text="{text}" resource-id="fake:id/{name}" class="{cls}" package="{self.app}" '
-                f'clickable="true" focused="{str(self.focused == name).lower()}" password="{str(pw).lower()}" '
+                f'clickable="true" {check}focused="{str(self.focused == name).lower()}" password="{str(pw).lower()}" '
                 f'bounds="[{l},{t}][{r},{b}]" />'
             )
-        inner = "".join(nodes)
+        inner = "".join(nodes) + STATIC_NODES
         return ("<?xml version='1.0' encoding='UTF-8' standalone='yes' ?>\r\n<hierarchy rotation=\"0\">"
                 f'<node index="0" class="android.widget.FrameLayout" package="{self.app}" bounds="[0,0][{WIDTH},{HEIGHT}]">'
                 f"{inner}</node></hierarchy>")
@@ -93,6 +111,8 @@ class PhoneState:
                 target = self.hit(x, y)
                 if target == "button":
                     self.button_presses += 1
+                elif target in self.checked:
+                    self.checked[target] = not self.checked[target]
                 elif target in self.text:
                     self.focused = target
                 return True

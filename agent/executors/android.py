@@ -24,6 +24,103 @@ DEFAULT_APPS = {
 }
 
 
+# android.widget class (last part of the name) -> agent.elements.ROLES
+CLASS_ROLES = {
+    "Button": "button", "ImageButton": "button", "FloatingActionButton": "button", "MaterialButton": "button",
+    "CheckBox": "checkbox", "Switch": "checkbox", "SwitchCompat": "checkbox", "SwitchMaterial": "checkbox",
+    "ToggleButton": "checkbox", "CheckedTextView": "checkbox", "MaterialCheckBox": "checkbox",
+    "RadioButton": "radio", "MaterialRadioButton": "radio",
+    "EditText": "text_field", "AutoCompleteTextView": "text_field", "MultiAutoCompleteTextView": "text_field",
+    "TextInputEditText": "text_field", "SearchView": "text_field",
+    "SeekBar": "slider", "RatingBar": "slider", "Slider": "slider",
+    "Spinner": "combo", "Tab": "tab", "TabView": "tab",
+}
+LISTS = ("ListView", "RecyclerView", "GridView", "ExpandableListView")  # a clickable child of these is a list item
+
+
+def _bounds(text: str | None):
+    """uiautomator's bounds="[x0,y0][x1,y1]" -> (x0, y0, x1, y1), or None."""
+    try:
+        a, b = (text or "").strip("[]").split("][")
+        x0, y0 = (int(v) for v in a.split(","))
+        x1, y1 = (int(v) for v in b.split(","))
+    except ValueError:
+        return None
+    return x0, y0, x1, y1
+
+
+def _texts(node) -> list[str]:
+    """The texts and descriptions inside a node, in order (a clickable row's name)."""
+    return [t for n in node.iter("node") for t in (n.get("text"), n.get("content-desc")) if t and t.strip()]
+
+
+def hierarchy_elements(hierarchy_xml: str, width: int, height: int, scale: float = 1.0) -> list:
+    """A uiautomator hierarchy dump -> [agent.elements.Element] in screenshot pixels (device pixels
+    times `scale`, cut to the width x height screenshot). Listed: visible nodes that can be acted on
+    (buttons, check boxes, switches, fields, sliders, spinners, anything clickable or checkable) and
+    visible texts and described images; a
+    clickable container (a settings row) is named by the texts inside it, which are then not listed
+    again. A password field gets the state "password" and never a value. Raises ValueError on XML
+    that does not parse."""
+    from agent.elements import STATES, Element
+
+    try:
+        root = ET.fromstring(hierarchy_xml.encode("utf-8") if isinstance(hierarchy_xml, str) else hierarchy_xml)
+    except ET.ParseError as e:
+        raise ValueError(f"the UI hierarchy is not XML: {e}") from None
+    out, named_by_parent = [], set()
+
+    def box_of(node):
+        b = _bounds(node.get("bounds"))
+        if b is None:
+            return None
+        x0, y0, x1, y1 = (round(v * scale) for v in b)
+        x0, y0, x1, y1 = max(0, x0), max(0, y0), min(width, x1), min(height, y1)
+        return (x0, y0, x1, y1) if x0 < x1 and y0 < y1 else None
+
+    def visit(node, parent_cls: str):
+        cls = (node.get("class") or "").rsplit(".", 1)[-1]
+        on = lambda k: node.get(k) == "true"  # noqa: E731
+        if node.get("visible-to-user") == "false":
+            return
+        box = box_of(node)
+        text, desc = (node.get("text") or "").strip(), (node.get("content-desc") or "").strip()
+        role = CLASS_ROLES.get(cls)
+        if role is None and on("checkable"):
+            role = "checkbox"
+        if role is None and on("clickable"):  # a clickable TextView, ImageView or row
+            role = "list_item" if parent_cls in LISTS else "button"
+        if role is None and (text or desc) and id(node) not in named_by_parent:
+            role = "image" if "Image" in cls else "label"
+        if box is not None and role is not None and id(node) not in named_by_parent:
+            password = on("password")
+            if role == "text_field" or password:  # a password's text is never a name or a value
+                hint = (node.get("hint") or "").strip()
+                rid = (node.get("resource-id") or "").rsplit("/", 1)[-1]
+                name, value = desc or hint or rid, (None if password or not text or text == hint else text)
+            else:
+                name, value = text or desc, None
+                if not name and role in ("button", "list_item", "checkbox", "radio", "tab"):
+                    inner = [n for n in node.iter("node") if n is not node and (n.get("text") or n.get("content-desc") or "").strip()]
+                    if inner:
+                        name = " \u00b7 ".join(_texts(node)[:2])  # a row's title and summary
+                        named_by_parent.update(id(n) for n in inner if not (n.get("clickable") == "true" or n.get("checkable") == "true"))
+                if role == "slider" and text:
+                    value = text
+            states = {s for s in ("checked", "selected", "focused") if on(s)}
+            if node.get("enabled") == "false":
+                states.add("disabled")
+            if password:
+                states.add("password")
+            out.append(Element(role, name, box, tuple(sorted(states, key=STATES.index)), value))
+        for child in node.findall("node"):
+            visit(child, cls)
+
+    for top in root.findall("node"):
+        visit(top, "")
+    return out
+
+
 def focused_password(hierarchy_xml: str) -> bool:
     """True when the focused node of a uiautomator hierarchy dump is a password field."""
     try:
@@ -51,6 +148,7 @@ class AndroidExecutor:
         self.with_hierarchy = with_hierarchy
         self.stop_event = stop_event or threading.Event()
         self._last: Frame | None = None
+        self._scales: dict[tuple[int, int], float] = {}  # screenshot size -> screenshot px per device px
 
     @property
     def device(self):
@@ -74,13 +172,35 @@ class AndroidExecutor:
             raise ExecutionError("the device returned no screenshot")
         img = img.convert("RGB")
         extra = {}
+        elements, source = None, "none: the UI hierarchy is not read (with_hierarchy is off)"
         if self.with_hierarchy:
             xml = d.dump_hierarchy()
             extra["hierarchy"] = xml
             extra["password_focused"] = focused_password(xml)
+            try:
+                elements = hierarchy_elements(xml, img.width, img.height, self._scale(img.width, img.height))
+                source = "uiautomator2"
+            except ValueError as e:
+                source = f"none: {e}"
         geometry = ScreenGeometry.simple(img.width, img.height)
-        self._last = Frame(geometry=geometry, pixels=np.asarray(img), time=t, extra=extra)
+        self._last = Frame(geometry=geometry, pixels=np.asarray(img), time=t, extra=extra, elements=elements,
+                           elements_source=source)
         return self._last
+
+    def _scale(self, width: int, height: int) -> float:
+        """Screenshot pixels per device pixel (the hierarchy's bounds are device pixels), asked of
+        the device once per screenshot size. uiautomator2 takes full-size screenshots, so it is 1
+        where either side matches the display's (its height may leave out the navigation bar)."""
+        if (width, height) not in self._scales:
+            try:
+                info = self.device.info
+                dw, dh = int(info["displayWidth"]), int(info["displayHeight"])
+            except Exception:  # noqa: BLE001 - an older server: assume full size, as uiautomator2 takes it
+                dw = dh = 0
+            sides = {dw, dh}
+            self._scales[(width, height)] = (1.0 if width in sides or height in sides or min(dw, dh) <= 0
+                                             else min(width, height) / min(dw, dh))
+        return self._scales[(width, height)]
 
     def reset(self, *, seed=None, options=None):
         # the stop flag is not cleared here: its owner (AgentLoop) clears it when a run is set up

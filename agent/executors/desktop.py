@@ -53,11 +53,12 @@ class DesktopExecutor:
 
     def __init__(self, *, monitor: int = 1, display: str | None = None, settle: float = 0.15, wait_seconds: float = 5.0,
                  drag_seconds: float = 0.2, scroll_clicks: int = 5, text_backend: str = "auto", stop_event=None,
-                 password_fields: bool = True):
+                 password_fields: bool = True, elements: bool = True):
         """monitor: mss monitor index (1 = primary, 0 = all monitors as one image).
         settle: seconds to let the screen update after an action before the next screenshot.
         password_fields: watch the accessibility bus and mark observations taken while a password
-        field is focused (the gate then asks before typing)."""
+        field is focused (the gate then asks before typing).
+        elements: put the active window's element list (AT-SPI, agent.atspi_elements) on each frame."""
         self.monitor = monitor
         self.display = display or os.environ.get("DISPLAY")
         self.settle = settle
@@ -74,6 +75,8 @@ class DesktopExecutor:
         self.password_fields = password_fields
         self._password = None  # agent.password_focus.PasswordFocus, started with the first observation
         self._focus = None  # agent.focused_window.FocusedWindow, opened with the first observation
+        self.elements = elements
+        self._elements = None  # agent.atspi_elements.AtspiElements, connected with the first observation
         # () -> [(x, y, w, h)] in the OS input space: windows of the app itself (Drive's control
         # strip) painted out of the screenshot, so the agent neither sees nor clicks its own controls
         self.hidden_regions = None
@@ -129,11 +132,26 @@ class DesktopExecutor:
         except ImportError:
             pixels = bgra[:, :, :3]  # a view; encode_pixels copies it
         geometry = self.geometry_for(mon, grab.width, grab.height)
-        if self.hidden_regions is not None:
+        hidden = self.hidden_regions() if self.hidden_regions is not None else None
+        if hidden is not None:
             pixels = np.array(pixels)  # writable (a view of the grab is not)
-            paint_out(pixels, self.hidden_regions(), geometry)
-        self._last = Frame(geometry=geometry, pixels=pixels, bgr=True, time=t, extra=self._focus_facts(t))
+            paint_out(pixels, hidden, geometry)
+        extra = self._focus_facts(t)
+        elements, source = self._element_list(geometry, hidden)
+        self._last = Frame(geometry=geometry, pixels=pixels, bgr=True, time=t, extra=extra, elements=elements,
+                           elements_source=source)
         return self._last
+
+    def _element_list(self, geometry: ScreenGeometry, hidden) -> tuple[list | None, str | None]:
+        """The active window's element list right after the grab, or (None, why not)."""
+        if not self.elements:
+            return None, None
+        if self._elements is None:
+            from agent.atspi_elements import AtspiElements
+
+            self._elements = AtspiElements(focused_pid=lambda: self._focus.focused_pid() if self._focus else None)
+        reading = self._elements.read(geometry, hidden)
+        return reading.elements, reading.source
 
     def _focus_facts(self, t: float, *, processes: bool = False) -> dict:
         """Where typed text would go, at time t: the focused window's title and class, whether a
@@ -349,6 +367,9 @@ class DesktopExecutor:
                 pass
 
     def close(self) -> None:
+        if self._elements is not None:
+            self._elements.close()
+            self._elements = None
         if self._password is not None:
             self._password.stop()
             self._password = None

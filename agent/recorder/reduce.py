@@ -13,6 +13,8 @@ Raw events are dicts with a monotonic time `t` (agent.schema.monotonic) and a `k
                             'page_up', 'f5', ...); secret: true when the recorder masked it
     frame                   t_end, blob (hash), width, height, why: pre|settled|change|start|stop
     note                    text (a typed think-aloud note, attached to the step at t)
+    elements                t_end, elements ([agent.elements.Element dicts] or None), source: the
+                            active window's element list, read from t to t_end (agent.recorder.element_watch)
     pause / resume / denied / allowed / secret_on / secret_off / start / stop   (markers)
 
 Rules (thresholds in `Thresholds`, one place):
@@ -34,6 +36,9 @@ Rules (thresholds in `Thresholds`, one place):
   A modifier pressed and released alone is no action, except super/cmd alone -> hotkey 'win'.
   Keys outside the action space's key names (media keys, num_lock) are skipped.
 - an input gap of at least `wait_idle_s` during which the screen changed -> wait.
+- a step's element list is the last one read entirely between the previous action's end (and
+  the last pause, resume, denied or allowed marker) and its own start; without one, the step
+  says why (elements_source "none: ...").
 """
 from __future__ import annotations
 
@@ -317,6 +322,38 @@ def frame_before(frames: list[dict], t: float) -> dict | None:
     return best
 
 
+NO_FRESH_LIST = "none: no element list was read between the previous action and this one"
+
+
+def list_event_for(lists: list[dict], gaps: list[float], t_start: float, after: float) -> dict | None:
+    """The `elements` event (of `lists`, sorted by t_end) read last entirely after `after` (the
+    previous action's end) and after the last capture gap (pause, resume, denied, allowed) before
+    an action starting at t_start; None when there is none."""
+    floor = max([after] + [g for g in gaps if g <= t_start])
+    best = None
+    for e in lists:
+        if e.get("t_end", e["t"]) > t_start:
+            break
+        if e["t"] >= floor:
+            best = e
+    return best
+
+
+def elements_for(lists: list[dict], gaps: list[float], t_start: float, after: float):
+    """(elements, source) for an action starting at t_start (see list_event_for); (None, None)
+    when the recording read no lists at all (older recordings, lists switched off)."""
+    if not lists:
+        return None, None
+    best = list_event_for(lists, gaps, t_start, after)
+    if best is None:
+        return None, NO_FRESH_LIST
+    if best.get("elements") is None:
+        return None, str(best.get("source") or "none")
+    from agent.elements import elements_from_dicts
+
+    return elements_from_dicts(best["elements"], "raw elements event"), str(best.get("source") or "atspi")
+
+
 def add_waits(actions: list[ActionRecord], frames: list[dict], events: list[dict], th: Thresholds = Thresholds()) -> list[ActionRecord]:
     """Insert a wait for each input gap of at least wait_idle_s in which the screen changed
     (a frame differing from the one at the gap's start) and capture was not paused."""
@@ -360,6 +397,8 @@ def build_steps(
     captured image. words: [{'text', 't0', 't1'}] on the same clock (a transcript)."""
     frames = frames_of(events)
     actions = add_waits(reduce_actions(events, th), frames, events, th)
+    lists = sorted((e for e in events if e.get("kind") == "elements"), key=lambda e: e.get("t_end", e["t"]))
+    gaps = [float(e["t"]) for e in events if e.get("kind") in ("pause", "resume", "denied", "allowed")]
     steps: list[Step] = []
     windows = [(a.t_start, a.t_end) for a in actions]
     notes = attach_texts(windows, [(float(e["t"]), str(e.get("text", ""))) for e in events if e.get("kind") == "note"])
@@ -386,6 +425,7 @@ def build_steps(
         info["screen_points"] = [list(v) for v in a.args.values() if isinstance(v, tuple)]
         if pre is not None:
             info["frame_age_s"] = round(a.t_start - pre["t"], 4)
+        elements, elements_source = elements_for(lists, gaps, a.t_start, actions[i - 1].t_end if i else -math.inf)
         if notes[i]:
             info["notes"] = notes[i]
         if spoken[i]:
@@ -401,6 +441,8 @@ def build_steps(
                     time=pre["t"] if pre else a.t_start,
                     post_screenshot=post["blob"] if post else None,
                     post_time=post["t"] if post else None,
+                    elements=elements,
+                    elements_source=elements_source,
                 ),
                 thought=thought,
                 action=Action(a.name, args),

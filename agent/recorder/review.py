@@ -3,9 +3,15 @@
 Both change what is stored, not just the view: a deleted step's frames (when no other step uses
 them) and its raw input events in its time span are removed; a blurred region is written into a
 new image blob, every step and raw frame event that used the old image now points at the new
-one, and the old blob is deleted when nothing else uses it.
+one, and the old blob is deleted when nothing else uses it. Elements of a blurred pre-action
+frame's list whose box meets the region lose their name and value (the text the blur hides), in
+the steps and in the raw lists they were reduced from.
 """
 from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
 
 from agent.recorder.errors import RecorderError
 
@@ -66,14 +72,52 @@ def blur_region(store, episode_id: str, index: int, rect, which: str = "pre") ->
     if not old:
         raise RecorderError(f"step {index} has no {which}-action frame")
     new = store.put_blob(blur_image(store.get_blob(old), rect))
-    for s in ep.steps:
+    listed = []  # (step, previous step's end) of the steps whose list describes the blurred frame
+    for k, s in enumerate(ep.steps):
         if s.observation.screenshot == old:
             s.observation.screenshot = new
+            if s.observation.elements:
+                s.observation.elements = _blank_covered(s.observation.elements, rect, s.observation.width,
+                                                        s.observation.height)
+            listed.append((s, ep.steps[k - 1].t_end if k else -math.inf))
         if s.observation.post_screenshot == old:
             s.observation.post_screenshot = new
     with store.transaction():
         store.save_episode(ep, bump_revision=True)
         store.execute("UPDATE raw_events SET data = replace(data, ?, ?) WHERE episode_id = ? AND kind = 'frame'",
                       [old, new, episode_id])
+        _blank_raw_lists(store, episode_id, listed, rect)
     store.remove_unreferenced({old} - {new})
     return new
+
+
+def _covered(box, rect, width: int, height: int) -> bool:
+    x0, y0, x1, y1 = rect[0] * width, rect[1] * height, rect[2] * width, rect[3] * height
+    return box[0] < x1 and x0 < box[2] and box[1] < y1 and y0 < box[3]
+
+
+def _blank_covered(elements, rect, width: int, height: int) -> list:
+    return [replace(e, name="", value=None) if _covered(e.box, rect, width, height) else e for e in elements]
+
+
+def _blank_raw_lists(store, episode_id: str, listed, rect) -> None:
+    """The raw `elements` events the listed steps' lists came from, blanked as the steps' are."""
+    from agent.recorder.reduce import list_event_for
+
+    if not listed:
+        return
+    rows = store.query("SELECT seq, t, data FROM raw_events WHERE episode_id = ? AND kind = 'elements'", [episode_id])
+    if not rows:
+        return
+    events = sorted(({"seq": r["seq"], "t": r["t"], **json.loads(r["data"])} for r in rows), key=lambda e: e.get("t_end", e["t"]))
+    gaps = [r["t"] for r in store.query("SELECT t FROM raw_events WHERE episode_id = ? AND kind IN "
+                                        "('pause', 'resume', 'denied', 'allowed')", [episode_id])]
+    for step, after in listed:
+        e = list_event_for(events, gaps, step.t_start, after)
+        if e is None or not e.get("elements"):
+            continue
+        w, h = step.observation.width, step.observation.height
+        e["elements"] = [{**{k: v for k, v in d.items() if k != "value"}, "name": ""}
+                         if _covered(d["box"], rect, w, h) else d for d in e["elements"]]
+        data = {k: v for k, v in e.items() if k not in ("seq", "t", "kind")}
+        store.execute("UPDATE raw_events SET data = ? WHERE episode_id = ? AND seq = ?", [json.dumps(data), episode_id, e["seq"]])

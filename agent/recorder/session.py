@@ -54,6 +54,7 @@ class RecorderConfig:
     thresholds: Thresholds = field(default_factory=Thresholds)
     producer: str | None = None
     password_fields: bool = True  # mask keys while the platform says a password field is focused
+    elements: bool = True  # store the active window's element list (AT-SPI) beside each pre-action frame
 
     def __post_init__(self):  # refused when made, before any store or thread exists
         if not 0 < self.fps <= 60:
@@ -120,6 +121,8 @@ class RecordingSession:
         self._audio_segments: list[dict] = []
         self._segment = None
         self.screen = self.input = self.encoder = self.audio = None
+        self.elements = None  # agent.recorder.element_watch.ElementWatcher, when config.elements
+        self._elements_seq = None  # the reading last written as an `elements` event
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> Episode:
@@ -136,6 +139,11 @@ class RecordingSession:
             from agent.password_focus import PasswordFocus
 
             self.password = PasswordFocus().start(timeout=2.0)
+        if cfg.elements:
+            from agent.recorder.element_watch import ElementWatcher
+
+            self.elements = ElementWatcher(self.screen.geometry, allowed=lambda: not (self.paused or self.denied),
+                                           masked=lambda: self.secret or bool(self.password and self.password.active)).start()
         self.focus = None
         dpi = xft_dpi() if self.screen.geometry and FocusedWindow().available else None
         self.episode = Episode(self.instruction, kind="recording", producer=cfg.producer)
@@ -152,6 +160,7 @@ class RecordingSession:
                         "hotkeys": dict(cfg.hotkeys),
                         "password_fields": {"watched": bool(self.password and self.password.available),
                                             "how": self.password.reason if self.password else "off"}},
+            "elements": {"how": self.elements.reason if self.elements else "off"},
         }
         # what a person must hear before they type anything private (the CLI prints, the app shows these)
         self.warnings = []
@@ -238,7 +247,7 @@ class RecordingSession:
         return "no click, key press or scroll reached the screen while recording"
 
     def _teardown(self) -> None:
-        for part in (self.input, self.audio, self.password):
+        for part in (self.input, self.audio, self.password, self.elements):
             if part is not None:
                 try:
                     part.stop()
@@ -256,6 +265,8 @@ class RecordingSession:
             t = monotonic() if t is None else t
             self.paused = True
             self._pause_log.append((t, True))
+            if self.elements is not None:
+                self.elements.clear()
             self._emit({"t": t, "kind": "pause"})
 
     def resume(self, t: float | None = None) -> None:
@@ -345,6 +356,8 @@ class RecordingSession:
         if hit and not self.denied:
             self.denied = hit
             self.ring.clear()  # frames grabbed just before the check may show the denied window
+            if self.elements is not None:
+                self.elements.clear()
             self._emit({"t": now, "kind": "denied", "entry": hit})
         elif not hit and self.denied:
             self.denied = None
@@ -467,10 +480,21 @@ class RecordingSession:
     def _input_seen(self, t: float) -> None:
         self._last_input = t
         self._settled = False
+        if self.elements is not None:
+            self.elements.poke(0.1)  # the next action's list: read once the screen has answered this input
 
     # ------------------------------------------------------------ frames
     def _request_frame(self, t: float, why: str) -> None:
         self._pending.append((t, why))
+        if why == "pre" and self.elements is not None:
+            self._note_elements(t)
+
+    def _note_elements(self, t: float) -> None:
+        """Write the element list read last before the input at t, once per reading."""
+        snap = self.elements.before(t)
+        if snap.seq < 0 or snap.seq != self._elements_seq:
+            self._elements_seq = snap.seq
+            self._emit(snap.event())
 
     def _pick_frames(self, now: float) -> None:
         latest = self.ring.latest()
@@ -535,7 +559,7 @@ class RecordingSession:
         with self._batch_lock:
             self._batch.append(ev)
             self.events.append(ev)
-            if ev["kind"] not in ("frame", "move"):
+            if ev["kind"] not in ("frame", "move", "elements"):
                 self.event_count += 1
 
     def _flush(self) -> None:

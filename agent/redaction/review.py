@@ -23,7 +23,9 @@ setting privacy.runs is 'review'.
 from __future__ import annotations
 
 import copy
+import json
 import time
+from dataclasses import replace
 
 from agent.redaction import RedactionError
 from agent.redaction.frames import blur_rects, decode, find_regions
@@ -44,8 +46,9 @@ def text_fields(ep: Episode) -> list[tuple[str, str]]:
     """(key, text) of every piece of free text in the episode that could hold personal data and
     is uploaded: the instruction, thoughts, typed text, the model's replies, the proposals kept
     beside corrections, rejection records, tool output and notes (anything in a step's info),
-    window titles and screen text (anything in an observation's extra), why a run ended and what
-    it left unexecuted."""
+    window titles and screen text (anything in an observation's extra), the names and values of
+    the observation's elements (a label holding an e-mail address, a field's text), why a run
+    ended and what it left unexecuted."""
     out = [("instruction", ep.instruction)]
     out += [kv for k in META_TEXTS for kv in _nested_strings(ep.meta.get(k), f"meta/{k}")]
     for s in ep.steps:
@@ -58,6 +61,8 @@ def text_fields(ep: Episode) -> list[tuple[str, str]]:
             out += [(f"{p}/provenance/proposal_action/{k}", v) for k, v in pv.proposal_action.args.items()]
         out += _nested_strings(s.info, f"{p}/info")
         out += _nested_strings(s.observation.extra, f"{p}/observation/extra")
+        for i, e in enumerate(s.observation.elements or ()):
+            out += [(f"{p}/observation/elements/{i}/name", e.name), (f"{p}/observation/elements/{i}/value", e.value)]
     return [(k, t) for k, t in out if isinstance(t, str) and t]
 
 
@@ -113,6 +118,9 @@ def _set_text(ep: Episode, key: str, text: str) -> None:
         setattr(step.provenance, rest[0], text)
     elif where == "info":
         _set_nested(step.info, rest, text)
+    elif rest[0] == "elements":  # observation/elements/<i>/name|value
+        i = int(rest[1])
+        step.observation.elements[i] = replace(step.observation.elements[i], **{rest[2]: text})
     else:  # observation/extra/...
         _set_nested(step.observation.extra, rest[1:], text)
 
@@ -120,7 +128,8 @@ def _set_text(ep: Episode, key: str, text: str) -> None:
 _FIELD_WORDS = {"thought": "thought", "action": "typed text", "raw_response": "model's reply",
                 "proposal_thought": "model's proposal", "proposal_action": "model's proposal",
                 "reason": "rejection reason", "spoken": "spoken", "notes": "note", "rejections": "rejected proposal",
-                "parse_failures": "unreadable reply", "focused_window": "window title", "more_actions": "typed text"}
+                "parse_failures": "unreadable reply", "focused_window": "window title", "more_actions": "typed text",
+                "element_name": "element name", "element_value": "element text"}
 
 
 def field_label(key: str) -> str:
@@ -131,7 +140,7 @@ def field_label(key: str) -> str:
                 "unexecuted": "Proposal left unexecuted"}.get(parts[min(1, len(parts) - 1)], key)
     named = parts[2] if parts[2] in ("thought", "action", "raw_response") else parts[3] if len(parts) > 3 else ""
     if parts[2] == "observation":
-        named = parts[4] if len(parts) > 4 else ""
+        named = f"element_{parts[5]}" if len(parts) > 5 and parts[3] == "elements" else parts[4] if len(parts) > 4 else ""
     default = "screen text" if parts[2] == "observation" else "step info"
     return f"Step {int(parts[1]) + 1} {_FIELD_WORDS.get(named, default)}"
 
@@ -270,6 +279,7 @@ def apply_in_place(store, episode_id: str) -> Episode:
             if entry["redacted"] != h:
                 store.execute("UPDATE raw_events SET data = replace(data, ?, ?) WHERE episode_id = ? AND kind = 'frame'",
                               [h, entry["redacted"], episode_id])
+        _mask_raw_elements(store, episode_id)
         for s in ep.steps:  # the typed keys behind masked text: kept as the recorder keeps secret keys
             if s.index in masked_steps:
                 store.execute(
@@ -278,6 +288,23 @@ def apply_in_place(store, episode_id: str) -> Episode:
                     "AND length(json_extract(data, '$.key')) = 1", [_SECRET, episode_id, s.t_start - 1.0, s.t_end])
     store.remove_unreferenced(old)
     return red
+
+
+def _mask_raw_elements(store, episode_id: str) -> None:
+    """The recorder's raw element lists (what re-reduction rebuilds the steps' lists from) with
+    every personal datum the recognizers find masked: the originals go, as the frames do."""
+    for row in store.query("SELECT seq, data FROM raw_events WHERE episode_id = ? AND kind = 'elements'", [episode_id]):
+        seq, d = row["seq"], json.loads(row["data"])
+        changed = False
+        for e in d.get("elements") or ():
+            for k in ("name", "value"):
+                text = e.get(k)
+                spans = find_pii(text) if isinstance(text, str) and text else []
+                if spans:
+                    e[k], changed = mask(text, spans), True
+        if changed:
+            store.execute("UPDATE raw_events SET data = ? WHERE episode_id = ? AND seq = ?",
+                          [json.dumps(d), episode_id, seq])
 
 
 def _in_place_plan(plan: dict, decisions: list) -> dict:

@@ -40,6 +40,14 @@ def test_generate_writes_rollouts_into_the_store(tmp_path):
         assert ep.outcome.success is True and ep.outcome.source == "verifier" and ep.meta["family"] in ("dialog", "form", "tabs")
         assert all(s.thought and store.get_blob(s.observation.screenshot).startswith(b"\x89PNG") for s in ep.steps)
         assert ep.steps[-1].terminated and not ep.steps[-1].truncated
+        # each step keeps the element list of the frame it acted on; the expert's clicks land in it
+        for e in (store.load_episode(x.id) for x in eps):
+            for s in e.steps:
+                assert s.observation.elements_source == "sandbox" and s.observation.elements
+                for a in [s.action]:
+                    if a.name == "click":
+                        x, y = a.args["start_box"][0] * s.observation.width, a.args["start_box"][1] * s.observation.height
+                        assert any(el.contains(x, y) for el in s.observation.elements), (a, s.observation.elements)
         assert store.check() == []
 
 

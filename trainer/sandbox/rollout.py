@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 from typing import Iterator
 
+from agent.elements import elements_from_dicts
 from agent.schema import Action, Episode, Observation, Outcome, Provenance, ScreenGeometry, Step, monotonic
 from trainer.sandbox.task import HELDOUT_START, split_of
 
@@ -79,6 +80,7 @@ def run_episode(env, policy, family: str, seed: int, *, record: bool = False, tr
                 "actions": [a.to_dict() for a in actions], "reward": reward, "terminated": terminated,
                 "truncated": truncated, "progress": info["progress"], "raw": raw, "t": (t0, monotonic()),
                 "error": info.get("parse_error") or info.get("action_error"),
+                "elements": [e.to_dict() for e in pre["elements"]] if pre.get("elements") is not None else None,
             })
     return {
         "family": family, "seed": seed, "instruction": instruction, "success": bool(info["success"]),
@@ -144,7 +146,10 @@ def to_episode(result: dict, store, producer: str = "expert", policy_version: st
     for i, s in enumerate(result["trajectory"]):
         digest = store.put_blob(s["png"])
         acts = [Action.from_dict(a) for a in s["actions"]] or [Action("wait", {})]
-        obs = Observation(screenshot=digest, width=w, height=h, geometry=geometry, time=s["t"][0])
+        listed = s.get("elements")
+        obs = Observation(screenshot=digest, width=w, height=h, geometry=geometry, time=s["t"][0],
+                          elements=elements_from_dicts(listed) if listed is not None else None,
+                          elements_source="sandbox" if listed is not None else None)
         info = {"progress": s["progress"]}
         if len(acts) > 1:
             info["more_actions"] = [a.to_dict() for a in acts[1:]]

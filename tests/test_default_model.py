@@ -43,10 +43,11 @@ def test_default_model_acts_on_sandbox_tasks_through_the_agent_policy(one_thread
 
     policy = LocalVLMPolicy(str(MODEL), platform="sandbox", max_new_tokens=64)
     from trainer.sandbox.cli import model_screen
+    from trainer.sandbox.env import observation_for
 
-    screen = model_screen(MODEL)  # the size and observation it was trained with
+    screen = model_screen(MODEL)  # the size it was trained at
     env = SandboxEnv(screen.get("width", 320), screen.get("height", 240), coords_space=policy.space,
-                     observation=screen.get("observation", "pixels"))
+                     observation=observation_for(MODEL))
     results = []
     try:
         for k, fam in enumerate(_families()):

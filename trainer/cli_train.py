@@ -416,7 +416,9 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
                     no_effect_penalty=args.no_effect_penalty, engine=args.engine, ray_address=args.ray_address,
                     inference=args.inference, inference_gpus=args.inference_gpus, bf16=args.bf16, grad_checkpointing=args.grad_checkpointing, lora_r=args.lora,
                     lora_alpha=args.lora_alpha, shard=args.shard)
-    env_kw = {"width": args.width, "height": args.height}
+    from trainer.sandbox.env import observation_for
+
+    env_kw = {"width": args.width, "height": args.height, "observation": observation_for(args.model)}
     if args.max_steps:
         env_kw["max_steps"] = args.max_steps
     try:

@@ -57,9 +57,11 @@ def evaluate_model(model_dir, families: list[str], seeds_per_family: int, *, env
     from agent.vlm import load_vlm
     from trainer.actor import VLMActor
 
+    from trainer.sandbox.env import env_kw_for
+
     model, processor = load_vlm(model_dir, device="cpu")
     return evaluate_actor(VLMActor(model, processor, max_new_tokens=max_new_tokens), families, seeds_per_family,
-                          env_kw=env_kw, max_new_tokens=max_new_tokens, progress=progress, miniwob=miniwob,
+                          env_kw=env_kw_for(env_kw, model_dir), max_new_tokens=max_new_tokens, progress=progress, miniwob=miniwob,
                           seed_start=seed_start, miniwob_episodes=miniwob_episodes)
 
 

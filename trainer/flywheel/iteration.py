@@ -307,7 +307,9 @@ def collect_rollouts(store, model_dir, version: str, cfg: FlywheelConfig, iterat
     model, processor = load_vlm(model_dir, device="cpu")
     actor = VLMActor(model, processor, temperature=cfg.rollout_temperature, max_new_tokens=cfg.max_new_tokens)
     tickets = [(ROLLOUT_SEED_BASE + iteration * 1000 + k, cfg.families[k % len(cfg.families)]) for k in range(cfg.rollouts)]
-    envs = make_envs(min(n_envs, len(tickets)), **cfg.env_kw)
+    from trainer.sandbox.env import env_kw_for
+
+    envs = make_envs(min(n_envs, len(tickets)), **env_kw_for(cfg.env_kw, model_dir))
     done = [0]
 
     def tick(_traj):
@@ -391,7 +393,9 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
                        engine=cfg.ppo_engine, ray_address=cfg.ray_address)
         work = Path(out_dir).parent / (Path(out_dir).name + "-ppo")
         t0 = time.perf_counter()
-        res = train_ppo(model, processor, pc, model_dir=parent_dir, work_dir=work, env_kw=cfg.env_kw,
+        from trainer.sandbox.env import env_kw_for
+
+        res = train_ppo(model, processor, pc, model_dir=parent_dir, work_dir=work, env_kw=env_kw_for(cfg.env_kw, parent_dir),
                         families=cfg.families, log=slog, progress=False)
         last = res["history"][-1] if res["history"] else {}
         stages.append({"phase": "ppo", "updates": res["updates"], "seconds": round(time.perf_counter() - t0, 1),

@@ -93,28 +93,28 @@ def _size_parent():
 
 
 def model_screen(model_dir) -> dict:
-    """The sandbox screen a checkpoint of trainer.recipe was trained on: {"width", "height",
-    "observation"} as far as its tandem_training.json says (a model from before element lists: pixels)."""
+    """The sandbox screen a checkpoint of trainer.recipe was trained on: {"width", "height"} as
+    far as its tandem_training.json says ({} when it does not)."""
     try:
         meta = json.loads((Path(model_dir) / "tandem_training.json").read_text(encoding="utf-8"))
         cfg = meta["report"]["config"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-    out = {k: cfg[k] for k in ("width", "height") if isinstance(cfg.get(k), int)}
-    if out:
-        out["observation"] = cfg.get("observation", "pixels")
-    return out
+    return {k: cfg[k] for k in ("width", "height") if isinstance(cfg.get(k), int)}
 
 
 def resolve_screen(args) -> None:
     """Fill args.width, args.height and args.observation: given flags win, then the size and
     observation the evaluated model was trained with, then 320x240 with element lists."""
-    trained = {}
+    from trainer.sandbox.env import observation_for
+
+    trained, observation = {}, "elements"
     if getattr(args, "policy", None) in ("default", "local"):
-        trained = model_screen(getattr(args, "model_dir", None) or DEFAULT_MODEL_DIR)
+        model_dir = getattr(args, "model_dir", None) or DEFAULT_MODEL_DIR
+        trained, observation = model_screen(model_dir), observation_for(model_dir)
     args.width = args.width or trained.get("width", 320)
     args.height = args.height or trained.get("height", 240)
-    args.observation = trained.get("observation", "elements")
+    args.observation = observation
 
 
 def _families(args) -> list[str] | None:

@@ -31,6 +31,21 @@ SPLITS = ("train", "heldout")
 OBSERVATIONS = ("elements", "pixels")
 
 
+def observation_for(model_dir) -> str:
+    """What a checkpoint should observe: "elements" when it has the element-list pointer
+    (agent.pointer's side file), else "pixels" (the earlier default model, UI-TARS checkpoints)."""
+    from pathlib import Path
+
+    from agent.pointer import HEAD_FILE
+
+    return "elements" if model_dir and (Path(model_dir) / HEAD_FILE).is_file() else "pixels"
+
+
+def env_kw_for(env_kw: dict, model_dir) -> dict:
+    """env_kw with the observation `model_dir` was trained for, unless env_kw names one."""
+    return env_kw if "observation" in env_kw else {**env_kw, "observation": observation_for(model_dir)}
+
+
 class GeometrySpace(gym.Space):
     """The screen geometry beside each screenshot: a fixed ScreenGeometry value."""
 

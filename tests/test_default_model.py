@@ -58,7 +58,13 @@ def test_default_model_acts_on_sandbox_tasks_through_the_agent_policy(one_thread
     steps = [s for r in results for s in r["trajectory"]]
     parsed = [s for s in steps if s["error"] is None]
     assert len(parsed) >= 0.6 * len(steps), [(s["raw"], s["error"]) for s in steps if s["error"]]
-    assert all(s["actions"] and s["actions"][0]["name"] == "click" for s in parsed)
+    from agent.actions import validate
+    from agent.schema import Action
+
+    # every parsed reply is an action of the sandbox's space; the clicks dominate and land on listed elements
+    acted = [Action.from_dict(s["actions"][0]) for s in parsed if s["actions"]]
+    assert len(acted) == len(parsed) and all(validate(a) is None for a in acted)
+    assert sum(a.name == "click" for a in acted) >= 0.5 * len(acted)
     for r in results:
         assert r["success"] == (r["status"] == "success") and 1 <= r["steps"] == len(r["trajectory"])
 
@@ -66,7 +72,8 @@ def test_default_model_acts_on_sandbox_tasks_through_the_agent_policy(one_thread
 def test_sandbox_eval_with_the_default_policy_out_of_the_box(capsys, one_thread):  # noqa: F811
     from main import main
 
-    assert main(["sandbox", "eval", "--policy", "default", "--episodes", "6", "--split", "heldout", "--json"]) == 0
+    n = len(_families())  # one held-out episode of each family it was trained on
+    assert main(["sandbox", "eval", "--policy", "default", "--episodes", str(n), "--split", "heldout", "--json"]) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert set(out["families"]) == set(_families())  # it evaluates the families it was trained on

@@ -236,7 +236,7 @@ def test_the_first_iteration_starts_from_the_shipped_default_model(store):
     size (measured later beside the first candidate), and a different size says why it cannot be used."""
     from trainer.flywheel.iteration import SHIPPED_MODEL, FlywheelConfig, bootstrap_model, first_model
 
-    cfg = FlywheelConfig(families=[FAMILY], eval_episodes=2, max_steps=3)  # 320x240, the shipped model's size
+    cfg = FlywheelConfig(families=[FAMILY], eval_episodes=2, max_steps=3)  # 336x252, the shipped model's size
     assert first_model(cfg) == "the shipped default model"
     reg = Registry(store)
     v0 = bootstrap_model(store, cfg, reg)
@@ -246,7 +246,7 @@ def test_the_first_iteration_starts_from_the_shipped_default_model(store):
     assert Path(v0.path) != SHIPPED_MODEL
     small = FlywheelConfig(families=[FAMILY], width=224, height=168)
     assert first_model(small) == ("a new model with random weights "
-                                  "(the shipped default model is for 320x240 screens, not 224x168)")
+                                  "(the shipped default model is for 336x252 screens, not 224x168)")
     assert "random weights" in first_model(FlywheelConfig(families=[FAMILY], base="scratch"))
     with pytest.raises(FlywheelError, match="base must be 'default' or 'scratch'"):
         FlywheelConfig(base="shipped")

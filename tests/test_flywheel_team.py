@@ -52,6 +52,7 @@ def test_the_backends_flywheel_trains_on_uploads_and_ships_its_model(backend, tm
         uploaded = {e.id for e in store.list_episodes()}
 
     run = tandem("flywheel", "run", "--iterations", "1", "--data", str(b), "--eval-episodes", "12", "--rollouts", "0",
+                 "--families", "click_button,radio,list_pick,check_boxes,dropdown,tabs",  # 2 held-out episodes each
                  "--ct-steps", "0", "--sft-steps", "2", "--ppo-updates", "0", "--miniwob-episodes", "0")
     line = json.loads(run.stdout.splitlines()[0])
     assert line["routed"]["sft"] == 12  # A's demonstrations, routed on the backend

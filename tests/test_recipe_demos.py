@@ -100,7 +100,7 @@ def test_resume_refuses_an_sft_stage_made_with_other_settings(tmp_path, capsys):
     stage = {"demos": {}, "params": 1, "sft": {}, "eval_sft": {},
              "config": {k: asdict(old)[k] for k in SFT_STAGE_KEYS}}
     (work / "stage_sft.json").write_text(json.dumps(stage))
-    with pytest.raises(ValueError, match=r"made with other settings \(demo_slip=0.2, sft_epochs=4.0\)"):
+    with pytest.raises(ValueError, match=r"made with other settings \(demo_slip=0.2, sft_epochs=5.0\)"):
         run_recipe(tmp_path / "out", RecipeConfig(demo_slip=0.0, sft_epochs=3.0), work_dir=work, resume=True,
                    progress=False)
     # from the command line: one clear line, no traceback, nothing written
@@ -108,7 +108,7 @@ def test_resume_refuses_an_sft_stage_made_with_other_settings(tmp_path, capsys):
 
     assert main(["--data", str(tmp_path / "data"), "train", "default", "--out", str(tmp_path / "out"), "--work",
                  str(work), "--resume", "--demo-slip", "0", "--sft-epochs", "3"]) == 2
-    assert "made with other settings (demo_slip=0.2, sft_epochs=4.0)" in capsys.readouterr().err
+    assert "made with other settings (demo_slip=0.2, sft_epochs=5.0)" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -55,8 +55,8 @@ def default_families() -> list[str]:
 
 @dataclass
 class FlywheelConfig:
-    width: int = 320
-    height: int = 240
+    width: int = 336  # the shipped default model's screen (pixel-exact for it)
+    height: int = 252
     families: list[str] = field(default_factory=default_families)
     eval_episodes: int = 200  # held-out episodes per model per iteration (rounded up to whole seeds per family)
     miniwob_episodes: int = 5  # per MiniWoB++ task, for the candidate: a transfer check, never a decision (0: skip)

@@ -41,13 +41,13 @@ def _serve(conn, kw: dict) -> None:
                 break
             if cmd == "reset":
                 obs, info = env.reset(seed=args.get("seed"), options=args.get("options"))
-                conn.send(("ok", (obs["screenshot"], obs["geometry"], info)))
+                conn.send(("ok", (obs["screenshot"], obs["geometry"], info, obs.get("elements"))))
             elif cmd == "step":
                 obs, r, term, trunc, info = env.step(args)
-                conn.send(("ok", (obs["screenshot"], obs["geometry"], r, term, trunc, info)))
+                conn.send(("ok", (obs["screenshot"], obs["geometry"], r, term, trunc, info, obs.get("elements"))))
             elif cmd == "observe":
                 obs = env._observe()
-                conn.send(("ok", (obs["screenshot"], obs["geometry"])))
+                conn.send(("ok", (obs["screenshot"], obs["geometry"], obs.get("elements"))))
             elif cmd == "expert":
                 conn.send(("ok", env.expert_action()))
             else:
@@ -136,8 +136,10 @@ class SandboxProcessExecutor:
             return self._reply()
 
     # ------------------------------------------------------------ executor shape
-    def _frame(self, pixels, geometry) -> Frame:
-        return Frame(geometry=geometry, pixels=pixels)
+    def _frame(self, pixels, geometry, elements=None) -> Frame:
+        """A frame with the sandbox's element list (agent.elements), as the default model reads it."""
+        return Frame(geometry=geometry, pixels=pixels, elements=elements,
+                     elements_source="sandbox" if elements is not None else None)
 
     def prepare(self) -> str:
         """Start the sandbox and reset it; returns the task's instruction."""
@@ -148,22 +150,23 @@ class SandboxProcessExecutor:
         opts = dict(options or {})
         if self.family:
             opts.setdefault("family", self.family)
-        pixels, geometry, info = self._call("reset", {"seed": self.seed if seed is None else seed, "options": opts})
+        pixels, geometry, info, elements = self._call("reset", {"seed": self.seed if seed is None else seed,
+                                                                "options": opts})
         self.info, self.success, self.done = info, bool(info.get("success")), False
-        return self._frame(pixels, geometry), info
+        return self._frame(pixels, geometry, elements), info
 
     def step(self, action: Action):
         if self.done and action.name in ("finished", "call_user"):
             # the task already ended (e.g. a human's step solved it): saying so is not an error
             return self.observe(), 0.0, True, False, dict(self.info)
-        pixels, geometry, reward, term, trunc, info = self._call("step", action)
+        pixels, geometry, reward, term, trunc, info, elements = self._call("step", action)
         self.info, self.last_reward = info, reward
         self.success = self.success or bool(info.get("success"))
         self.done = self.done or bool(term or trunc)
         error = info.get("action_error") or info.get("error")
         if error:
             raise ExecutionError(f"the sandbox could not do {action.name}: {error}")
-        return self._frame(pixels, geometry), reward, term, trunc, info
+        return self._frame(pixels, geometry, elements), reward, term, trunc, info
 
     def observe(self) -> Frame:
         return self._frame(*self._call("observe"))

@@ -56,7 +56,7 @@ def test_missing_model_dir_is_a_clear_policy_error(tmp_path):
 def test_the_default_model_keeps_the_last_step_and_acts_the_same(tmp_path):
     """Driving a sandbox task with the shipped default model: keeping the last step's keys and
     values (and the screenshots' features) gives the same greedy steps as recomputing every
-    prompt, and from the second step on most of each prompt is not computed again."""
+    prompt, and from the second step on a growing part of each prompt is not computed again."""
     from agent import coords
     from agent.store import Store
     from app.agent_run import DEFAULT_MODEL_DIR
@@ -85,4 +85,7 @@ def test_the_default_model_keeps_the_last_step_and_acts_the_same(tmp_path):
             store.close()
     assert len(runs[True]) >= 3 and runs[True] == runs[False]
     assert reused[0][0] == 0  # nothing kept before the first step
-    assert all(r > 0.6 * n for r, n in reused[1:3])  # the next steps extend the last one
+    # a step in history shows its element list, not the screenshot and list it was asked with, so a
+    # prompt extends the last one up to that step: measured 310 of 781, 508 of 978, 706 of 1176 tokens
+    assert all(r > 0.35 * n for r, n in reused[1:3])
+    assert all(a[0] < b[0] for a, b in zip(reused[1:], reused[2:]))  # each step reuses more than the last

@@ -166,7 +166,8 @@ class RunForm(QWidget):
     def _update_warning(self) -> None:
         where = self.executor.currentData()
         if self.policy.currentData() == "default" and where in ("desktop", "android"):
-            self.warning.setText("The default small model learned only Tandem's sandbox tasks (336x252 screens with their element lists); "
+            self.warning.setText("The default small model learned only Tandem's sandbox tasks (336x252 screens "
+                                 "with their element lists); "
                                  f"on {'this desktop' if where == 'desktop' else 'a phone'} it will mostly miss. "
                                  "Use an endpoint or a local UI-TARS-class model for real work.")
             self.warning.show()

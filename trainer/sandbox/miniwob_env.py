@@ -143,6 +143,18 @@ def available() -> str | None:
     return check_versions(binary, driver)
 
 
+# a text caret blinks whether or not the action did anything (about 1x14 px on a 160x210 page): fewer
+# changed pixels than this are not a change the action made
+CARET_PIXELS = 40
+
+
+def _changed(before, after) -> bool:
+    """Did the page's look change beyond a blinking caret?"""
+    if before.shape != after.shape:
+        return True
+    return int(np.count_nonzero(np.any(before != after, axis=-1))) > CARET_PIXELS
+
+
 class MiniWoBEnv(gym.Env):
     """MiniWoB++ tasks (e.g. 'click-button') with schema Actions or UI-TARS text in, screenshots out."""
 
@@ -288,7 +300,7 @@ class MiniWoBEnv(gym.Env):
         info = self._info()
         info.update(extra)
         changed = ran and "action_error" not in extra and not terminated and not timed_out
-        info["screen_changed"] = bool(not np.array_equal(before, self._obs["screenshot"])) if changed else None
+        info["screen_changed"] = _changed(before, self._obs["screenshot"]) if changed else None
         return self._obs, reward, bool(terminated), bool(truncated), info
 
     def render(self):

@@ -155,6 +155,16 @@ def token_texts(tokenizer, ids) -> list[str]:
     return out
 
 
+def _spelled(tokenizer, ids) -> tuple[list[str], list[int], str]:
+    """(each token's text, where each starts in the joined text, the joined text)."""
+    texts = token_texts(tokenizer, ids)
+    starts, at = [], 0
+    for t in texts:
+        starts.append(at)
+        at += len(t)
+    return texts, starts, "".join(texts)
+
+
 @dataclass
 class Site:
     """One `_box='(` in a reply: its query position, the written digits' positions and text."""
@@ -189,12 +199,7 @@ def layout(tokenizer, ids, n_prompt: int) -> Layout | None:
     """The layout of prompt ids[:n_prompt] + reply ids[n_prompt:], or None when the prompt holds no
     element list or the reply no site."""
     ids = [int(i) for i in ids]
-    texts = token_texts(tokenizer, ids)
-    starts, at = [], 0
-    for t in texts:
-        starts.append(at)
-        at += len(t)
-    text = "".join(texts)
+    texts, starts, text = _spelled(tokenizer, ids)
     prompt_end = starts[n_prompt] if n_prompt < len(ids) else len(text)
     head = text.rfind(HEADER, 0, prompt_end)
     if head < 0:
@@ -405,17 +410,11 @@ def list_start(tokenizer, ids) -> int | None:
     """The token index where the last element list of a prompt starts, or None without one: a
     generation that reuses cached keys and values must compute the list's tokens itself, since the
     head reads their hidden states (agent.vlm_batch)."""
-    texts = token_texts(tokenizer, [int(i) for i in ids])
-    text = "".join(texts)
+    import bisect
+
+    _, starts, text = _spelled(tokenizer, [int(i) for i in ids])
     at = text.rfind(HEADER)
-    if at < 0:
-        return None
-    pos = 0
-    for k, t in enumerate(texts):
-        if pos + len(t) > at:
-            return k
-        pos += len(t)
-    return None
+    return None if at < 0 else bisect.bisect_right(starts, at) - 1
 
 
 def generated_hidden(out, b: int, row_len: int, width: int):

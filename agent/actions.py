@@ -6,7 +6,7 @@ this registry; nothing else lists actions.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agent.schema import Action
 

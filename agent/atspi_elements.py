@@ -132,7 +132,7 @@ class AtspiElements:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ connection
-    def open(self) -> "AtspiElements":
+    def open(self) -> AtspiElements:
         """Connect to the accessibility bus; never raises (see `available` and `reason`)."""
         with self._lock:
             self._open()

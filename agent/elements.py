@@ -60,7 +60,7 @@ class Element:
         return d
 
     @classmethod
-    def from_dict(cls, d, where: str = "element") -> "Element":
+    def from_dict(cls, d, where: str = "element") -> Element:
         if not isinstance(d, dict):
             raise ElementError(f"{where}: expected an object, got {type(d).__name__}")
         role, name, box = d.get("role"), d.get("name", ""), d.get("box")

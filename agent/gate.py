@@ -100,15 +100,15 @@ class Decision:
             raise GateError("a rejection needs a reason: the policy is asked again and told why")
 
     @classmethod
-    def approve(cls, by: str | None = None, **kw) -> "Decision":
+    def approve(cls, by: str | None = None, **kw) -> Decision:
         return cls("approve", decided_by=by, **kw)
 
     @classmethod
-    def edit(cls, actions: list[Action] | None = None, thought: str | None = None, by: str | None = None, **kw) -> "Decision":
+    def edit(cls, actions: list[Action] | None = None, thought: str | None = None, by: str | None = None, **kw) -> Decision:
         return cls("edit", thought=thought, actions=actions, decided_by=by, **kw)
 
     @classmethod
-    def reject(cls, reason: str, by: str | None = None, **kw) -> "Decision":
+    def reject(cls, reason: str, by: str | None = None, **kw) -> Decision:
         return cls("reject", reason=reason, decided_by=by, **kw)
 
 

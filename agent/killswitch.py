@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from agent.wording import hotkey_label
 
@@ -51,7 +51,7 @@ class KillSwitch:
         if self.on_trigger:
             self.on_trigger()
 
-    def start(self) -> "KillSwitch":
+    def start(self) -> KillSwitch:
         """Listen for the hotkey (needs a display on X11)."""
         try:
             from pynput import keyboard

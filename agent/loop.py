@@ -17,8 +17,8 @@ import dataclasses
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from agent.actions import REGISTRY, validate
 from agent.elements import Element

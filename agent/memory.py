@@ -15,8 +15,8 @@ an image costs what Qwen2.5-VL spends on it: one token per 28x28 patch of the sm
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from agent import coords
 from agent.elements import format_lines

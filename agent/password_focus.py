@@ -59,7 +59,7 @@ class PasswordFocus:
                 self._states.append(on)
 
     # ------------------------------------------------------------ life cycle
-    def start(self, timeout: float = 5.0) -> "PasswordFocus":
+    def start(self, timeout: float = 5.0) -> PasswordFocus:
         """Connect and subscribe; never raises (see `available` and `reason`)."""
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="tandem-a11y", daemon=True)

@@ -284,7 +284,21 @@ def decode_blob(data: bytes, limits: Limits = Limits()) -> tuple[str, bytes] | t
 
 # ---------------------------------------------------------------- events (agent.protocol_events)
 from agent.protocol_events import (  # noqa: F401  (re-exported: the events are part of this module's API)
-    Message, ProtocolError, ErrorReceived, HelloReceived, Welcome, ManifestReceived, BlobReceived, UploadComplete, BlobsNeeded, Acked, ProposalReceived, DecisionReceived, ClaimChanged, ModelVersion, RunEnded,
+    Acked,
+    BlobReceived,
+    BlobsNeeded,
+    ClaimChanged,
+    DecisionReceived,
+    ErrorReceived,
+    HelloReceived,
+    ManifestReceived,
+    Message,
+    ModelVersion,
+    ProposalReceived,
+    ProtocolError,
+    RunEnded,
+    UploadComplete,
+    Welcome,
 )
 
 

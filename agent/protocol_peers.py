@@ -4,9 +4,28 @@ requests, the blobs it asked for). Sans-I/O, as the rest of the protocol."""
 from __future__ import annotations
 
 from agent.protocol import (
-    CLOSE_POLICY, SUPPORTED_VERSIONS, _CHECKS, Acked, BlobReceived, BlobsNeeded, ClaimChanged, Connection, HelloReceived,
-    Limits, ManifestReceived, Message, ModelVersion, ProtocolUsageError, RunEnded, UploadComplete, Welcome, _is_id,
-    _short, content_hash, encode_message, json_shape_problem,
+    _CHECKS,
+    CLOSE_POLICY,
+    SUPPORTED_VERSIONS,
+    Acked,
+    BlobReceived,
+    BlobsNeeded,
+    ClaimChanged,
+    Connection,
+    HelloReceived,
+    Limits,
+    ManifestReceived,
+    Message,
+    ModelVersion,
+    ProtocolUsageError,
+    RunEnded,
+    UploadComplete,
+    Welcome,
+    _is_id,
+    _short,
+    content_hash,
+    encode_message,
+    json_shape_problem,
 )
 
 

@@ -87,7 +87,7 @@ class ScreenGeometry:
     origin_y: int = 0
 
     @classmethod
-    def simple(cls, width: int, height: int, scale: float = 1.0, origin=(0, 0)) -> "ScreenGeometry":
+    def simple(cls, width: int, height: int, scale: float = 1.0, origin=(0, 0)) -> ScreenGeometry:
         """Geometry of a screenshot of `width`x`height` physical pixels at `scale`."""
         return cls(
             logical_width=round(width / scale),
@@ -111,7 +111,7 @@ class ScreenGeometry:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ScreenGeometry":
+    def from_dict(cls, d: dict) -> ScreenGeometry:
         where = "geometry"
         try:
             g = cls(
@@ -149,7 +149,7 @@ class Action:
         return {"name": self.name, "args": {k: list(v) if isinstance(v, tuple) else v for k, v in self.args.items()}}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Action":
+    def from_dict(cls, d: dict) -> Action:
         from agent.actions import REGISTRY  # late: actions imports schema
 
         name = _require(d, "name", "action")
@@ -178,7 +178,7 @@ class Action:
         spec = REGISTRY[self.name]
         return [self.args[p.name] for p in spec.params if p.kind == "point" and p.name in self.args]
 
-    def map_points(self, fn) -> "Action":
+    def map_points(self, fn) -> Action:
         """A copy with every point replaced by fn(point)."""
         return Action(self.name, {k: (fn(v) if isinstance(v, tuple) else v) for k, v in self.args.items()})
 
@@ -217,7 +217,7 @@ class Observation:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Observation":
+    def from_dict(cls, d: dict) -> Observation:
         where = "observation"
         try:
             return cls(
@@ -242,7 +242,10 @@ def _elements(items, where: str) -> list | None:
     """An observation's element list (agent.elements), validated; None stays None (no list)."""
     if items is None:
         return None
-    from agent.elements import ElementError, elements_from_dicts  # agent.elements imports coords, which imports this module
+    from agent.elements import (  # agent.elements imports coords, which imports this module
+        ElementError,
+        elements_from_dicts,
+    )
 
     try:
         return elements_from_dicts(items, f"{where}: elements")
@@ -273,7 +276,7 @@ class Provenance:
         if self.source not in PROVENANCES:
             raise SchemaError(f"provenance: source must be one of {PROVENANCES}, got {self.source!r}")
 
-    def after_edit(self, old_thought: str, old_action: "Action", thought: str, action: "Action") -> "Provenance":
+    def after_edit(self, old_thought: str, old_action: Action, thought: str, action: Action) -> Provenance:
         """A human edit of an agent's step makes it a correction that keeps the agent's proposal;
         human steps stay human; a correction keeps its original proposal."""
         if (thought, action) == (old_thought, old_action) or self.source != "agent":
@@ -293,7 +296,7 @@ class Provenance:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Provenance":
+    def from_dict(cls, d: dict) -> Provenance:
         if not isinstance(d, dict):
             raise SchemaError("provenance: expected an object")
         pa = d.get("proposal_action")
@@ -341,7 +344,7 @@ class Step:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Step":
+    def from_dict(cls, d: dict) -> Step:
         where = "step"
         try:
             return cls(
@@ -388,7 +391,7 @@ class Outcome:
         return {"success": self.success, "reward": self.reward, "source": self.source}
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "Outcome":
+    def from_dict(cls, d: dict | None) -> Outcome:
         d = d or {}
         return cls(success=d.get("success"), reward=d.get("reward"), source=d.get("source"))
 
@@ -437,7 +440,7 @@ class Episode:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Episode":
+    def from_dict(cls, d: dict) -> Episode:
         where = "episode"
         version = int(_require(d, "schema_version", where))
         check_text(d, f"{where} {str(d.get('id'))[:80]!r}")

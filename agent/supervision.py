@@ -20,13 +20,13 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from agent.executors.base import Frame, frame_from_image_bytes
 from agent.gate import Decision, GateError, GateRequest, HumanStep, Takeover
 from agent.policies.base import Proposal
-from agent.schema import Action, ScreenGeometry, SchemaError
+from agent.schema import Action, SchemaError, ScreenGeometry
 
 MODES = ("decide", "takeover")
 

@@ -17,8 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.vlm_inputs import (  # noqa: F401  (re-exported: the public API)
-    END_OF_TEXT, IM_END, IM_START, MODEL_INPUT_KEYS, VLMError, assistant_token_mask, build_inputs, collate_inputs,
-    extend_inputs, image_token_count, resized_image_size, to_model, to_template_messages,
+    END_OF_TEXT,
+    IM_END,
+    IM_START,
+    MODEL_INPUT_KEYS,
+    VLMError,
+    assistant_token_mask,
+    build_inputs,
+    collate_inputs,
+    extend_inputs,
+    image_token_count,
+    resized_image_size,
+    to_model,
+    to_template_messages,
 )
 
 SUPPORTED_MODEL_TYPES = {

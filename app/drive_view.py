@@ -69,8 +69,8 @@ class ConfirmDialog(QDialog):
         actions = req.proposal.actions if req.proposal is not None else []
         self.canvas.set_action(actions[0] if actions else None)
         what = "; ".join(format_for_display(a, req.observation.geometry) for a in actions)
-        self.head = head = QLabel(("The agent needs your help. Do what is needed, then resume or end the run."
-                       if asking_help else f"Allow this step? ({req.why})"))
+        self.head = head = QLabel("The agent needs your help. Do what is needed, then resume or end the run."
+                       if asking_help else f"Allow this step? ({req.why})")
         head.setObjectName("title")
         thought = QLabel(req.proposal.thought if req.proposal is not None else "")
         thought.setWordWrap(True)

@@ -16,8 +16,8 @@ from PySide6.QtWidgets import (
     QLabel,
     QListWidget,
     QMainWindow,
-    QProgressBar,
     QPlainTextEdit,
+    QProgressBar,
     QPushButton,
     QStackedWidget,
     QWidget,
@@ -206,10 +206,9 @@ class MainWindow(QMainWindow):
         if here:
             self._switch_to_model(version, here)
             return
+        from agent.secret_store import saved_secret
         from agent.sync.model_pull import max_pull_bytes, models_dir, pull_model
         from app.workers import run_in_background
-
-        from agent.secret_store import saved_secret
 
         token = saved_secret(self.store, "sync.token")
         if not self.sync_url or not token:
@@ -279,9 +278,8 @@ class MainWindow(QMainWindow):
         when syncing to a remote server (announcing there takes that server's admin token)."""
         if self._stop_embedded is None or not self.sync_url:
             return None
-        from app.sync.embedded import EMBEDDED_TOKEN_KEY
-
         from agent.secret_store import saved_secret
+        from app.sync.embedded import EMBEDDED_TOKEN_KEY
 
         token = saved_secret(self.store, EMBEDDED_TOKEN_KEY)
         return (self.sync_url, token) if token else None
@@ -289,9 +287,8 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ sync
     def start_sync(self) -> None:
         """Sync to the configured server, or to an embedded backend on loopback when none is."""
-        from app.sync.qt_bridge import SyncBridge
-
         from agent.secret_store import saved_secret
+        from app.sync.qt_bridge import SyncBridge
 
         url = self.server or self.store.get_setting("sync.server_url")
         token = saved_secret(self.store, "sync.token")

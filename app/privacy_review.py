@@ -29,9 +29,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from agent.redaction import RedactionError
+from agent.redaction import RedactionError, review
 from agent.redaction import plan as P
-from agent.redaction import review
 from agent.redaction.patterns import PLACEHOLDERS
 from agent.wording import plural
 from app.label_layout import place_labels

@@ -33,10 +33,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from agent.schema import monotonic
-from agent.wording import command_name, plural
 from agent.recorder.errors import NothingRecorded
 from agent.recorder.privacy import OwnWindows
+from agent.schema import monotonic
+from agent.wording import command_name, plural
 from app.window_rects import WindowRects
 from app.workers import run_in_background
 

@@ -94,7 +94,7 @@ class SandboxProcessExecutor:
         self.done = False  # the task ended (solved, failed for good, or cut by its step limit)
 
     # ------------------------------------------------------------ process
-    def start(self) -> "SandboxProcessExecutor":
+    def start(self) -> SandboxProcessExecutor:
         """Start the child: a fresh interpreter (not a fork of this Qt process), offscreen."""
         if self._proc is not None:
             return self

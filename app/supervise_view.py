@@ -31,14 +31,14 @@ from agent.gate import Gate
 from agent.grammar import format_for_display
 from agent.loop import AgentLoop, LoopConfig
 from agent.supervision import SupervisionError, request_from_wire
+from agent.sync.client import signing_name
+from agent.sync.session import SyncError
 from agent.wording import end_reason_text, plural
 from app.agent_run import AgentRun, RunSetupError, queue_for_sync
 from app.decisions_view import DecisionsView
 from app.proposal_panel import ProposalPanel
 from app.qt_supervisor import Pending, QtSupervisor
 from app.run_form import RunForm
-from agent.sync.client import signing_name
-from agent.sync.session import SyncError
 
 
 class LiveEvents(QObject):

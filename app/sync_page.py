@@ -16,8 +16,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from agent.wording import plural
 from agent.sync.outbox import Outbox
+from agent.wording import plural
 from app.sync.status_widget import SyncStatusWidget
 
 SERVER_KEY, TOKEN_KEY = "sync.server_url", "sync.token"

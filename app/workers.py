@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import inspect
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal, Slot
 
 # Signals objects of running workers; without a Python reference they could be collected
 # before their queued signals are delivered.
-_live: set["WorkerSignals"] = set()
+_live: set[WorkerSignals] = set()
 
 
 class WorkerSignals(QObject):

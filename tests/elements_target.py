@@ -12,8 +12,17 @@ import json
 import sys
 
 from PySide6.QtCore import QPoint, Qt, QTimer
-from PySide6.QtWidgets import (QApplication, QCheckBox, QLineEdit, QListWidget, QPushButton, QRadioButton, QSlider,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QApplication,
+    QCheckBox,
+    QLineEdit,
+    QListWidget,
+    QPushButton,
+    QRadioButton,
+    QSlider,
+    QVBoxLayout,
+    QWidget,
+)
 
 EMAIL = "jane.doe@example.com"
 SECRET = "hunter2"

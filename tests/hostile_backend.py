@@ -61,7 +61,7 @@ class HostileBackend:
     def url(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "HostileBackend":
+    def __enter__(self) -> HostileBackend:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),), daemon=True)
         self.thread.start()

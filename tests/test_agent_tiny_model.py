@@ -44,8 +44,8 @@ def test_tiny_model_drives_the_loop(tiny_dir, store):
 
 
 def test_missing_model_dir_is_a_clear_policy_error(tmp_path):
-    from agent.memory import Memory
     from agent.executors.base import frame_from_image_bytes
+    from agent.memory import Memory
     from tests.factories import screenshot_png
 
     policy = LocalVLMPolicy(tmp_path / "nope")

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from PySide6.QtCore import Qt
 
 from app.main_window import MainWindow

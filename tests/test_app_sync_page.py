@@ -145,9 +145,10 @@ def test_a_privacy_hold_names_the_installed_command(qtbot, store, monkeypatch):
     whose command is `tandem`, and called the hold "failed": it is held for privacy review."""
     import sys
 
-    from app.main_window import MainWindow
     from pii_windows import render_window
     from test_redaction import _recording
+
+    from app.main_window import MainWindow
 
     monkeypatch.setattr(sys, "argv", ["/usr/local/bin/tandem"])
     ep = _recording(store, render_window(seed=2, size=(300, 120), px=11, records=1).png)  # not reviewed

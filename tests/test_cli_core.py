@@ -6,10 +6,9 @@ import os
 import subprocess
 import sys
 import zipfile
-
-import pytest
 from pathlib import Path
 
+import pytest
 from factories import make_episode
 
 from agent.store import Store

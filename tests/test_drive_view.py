@@ -13,9 +13,9 @@ from agent.grammar import format_normalized
 from agent.loop import LoopConfig
 from agent.policies import ReplayPolicy
 from agent.schema import Action
+from agent.sync.outbox import Outbox
 from app.drive_view import DrivePage
 from app.sandbox_executor import SandboxProcessExecutor
-from agent.sync.outbox import Outbox
 
 
 @pytest.fixture

@@ -168,11 +168,10 @@ def test_failed_iteration_and_mismatched_evaluations(store, tmp_path):
 def test_an_iteration_that_wrecks_the_model_keeps_the_current_one(store, trained_dir):
     """run_iteration end to end (collect, route, CT/SFT, evaluate, register, decide) with a
     deliberately destructive SFT learning rate."""
-    from trainer.flywheel.iteration import FlywheelConfig, run_iteration
-    from trainer.sandbox.rollout import plan, run_many, to_episode
-
     from agent.schema import Action, Provenance
     from tests.factories import make_episode
+    from trainer.flywheel.iteration import FlywheelConfig, run_iteration
+    from trainer.sandbox.rollout import plan, run_many, to_episode
 
     for result in run_many(plan(2, families=[FAMILY]), "expert", record=True, width=ENV["width"], height=ENV["height"]):
         to_episode(result, store)

@@ -7,10 +7,10 @@ import json
 import zipfile
 
 import pytest
+from factories import make_episode, screenshot_png
 
 from agent.bundle import ImportError_, import_file, write_bundle
 from agent.store import Store, sha256
-from factories import make_episode, screenshot_png
 
 
 @pytest.fixture

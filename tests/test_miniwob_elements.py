@@ -39,8 +39,8 @@ class _PNGDriver:
 @pytest.mark.parametrize("inner,ratio", [((780, 437), 1.0), ((780, 437), 2.0), ((780, 437), 1.25), ((500, 320), 1.5)])
 def test_css_boxes_land_where_miniwobs_screenshot_draws_them(inner, ratio):
     pytest.importorskip("miniwob")
-    from PIL import Image, ImageDraw
     from miniwob.screenshot import get_screenshot
+    from PIL import Image, ImageDraw
 
     rect = (23.0, 97.0, 71.0, 131.0)  # CSS px: a 48x34 red block in the task area
     png = Image.new("RGB", (round(inner[0] * ratio), round(inner[1] * ratio)), "white")

@@ -11,8 +11,14 @@ import shutil
 
 import pytest
 
-from agent.model_files import (MANIFEST_FILE, ModelDownload, ModelFilesError, check_manifest, model_manifest,
-                               pulled_record)
+from agent.model_files import (
+    MANIFEST_FILE,
+    ModelDownload,
+    ModelFilesError,
+    check_manifest,
+    model_manifest,
+    pulled_record,
+)
 
 MIB = 2**20
 
@@ -39,8 +45,8 @@ def backend(tmp_path, model_dir):
 
 
 def test_a_model_pulled_over_sync_has_the_same_hash_and_loads(backend, model_dir, tmp_path):
-    from agent.vlm import load_vlm
     from agent.sync.model_pull import pull_model
+    from agent.vlm import load_vlm
 
     bt, tokens = backend
     seen = []
@@ -326,8 +332,8 @@ def test_models_pull_cli_says_what_was_refused_in_one_line(data_folder):
 def test_a_manifest_with_a_repeated_chunk_or_larger_than_the_limit_is_refused(backend, tmp_path):
     """One 64-byte chunk listed 128 times would be written 128 times (one 8 MiB chunk so: 1 GiB);
     a model larger than this machine's limit is refused before a chunk is fetched."""
-    from agent.sync.model_pull import DEFAULT_MAX_PULL_BYTES, max_pull_bytes, pull_model
     from agent.store import Store
+    from agent.sync.model_pull import DEFAULT_MAX_PULL_BYTES, max_pull_bytes, pull_model
     from tests.hostile_backend import HostileBackend, model_server
 
     manifest, chunks = forged_model({**TINY, "weights.bin": b"w" * 64 * 128})

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QMessageBox
+from test_redaction import CARD, EMAIL, PHONE, _recording, _submit_and_sync, _window_png
 
 from agent.redaction import review
 from agent.redaction.frames import decode
 from agent.redaction.patterns import find_pii
-from test_redaction import CARD, EMAIL, PHONE, _recording, _submit_and_sync, _window_png
 
 ROOT = Path(__file__).resolve().parents[1]
 WAV = b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(28)  # what the recorder stores per audio segment, in short
@@ -125,8 +125,9 @@ def _cli(*args, data):
 
 
 def test_cli_export_refuses_unreviewed_data_unless_originals_are_asked_for(tmp_path):
-    from agent.store import Store
     from pii_windows import render_window
+
+    from agent.store import Store
 
     store = Store(tmp_path / "data")
     ep = _recording(store, render_window(seed=2, size=(300, 120), px=11, records=1).png)
@@ -156,9 +157,8 @@ def _with_audio(store, ep):
 
 def test_untranscribed_audio_is_not_uploaded_without_approval(qtbot, store, engine):
     """The issue's item 6: an approved recording with audio but no transcript uploaded the audio."""
-    from trainer.backend_store import BackendStore
-
     from app.privacy_review import PrivacyReviewDialog
+    from trainer.backend_store import BackendStore
 
     ep = _recording(store, _window_png())
     audio = _with_audio(store, ep)

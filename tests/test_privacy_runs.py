@@ -11,13 +11,13 @@ import json
 import os
 
 import pytest
+from test_redaction import CARD, EMAIL, PHONE, _submit_and_sync, _window_png
 
 from agent.redaction import RedactionError, review
 from agent.redaction.frames import decode
 from agent.redaction.patterns import find_pii
 from agent.redaction.runs import AUTOMATIC, RUNS_KEY
 from agent.schema import Action, Episode, Observation, Provenance, ScreenGeometry, Step
-from test_redaction import CARD, EMAIL, PHONE, _submit_and_sync, _window_png
 
 TITLE = f"Inbox - {EMAIL} - Mail"
 OTHER = "maria.rossi@example.org"
@@ -128,10 +128,10 @@ def test_the_library_exports_a_run_redacted_without_asking(qtbot, store, engine,
     before it reads no frame), so the bundle holds the blurred frame and the masked text."""
     import zipfile
 
-    from app.library_view import LibraryPage
     from test_privacy_export import _export
 
     from agent.export import without_review
+    from app.library_view import LibraryPage
 
     ep = _run(store, _window_png())
     assert without_review(store, [ep.id]) == [] and "redaction" not in store.load_episode(ep.id).meta  # no OCR yet
@@ -180,11 +180,10 @@ def test_a_drive_run_arrives_at_the_backend_blurred_and_masked(xdisplay, tmp_pat
     """The issue's item 5, as a user meets it: Drive acts on a real desktop whose window shows an
     e-mail address (and has it in its title); the run synced to a real backend on loopback holds
     no readable e-mail on any frame (OCR) and none in its text."""
+    from agent.store import Store
     from tests.test_agent_desktop import model_point, start_target
     from tests.test_drive_xvfb import result_of, run_driver
     from trainer.backend_store import BackendStore
-
-    from agent.store import Store
 
     state = tmp_path / "target.json"
     os.environ["TANDEM_TARGET_NOTE"] = f"Reply to {EMAIL}"

@@ -5,9 +5,9 @@ import hashlib
 import json
 
 import pytest
+from factories import make_episode, screenshot_png
 
 from agent import protocol as P
-from factories import make_episode, screenshot_png
 
 
 def sha(b: bytes) -> str:
@@ -213,8 +213,9 @@ def test_client_does_not_send_a_manifest_the_server_would_refuse_unread(tmp_path
     """The server refuses a message over its value, depth or size limits before parsing it, so
     without its ref: the client checks its manifest against the limits the welcome announced
     and fails that episode with one clear line instead of waiting for an answer."""
-    from agent.store import Store
     from factories import make_episode
+
+    from agent.store import Store
 
     ep = make_episode(Store(tmp_path), 30).to_dict()
     c, s = P.ClientConnection("tok"), P.ServerConnection(P.Limits(max_json_values=500, max_json_depth=4))

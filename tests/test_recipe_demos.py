@@ -17,8 +17,8 @@ def _text_of(message) -> str:
 
 
 def test_slipped_turns_are_context_not_targets_and_the_expert_recovers():
-    from agent.grammar import parse_normalized
     from agent.coords import SMART_RESIZE
+    from agent.grammar import parse_normalized
     from trainer.recipe import demonstrations
 
     trajs, samples = demonstrations(["radio", "check_boxes"], 4, progress=False, slip=1.0, **ENV)

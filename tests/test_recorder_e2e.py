@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -151,8 +150,8 @@ def test_sigkill_leaves_the_events_up_to_the_last_second(xdisplay, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    from agent.store import Store
     from agent.recorder.session import rereduce
+    from agent.store import Store
 
     with Store(data) as store:
         ep = store.load_episode(episode_id)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from agent.actions import validate
-from agent.schema import ScreenGeometry
 from agent.recorder.reduce import (
     MASK_CHAR,
     REDUCER_VERSION,
@@ -14,6 +13,7 @@ from agent.recorder.reduce import (
     build_steps,
     reduce_actions,
 )
+from agent.schema import ScreenGeometry
 
 
 class Ev:

@@ -18,9 +18,9 @@ from agent.schema import Action, Episode, Observation, ScreenGeometry, Step
 
 
 def make_tiny_whisper(out):
+    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
-    import torch
 
     specials = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|translate|>", "<|transcribe|>", "<|startoflm|>",
                 "<|startofprev|>", "<|nocaptions|>", "<|notimestamps|>"] + [f"<|{i * 0.02:.2f}|>" for i in range(1501)]
@@ -151,9 +151,9 @@ def virtual_mic(tmp_path):
 def test_microphone_recorded_on_the_recording_clock(xdisplay, virtual_mic, store, tmp_path):
     import numpy as np
 
-    from agent.schema import monotonic
     from agent.recorder.audio import wav_to_float
     from agent.recorder.session import RecorderConfig, RecordingSession
+    from agent.schema import monotonic
 
     wav = tmp_path / "speech.wav"
     espeak("click the button", wav)

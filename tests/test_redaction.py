@@ -7,13 +7,12 @@ import asyncio
 import random
 
 import pytest
+from pii_windows import fake_card, fake_iban, render_window, score
 
-from agent.redaction import RedactionError
+from agent.redaction import RedactionError, review
 from agent.redaction.frames import blur_rects, decode, find_regions, span_box
 from agent.redaction.patterns import find_pii, iban_ok, luhn_ok, mask
-from agent.redaction import review
 from agent.schema import Action, Episode, Observation, Provenance, ScreenGeometry, Step
-from pii_windows import fake_card, fake_iban, render_window, score
 
 EMAIL, PHONE, CARD = "jane.doe@example.com", "+1 (415) 555-0132", "4111 1111 1111 1111"
 
@@ -225,8 +224,8 @@ def test_delete_originals_replaces_the_local_copy(qapp, store, engine):
 def _submit_and_sync(store, episode_id):
     """Queue the episode and sync it to the app's embedded backend (a real server on loopback)."""
     from agent.sync.client import SyncClient
-    from app.sync.embedded import start_embedded_backend
     from agent.sync.outbox import Outbox
+    from app.sync.embedded import start_embedded_backend
 
     url, token, stop = start_embedded_backend(store)
     try:
@@ -278,8 +277,8 @@ def _wait(qtbot, cond, timeout=60000):
 def test_review_dialog_scans_in_background_and_approves(qtbot, store, engine):
     from PySide6.QtCore import Qt
 
-    from app.privacy_review import PrivacyReviewDialog
     from agent.sync.outbox import Outbox
+    from app.privacy_review import PrivacyReviewDialog
 
     ep = _recording(store, _window_png())
     dlg = PrivacyReviewDialog(store, ep.id, engine=engine)

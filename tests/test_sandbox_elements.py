@@ -190,8 +190,7 @@ def test_a_context_menu_is_listed_over_its_list(env):
 
 def test_fields_sliders_and_a_password_with_no_value():
     from PySide6.QtCore import Qt
-    from PySide6.QtWidgets import (QCheckBox, QFormLayout, QGridLayout, QLabel, QLineEdit, QSlider, QSpinBox,
-                                   QWidget)
+    from PySide6.QtWidgets import QCheckBox, QFormLayout, QGridLayout, QLabel, QLineEdit, QSlider, QSpinBox, QWidget
 
     from trainer.sandbox.screen import Screen
 

@@ -183,7 +183,6 @@ def test_the_episode_runner_plays_miniwob_with_the_oracle(env):
 @needs_miniwob
 def test_a_wrong_answer_fails_and_a_step_limit_truncates(env):
     from agent.schema import Action
-
     from trainer.sandbox.miniwob_oracle import element_box
 
     for seed in range(20):  # the first page with a button to get wrong

@@ -15,6 +15,7 @@ import time
 
 import pytest
 import websockets
+from factories import make_episode
 from websockets.asyncio.client import connect
 
 from agent import protocol as P
@@ -22,7 +23,6 @@ from agent.store import Store
 from agent.sync.client import Backoff, SyncClient
 from agent.sync.outbox import Outbox
 from agent.sync.session import Session
-from factories import make_episode
 from trainer.server_thread import start_in_thread
 from trainer.ws_budget import UNEXPECTED_BLOB_MAX, Budgets
 

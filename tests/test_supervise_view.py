@@ -11,9 +11,9 @@ from agent.grammar import format_normalized
 from agent.loop import LoopConfig
 from agent.policies import ReplayPolicy
 from agent.schema import Action
+from agent.sync.outbox import Outbox
 from app.sandbox_executor import SandboxProcessExecutor
 from app.supervise_view import SupervisePage
-from agent.sync.outbox import Outbox
 
 FAMILY, SEED = "click_button", 3
 EMPTY = (0.03, 0.97)  # a corner of the task window with no widget: a click there changes nothing

@@ -5,10 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from agent.schema import Episode
-from app.sync.embedded import start_embedded_backend
-from agent.sync.outbox import Outbox
 from factories import make_episode
+
+from agent.schema import Episode
+from agent.sync.outbox import Outbox
+from app.sync.embedded import start_embedded_backend
 
 
 def test_sync_modules_do_not_import_qt():

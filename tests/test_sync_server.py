@@ -7,15 +7,15 @@ import time
 
 import pytest
 import websockets
+from factories import make_episode, screenshot_png
 from websockets.asyncio.client import connect
 
 from agent import protocol as P
+from agent.secret_store import saved_secret
 from agent.store import Store, sha256
 from agent.sync.client import Backoff, SyncClient
 from agent.sync.outbox import Outbox
 from agent.sync.session import RequestRefused, Session, SyncError
-from agent.secret_store import saved_secret
-from factories import make_episode, screenshot_png
 from trainer.server_thread import start_in_thread
 
 
@@ -553,7 +553,7 @@ def test_a_revoked_supervisor_stops_receiving_live_screenshots(tmp_path, backend
         try:
             while True:
                 later.append(await sup.next_event(timeout=2))
-        except (SyncError, asyncio.TimeoutError) as e:
+        except (TimeoutError, SyncError) as e:
             end = e
         await agent.close()
         await sup.close()

@@ -8,12 +8,12 @@ import asyncio
 import socket
 import time
 
+from factories import make_episode
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
 from agent.sync.client import SyncClient
 from agent.sync.outbox import Outbox
-from factories import make_episode
 from trainer.backend_store import BackendStore
 from trainer.server_thread import start_in_thread
 

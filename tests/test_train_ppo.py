@@ -165,8 +165,8 @@ def test_an_update_makes_the_rewarded_reply_likelier_and_the_penalised_one_less_
     import torch
 
     from agent.vlm import action_logprobs, load_vlm
-    from trainer.ppo import Learner, PPOConfig, prepare_turns
     from trainer.actor import VLMActor
+    from trainer.ppo import Learner, PPOConfig, prepare_turns
     from trainer.rollout import run_episode
     from trainer.sandbox.env import SandboxEnv
 

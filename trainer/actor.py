@@ -30,7 +30,7 @@ class VLMActor:
         self.cache = ImageCache()
 
     @classmethod
-    def load(cls, model_dir, device: str = "cpu", **kw) -> "VLMActor":
+    def load(cls, model_dir, device: str = "cpu", **kw) -> VLMActor:
         from agent.vlm import load_vlm
 
         model, processor = load_vlm(model_dir, device=device)

@@ -328,7 +328,6 @@ def sft_job(rank: int, world: int, job: dict, result_path: str) -> None:
 def cmd_ppo(args) -> int:
     from trainer.distributed import DistributedError, check_nproc
     from trainer.ppo import shaping_checks
-
     from trainer.sandbox.families import parse_families
     from trainer.sandbox.screen import SandboxError
 

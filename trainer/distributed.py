@@ -270,7 +270,6 @@ def all_reduce_grads(params, bucket: int = 1 << 25) -> None:
         return
     import torch
     import torch.distributed as dist
-
     from torch.distributed.tensor import DTensor
 
     # FSDP2's sharded parameters (DTensors) had their gradients reduced in backward already

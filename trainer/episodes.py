@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
 
 from agent.executors.base import Frame
 from agent.memory import Memory, MemoryStep

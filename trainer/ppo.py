@@ -42,8 +42,20 @@ from torch import nn
 
 from trainer import distributed as D
 from trainer.ppo_batch import (  # noqa: F401  (TurnBatch, ImageBank, build_turns, micro_batches are re-exported)
-    ImageBank, Pack, PrefixKV, TurnBatch, build_turns, chain_turns, forward_kwargs, micro_batches, minibatches,
-    pack_logprobs, packs, prefix_kv, prepare_turns, suffix_target,
+    ImageBank,
+    Pack,
+    PrefixKV,
+    TurnBatch,
+    build_turns,
+    chain_turns,
+    forward_kwargs,
+    micro_batches,
+    minibatches,
+    pack_logprobs,
+    packs,
+    prefix_kv,
+    prepare_turns,
+    suffix_target,
 )
 from trainer.rl import gae as rl_gae
 from trainer.rl import losses as rl_losses

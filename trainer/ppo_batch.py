@@ -304,7 +304,7 @@ class Pack:
     rows: list[int] = field(default_factory=list)  # each turn's row
 
     @classmethod
-    def build(cls, rows: list, pad_id: int, device=None) -> "Pack":
+    def build(cls, rows: list, pad_id: int, device=None) -> Pack:
         """rows: TurnBatches or Chains; the Pack's turns are their members in row order (the order
         in which the target mask lists their tokens)."""
         from agent.vlm_inputs import collate_inputs

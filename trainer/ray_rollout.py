@@ -190,7 +190,7 @@ class RayRolloutPool:
         self._started_ray = False
 
     # -- life cycle
-    def start(self, model) -> "RayRolloutPool":
+    def start(self, model) -> RayRolloutPool:
         import ray
 
         if not ray.is_initialized():

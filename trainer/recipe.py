@@ -276,9 +276,9 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
 
     from agent.vlm import VLMError
     from trainer.actor import VLMActor
+    from trainer.episodes import evaluate
     from trainer.grounding import grounding_eval
     from trainer.metrics import MetricsLog, plot_metrics
-    from trainer.episodes import evaluate
     from trainer.sft import SFTConfig, load_for_training, save_checkpoint, train_device, train_sft
 
     try:  # a device that is not there fails now, not after the demonstrations

@@ -224,7 +224,7 @@ class RolloutPool:
         self.ready: set[int] = set()  # workers that have loaded the model and the sandbox
 
     # -- life cycle
-    def start(self, model) -> "RolloutPool":
+    def start(self, model) -> RolloutPool:
         publish_weights(model, self.spec.weights_dir, 0)
         for rank in range(self.n_workers):
             # not daemonic: a worker's environments are processes of its own (trainer.sandbox.env_process);
@@ -280,7 +280,7 @@ class RolloutPool:
             self.next_seed += 1
             self.outstanding += 1
 
-    def wait_ready(self, timeout: float = 600.0) -> "RolloutPool":
+    def wait_ready(self, timeout: float = 600.0) -> RolloutPool:
         """Block until every worker has loaded the model and its sandbox (imports take seconds)."""
         deadline = time.monotonic() + timeout
         while len(self.ready) < self.n_workers:

@@ -193,7 +193,7 @@ class BackendServer:
             self._server.close()
             try:  # a peer that does not read blocks its closing handshake behind the frames queued for it
                 await asyncio.wait_for(asyncio.shield(self._server.wait_closed()), CLOSE_TIMEOUT_S + 1)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 for s in list(self.sessions):
                     s.ws.transport.abort()
                 await self._server.wait_closed()
@@ -627,6 +627,6 @@ async def _close_or_cut(ws, code: int, reason: str) -> None:
     what was buffered for it."""
     try:
         await asyncio.wait_for(ws.close(code, reason[:120]), CLOSE_TIMEOUT_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     ws.transport.abort()

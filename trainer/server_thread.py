@@ -39,7 +39,7 @@ class BackendThread:
         finally:
             await self.server.stop()
 
-    def start(self, timeout: float = 10.0) -> "BackendThread":
+    def start(self, timeout: float = 10.0) -> BackendThread:
         self.thread.start()
         if not self._ready.wait(timeout):
             raise RuntimeError(f"the backend did not start within {timeout} s")

@@ -57,7 +57,7 @@ class ReadAhead:
         self.held = 0
         self.waiting: list[BudgetedConnection] = []
 
-    def fits(self, conn: "BudgetedConnection", n: int) -> bool:
+    def fits(self, conn: BudgetedConnection, n: int) -> bool:
         b = self.budgets
         return ((conn.held == 0 or conn.held + n <= b.read_ahead)
                 and (self.held == 0 or self.held + n <= b.read_ahead_total))
@@ -87,7 +87,7 @@ def frame_header(buf) -> tuple[int, bool, int | None]:
 class _AdmittingProtocol(ServerProtocol):
     """ServerProtocol whose per-frame size limit is decided by its connection (see the module doc)."""
 
-    connection: "BudgetedConnection"
+    connection: BudgetedConnection
     _limit: int | None = None  # the frame being parsed was admitted with this limit
 
     @property

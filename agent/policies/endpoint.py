@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -91,7 +90,7 @@ class EndpointPolicy(Policy):
                 if e.code in RETRY_STATUS:
                     continue
                 raise PolicyError(last) from None
-            except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError) as e:
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
                 last = f"cannot reach {self.url}: {getattr(e, 'reason', e)}"
                 continue
             return self._content(payload)

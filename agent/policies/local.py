@@ -37,10 +37,9 @@ class LocalVLMPolicy(Policy):
         self.keep_turns = keep_turns
         self.cache = None  # agent.vlm_batch.ImageCache: screenshots and the last step, while the weights stay
 
-    def load(self) -> "LocalVLMPolicy":
+    def load(self) -> LocalVLMPolicy:
         if self.model is None:
             from agent.vlm import VLMError, load_vlm
-
             from agent.vlm_batch import ImageCache
 
             try:

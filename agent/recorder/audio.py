@@ -15,8 +15,8 @@ import queue
 import wave
 from pathlib import Path
 
-from agent.schema import monotonic
 from agent.recorder.errors import RecorderError
+from agent.schema import monotonic
 
 
 def _rescan(sd) -> None:
@@ -49,7 +49,7 @@ class AudioCapture:
         self.overflows = 0
         self._stream = None
 
-    def start(self) -> "AudioCapture":
+    def start(self) -> AudioCapture:
         try:
             import sounddevice as sd
         except (ImportError, OSError) as e:

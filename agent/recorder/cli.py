@@ -47,8 +47,8 @@ def _say(obj) -> None:
 
 
 def cmd_record(args) -> int:
-    from agent.store import NotFound, StoreError
     from agent.recorder.errors import RecorderError
+    from agent.store import NotFound, StoreError
 
     try:
         if args.rereduce:

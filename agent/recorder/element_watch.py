@@ -59,7 +59,7 @@ class ElementWatcher:
         self._due: float | None = None  # when a poked reading is to begin
         self._secret_fields: set[tuple[str, str]] = set()  # (role, name) of fields typed into secretly
 
-    def start(self) -> "ElementWatcher":
+    def start(self) -> ElementWatcher:
         """Connect (never raises: see `available`, `reason`) and begin reading."""
         if self.reader is None:
             from agent.atspi_elements import AtspiElements

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import queue
 
-from agent.schema import monotonic
 from agent.recorder.errors import RecorderError
+from agent.schema import monotonic
 
 
 def key_name(key) -> str:
@@ -36,7 +36,7 @@ class InputCapture:
         self._mouse = None
         self._keyboard = None
 
-    def start(self) -> "InputCapture":
+    def start(self) -> InputCapture:
         try:
             from pynput import keyboard, mouse
         except Exception as e:  # noqa: BLE001 - ImportError or Xlib errors without a display

@@ -33,7 +33,7 @@ class Hotkey:
     text: str
 
     @classmethod
-    def parse(cls, text: str) -> "Hotkey":
+    def parse(cls, text: str) -> Hotkey:
         parts = [p.strip().lower().strip("<>") for p in text.split("+")]
         if len(parts) < 2 or not parts[-1]:
             raise RecorderError(f"a control hotkey needs modifiers and a key, like 'ctrl+alt+shift+p'; got {text!r}")

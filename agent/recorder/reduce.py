@@ -69,7 +69,7 @@ class Thresholds:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "Thresholds":
+    def from_dict(cls, d: dict | None) -> Thresholds:
         d = d or {}
         names = set(cls.__dataclass_fields__)
         unknown = set(d) - names

@@ -21,8 +21,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from agent.schema import ScreenGeometry, monotonic
 from agent.recorder.errors import RecorderError
+from agent.schema import ScreenGeometry, monotonic
 
 
 @dataclass
@@ -136,7 +136,7 @@ class ScreenCapture(threading.Thread):
         self._ready = threading.Event()
         self._frame_done = threading.Condition()
 
-    def start_and_wait(self, timeout: float = 10.0) -> "ScreenCapture":
+    def start_and_wait(self, timeout: float = 10.0) -> ScreenCapture:
         self.start()
         if not self._ready.wait(timeout):
             raise RecorderError(f"the screen capture did not start within {timeout} s")

@@ -26,11 +26,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.schema import Episode, monotonic
-from agent.wording import plural
 from agent.recorder.errors import NothingRecorded, RecorderError
 from agent.recorder.privacy import DEFAULT_DENYLIST, DEFAULT_HOTKEYS, Denylist, FocusedWindow, Hotkey
 from agent.recorder.reduce import MASK_CHAR, MODIFIERS, REDUCER_VERSION, Thresholds, build_steps
+from agent.schema import Episode, monotonic
+from agent.wording import plural
 
 RECORDER_VERSION = 1
 

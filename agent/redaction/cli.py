@@ -32,8 +32,7 @@ def register(sub, common) -> None:
 
 
 def cmd_redact(args) -> int:
-    from agent.redaction import RedactionError
-    from agent.redaction import review
+    from agent.redaction import RedactionError, review
     from agent.redaction.plan import counts, plan_of
     from agent.store import NotFound, Store
 

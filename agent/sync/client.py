@@ -118,7 +118,7 @@ class SyncClient:
                         self._server_event(ev)
                 else:
                     self._server_event(ev)
-        except (SyncError, asyncio.TimeoutError, OSError, ConnectionClosed) as e:
+        except (TimeoutError, SyncError, OSError, ConnectionClosed) as e:
             for eid in inflight:  # not acked: back to the queue for the next connection
                 self.outbox.mark_queued(eid, f"interrupted: {e or type(e).__name__}")
             if isinstance(e, asyncio.TimeoutError):
@@ -232,7 +232,7 @@ class SyncClient:
         try:
             await asyncio.wait_for(stop.wait(), delay)
             return False
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return True
 
     def _connected(self, session: Session) -> None:

@@ -31,7 +31,7 @@ class LiveLink:
         self._thread = threading.Thread(target=self.loop.run_forever, name="tandem-live", daemon=True)
         self._pump = None
 
-    def start(self, timeout: float = 10.0) -> "LiveLink":
+    def start(self, timeout: float = 10.0) -> LiveLink:
         self._thread.start()
         try:
             self.session = self.call(Session.open(self.url, self.token, ssl=self.ssl, timeout=timeout, client=self.client),
@@ -94,7 +94,7 @@ class RunPublisher:
         self.supervisor = RemoteSupervisor(self._publish, timeout=timeout)
         self.ended = False
 
-    def start(self, timeout: float = 10.0) -> "RunPublisher":
+    def start(self, timeout: float = 10.0) -> RunPublisher:
         self.link.start(timeout)
         return self
 
@@ -135,7 +135,7 @@ class RunWatcher:
     def user(self) -> str | None:
         return self.link.user
 
-    def start(self, timeout: float = 10.0) -> "RunWatcher":
+    def start(self, timeout: float = 10.0) -> RunWatcher:
         self.link.start(timeout)
         try:
             self.link.call(self.link.session.request("subscribe", run_id=self.run_id))

@@ -19,8 +19,15 @@ import asyncio
 import time
 from pathlib import Path
 
-from agent.model_files import (DEFAULT_MAX_PULL_BYTES, ModelDownload, ModelFilesError, check_model_version, inside,
-                               model_manifest, pulled_record)
+from agent.model_files import (
+    DEFAULT_MAX_PULL_BYTES,
+    ModelDownload,
+    ModelFilesError,
+    check_model_version,
+    inside,
+    model_manifest,
+    pulled_record,
+)
 from agent.sync.session import Session, SyncError
 
 WINDOW = 4  # chunks asked for at once: keeps the socket busy without holding much in memory

@@ -41,7 +41,7 @@ async def _open_ws(url: str, ssl=None, timeout: float = 10.0, limits: P.Limits =
                              open_timeout=timeout, max_queue=16, ping_interval=20, ping_timeout=60)
     except InvalidURI as e:
         raise SyncError(f"not a websocket URL: {url!r} ({e})", permanent=True) from None
-    except (OSError, InvalidHandshake, asyncio.TimeoutError) as e:
+    except (TimeoutError, OSError, InvalidHandshake) as e:
         raise SyncError(f"cannot reach {url}: {unreachable_reason(e, timeout)}") from None
 
 
@@ -72,7 +72,7 @@ class Session:
         self.closed_reason: str | None = None
 
     @classmethod
-    async def open(cls, url: str, token: str, *, ssl=None, timeout: float = 10.0, client: str = "tandem-app") -> "Session":
+    async def open(cls, url: str, token: str, *, ssl=None, timeout: float = 10.0, client: str = "tandem-app") -> Session:
         """Connect and authenticate; SyncError(permanent=True) for a bad token or URL."""
         ws = await _open_ws(url, ssl, timeout)
         conn = P.ClientConnection(token, client)
@@ -94,7 +94,7 @@ class Session:
                                         permanent=code in ("auth_failed", "auth_required", "bad_version"))
         except ConnectionClosed as e:
             raise SyncError(f"the connection closed during the handshake: {e}") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await ws.close()
             raise SyncError(f"no answer to hello from {url} within {timeout} s") from None
 
@@ -173,7 +173,7 @@ class Session:
         await self.flush()
         try:
             reply = await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._waiting.pop(ref, None)
             raise SyncError(f"no reply to {mtype} from the server within {timeout:g} s") from None
         if isinstance(reply, P.ErrorReceived):
@@ -197,7 +197,7 @@ class Session:
         await self.flush()
         try:
             return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._blobs.pop(digest, None)
             raise SyncError(f"{what or f'blob {digest}'} did not arrive from the server within {timeout:g} s") from None
 

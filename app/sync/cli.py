@@ -77,8 +77,8 @@ def cmd_sync(args) -> int:
 
     from tqdm import tqdm
 
-    from app.sync import SERVER_URL_KEY, TOKEN_KEY
     from agent.sync.client import SyncClient
+    from app.sync import SERVER_URL_KEY, TOKEN_KEY
 
     store = _store(args)
     from agent.sync.outbox import Outbox

@@ -13,10 +13,9 @@ def start_embedded_backend(store: Store, host: str = "127.0.0.1", port: int = 0)
     """Start it and return (url, token, stop_fn). The local user is an admin (it uploads,
     reads and supervises on this machine); its token is kept in the local settings and
     re-issued if the backend no longer accepts it."""
+    from agent.secret_store import SecretStore
     from trainer.backend_store import BackendError
     from trainer.server_thread import start_in_thread
-
-    from agent.secret_store import SecretStore
 
     backend = start_in_thread(store.root / "backend", host, port)
     bstore = backend.store

@@ -143,7 +143,7 @@ async def closed_how(ws, timeout: float) -> str:
     try:
         while True:
             await asyncio.wait_for(ws.recv(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return "still open"
     except Exception:  # noqa: BLE001 - ConnectionClosed: the close frame says why
         return str(ws.close_code)

@@ -36,11 +36,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0: its default)")
     args = ap.parse_args()
 
+    from pii_windows import FAMILIES, SIZES, render_window, score
     from PySide6.QtWidgets import QApplication
 
     from agent.redaction.frames import blur_rects, decode, find_regions
     from agent.redaction.ocr import OcrEngine
-    from pii_windows import FAMILIES, SIZES, render_window, score
 
     qt = QApplication.instance() or QApplication([])  # the windows need one
     engine = OcrEngine(threads=args.threads)

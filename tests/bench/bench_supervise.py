@@ -91,9 +91,9 @@ def run_local(app, frame, n: int) -> list[float]:
 
 
 def run_loopback(app, frame, n: int) -> list[float]:
+    from agent.store import Store
     from agent.sync.live_link import RunPublisher
     from app.supervise_view import SupervisePage
-    from agent.store import Store
     from trainer.server_thread import start_in_thread
 
     d = tempfile.mkdtemp()

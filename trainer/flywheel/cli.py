@@ -109,7 +109,12 @@ def cmd_run(args) -> int:
     from trainer.flywheel.announce import backend_target
     from trainer.flywheel.evaluation import miniwob_summary
     from trainer.flywheel.iteration import (
-        CONFIG_KEY, STAGE_TEXT, FlywheelConfig, flywheel_dir, run_iteration, too_little_data,
+        CONFIG_KEY,
+        STAGE_TEXT,
+        FlywheelConfig,
+        flywheel_dir,
+        run_iteration,
+        too_little_data,
     )
     from trainer.flywheel.plots import plot_flywheel
 
@@ -176,11 +181,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from trainer.flywheel.plots import summary
-
     from trainer.flywheel import FlywheelError
     from trainer.flywheel.iteration import FlywheelConfig, first_model, skipped_last, too_little_data
-
+    from trainer.flywheel.plots import summary
     from trainer.flywheel.registry import eval_summary
     from trainer.flywheel.routing import Router
 

@@ -18,6 +18,7 @@ import json
 import math
 
 from trainer.sandbox.miniwob_eval import DEFAULT_TASKS as MINIWOB_TASKS
+
 # MiniWoB's own clock is 10 s an episode in most tasks; a model on a CPU thinks for seconds a step
 MINIWOB_EPISODE_SECONDS = 120.0
 MINIWOB_EPISODES_PER_TASK = 5  # a transfer check, not a decision: a browser episode costs seconds
@@ -56,7 +57,6 @@ def evaluate_model(model_dir, families: list[str], seeds_per_family: int, *, env
     split's first). progress(done, total)."""
     from agent.vlm import load_vlm
     from trainer.actor import VLMActor
-
     from trainer.sandbox.env import env_kw_for
 
     model, processor = load_vlm(model_dir, device="cpu")

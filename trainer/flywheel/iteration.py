@@ -31,7 +31,12 @@ from pathlib import Path
 from trainer.flywheel import FlywheelError
 from trainer.flywheel.registry import Registry
 from trainer.flywheel.routing import (
-    Router, RoutingConfig, correction_samples, export_corrections, load_or_skip, pool_samples,
+    Router,
+    RoutingConfig,
+    correction_samples,
+    export_corrections,
+    load_or_skip,
+    pool_samples,
 )
 
 CONFIG_KEY = "flywheel.config"
@@ -124,7 +129,7 @@ class FlywheelConfig:
         return kw
 
     @classmethod
-    def load(cls, store, **overrides) -> "FlywheelConfig":
+    def load(cls, store, **overrides) -> FlywheelConfig:
         """The store's saved config (setting "flywheel.config") with overrides applied."""
         d = dict(store.get_setting(CONFIG_KEY) or {})
         if "eval_seeds" in d:  # configs saved before evaluations were counted in episodes

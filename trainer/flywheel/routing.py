@@ -49,7 +49,7 @@ class RoutingConfig:
             raise FlywheelError(f"routing: failed_to must be 'ct' or 'rejected', got {self.failed_to!r}")
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "RoutingConfig":
+    def from_dict(cls, d: dict | None) -> RoutingConfig:
         d = dict(d or {})
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:

@@ -144,12 +144,13 @@ class OutcomeRewardModel:
         self.generate, self.name, self.last_screenshots = generate, name, last_screenshots
 
     @classmethod
-    def local(cls, model_dir, *, max_new_tokens: int = 8, **kw) -> "OutcomeRewardModel":
+    def local(cls, model_dir, *, max_new_tokens: int = 8, **kw) -> OutcomeRewardModel:
         """A transformers checkpoint directory, loaded on first use (agent.vlm)."""
         loaded = {}
 
         def generate(messages):
-            from agent.vlm import generate as vlm_generate, load_vlm
+            from agent.vlm import generate as vlm_generate
+            from agent.vlm import load_vlm
 
             if not loaded:
                 loaded["m"] = load_vlm(model_dir, device="cpu")
@@ -159,7 +160,7 @@ class OutcomeRewardModel:
         return cls(generate, name=f"orm:{model_dir}", **kw)
 
     @classmethod
-    def endpoint(cls, base_url: str, model: str, api_key: str | None = None, **kw) -> "OutcomeRewardModel":
+    def endpoint(cls, base_url: str, model: str, api_key: str | None = None, **kw) -> OutcomeRewardModel:
         """An OpenAI-compatible chat-completions server (vLLM, SGLang, hosted)."""
         from agent.policies.endpoint import EndpointPolicy
 

@@ -20,7 +20,7 @@ policy uses a smaller, length-adaptive lambda for lower-variance advantages.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -131,9 +131,20 @@ class _Walker:
 
     # ------------------------------------------------------------ walk
     def walk(self, widget) -> None:
-        from PySide6.QtWidgets import (QAbstractButton, QAbstractItemView, QAbstractSlider, QAbstractSpinBox,
-                                       QComboBox, QLineEdit, QMenu, QMenuBar, QPlainTextEdit, QSlider, QTabBar,
-                                       QTextEdit)
+        from PySide6.QtWidgets import (
+            QAbstractButton,
+            QAbstractItemView,
+            QAbstractSlider,
+            QAbstractSpinBox,
+            QComboBox,
+            QLineEdit,
+            QMenu,
+            QMenuBar,
+            QPlainTextEdit,
+            QSlider,
+            QTabBar,
+            QTextEdit,
+        )
 
         if widget is not self.window:
             if widget.isWindow() or not widget.isVisible():

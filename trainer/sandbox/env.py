@@ -21,8 +21,8 @@ import numpy as np
 from agent import coords
 from agent.actions import SCROLL_DIRECTIONS, validate
 from agent.schema import Action, ScreenGeometry
-from trainer.sandbox.task import HELDOUT_START, RUNNING, SEED_LIMIT, SUCCESS, split_of
 from trainer.sandbox.screen import SandboxError
+from trainer.sandbox.task import HELDOUT_START, RUNNING, SEED_LIMIT, SUCCESS, split_of
 
 ENV_ID = "Tandem/Sandbox-v0"
 SPLITS = ("train", "heldout")

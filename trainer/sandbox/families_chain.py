@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from agent.schema import Action
-from trainer.sandbox.task import FAILED, RUNNING, SUCCESS, WORDS, Task, Verdict
+from trainer.sandbox.task import RUNNING, SUCCESS, WORDS, Task, Verdict
 
 
 class SettingsChain(Task):
@@ -11,8 +11,16 @@ class SettingsChain(Task):
     family, level, max_steps, title = "settings_chain", 5, 14, "Preferences"
 
     def build(self):
-        from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QPushButton, QTabWidget,
-                                       QVBoxLayout, QWidget)
+        from PySide6.QtWidgets import (
+            QCheckBox,
+            QComboBox,
+            QFormLayout,
+            QHBoxLayout,
+            QPushButton,
+            QTabWidget,
+            QVBoxLayout,
+            QWidget,
+        )
 
         rng = self.rng
         names = self.pick("settings", 3)

@@ -127,7 +127,7 @@ class Browser:
         self._killed = False
 
     @classmethod
-    def launch(cls, *, headless: bool = True, app_url: str | None = None, timeout: float = 60.0) -> "Browser":
+    def launch(cls, *, headless: bool = True, app_url: str | None = None, timeout: float = 60.0) -> Browser:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
 

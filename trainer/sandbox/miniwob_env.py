@@ -38,8 +38,7 @@ import numpy as np
 from agent import coords
 from agent.actions import KEY_ALIASES, validate
 from agent.schema import Action, ScreenGeometry
-from trainer.sandbox.miniwob_browser import (Deadline, MiniWoBError, MiniWoBTimeout, check_versions,
-                                             chromium_paths)
+from trainer.sandbox.miniwob_browser import Deadline, MiniWoBError, MiniWoBTimeout, check_versions, chromium_paths
 from trainer.sandbox.miniwob_elements import SOURCE
 
 PREFIX = "miniwob/"

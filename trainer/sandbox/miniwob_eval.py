@@ -15,7 +15,7 @@ Seeds are 0, 1, ... within each task, so every policy meets the same episodes.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from trainer.sandbox.miniwob_env import PREFIX, MiniWoBEnv, task_of
 

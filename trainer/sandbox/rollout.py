@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 from agent.elements import elements_from_dicts
 from agent.schema import Action, Episode, Observation, Outcome, Provenance, ScreenGeometry, Step, monotonic

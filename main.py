@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 
+from agent.errors import TandemError
 from agent.wording import command_name
 
 COMMANDS = [
@@ -58,8 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         args.server = None
-        return _run_app(args)
-    return int(args.func(args) or 0)
+    try:
+        return int((args.func if args.command else _run_app)(args) or 0)
+    except TandemError as e:  # bad input or state, said in words: one line, no traceback
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return e.exit_code
+
+
+def one_line(e: BaseException) -> str:
+    """The error's message on one line (a multi-line message's lines joined by "; ")."""
+    lines = [s.strip() for s in str(e).splitlines() if s.strip()]
+    return "; ".join(lines) or type(e).__name__
 
 
 if __name__ == "__main__":

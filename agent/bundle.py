@@ -26,11 +26,12 @@ import zipfile
 import zlib
 from pathlib import Path
 
+from agent.errors import TandemError
 from agent.schema import Episode, SchemaError
 from agent.store import Store, StoreError
 
 
-class ImportError_(Exception):
+class ImportError_(TandemError):
     """A file that cannot be imported, and why."""
 
 

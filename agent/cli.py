@@ -5,13 +5,8 @@ import json
 import sys
 
 from agent import coords
+from agent.cli_common import open_store
 from agent.wording import plural
-
-
-def _store(args):
-    from agent.store import Store
-
-    return Store(args.data) if getattr(args, "data", None) else Store()
 
 
 def _missing_store(args) -> str | None:
@@ -97,7 +92,7 @@ def cmd_import(args) -> int:
     from agent.bundle import ImportError_, import_file
 
     try:
-        res = import_file(_store(args), args.file)
+        res = import_file(open_store(args), args.file)
     except ImportError_ as e:
         print(f"import failed: {e}", file=sys.stderr)
         return 2
@@ -116,7 +111,7 @@ def cmd_export(args) -> int:
     if missing:
         print(f"export failed: {missing}", file=sys.stderr)
         return 2
-    store = _store(args)
+    store = open_store(args)
     ids = args.episodes or [e.id for e in store.list_episodes(route=args.route)]
     try:
         if args.out.endswith(".zip"):
@@ -147,7 +142,7 @@ def cmd_info(args) -> int:
              "exists": False}
         print(json.dumps(c) if args.json else f"data location: {args.data} (empty: no Tandem data there)")
         return 0
-    store = _store(args)
+    store = open_store(args)
     c = store.counts()
     c["data"] = str(store.root)
     if args.json:
@@ -167,7 +162,7 @@ def cmd_check(args) -> int:
     if missing:
         print(f"check failed: {missing}", file=sys.stderr)
         return 2
-    store = _store(args)
+    store = open_store(args)
     problems = store.check()
     for p in problems:
         print(p)

@@ -17,6 +17,7 @@ import signal
 import sys
 
 from agent import coords
+from agent.cli_common import fail, open_store
 from agent.gate import GATE_MODES
 from agent.killswitch import DEFAULT_HOTKEY
 from agent.wording import command_name
@@ -58,29 +59,14 @@ def register(sub, common) -> None:
     p.set_defaults(func=cmd_agent)
 
 
-def _fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
-    return 2
-
-
 def make_policy(args):
-    from agent.policies import EndpointPolicy, ReplayPolicy
+    from agent.policies.choice import CLI
+    from agent.policies.choice import make_policy as choose
 
-    kw = {"space": args.coords, "platform": args.platform, "tools": bool(args.tools_root)}
-    if args.policy == "replay":
-        if not args.responses:
-            raise ValueError("--policy replay needs --responses FILE.jsonl")
-        return ReplayPolicy(args.responses, **kw)
-    if args.policy == "endpoint":
-        if not (args.base_url and args.model):
-            raise ValueError("--policy endpoint needs --base-url and --model")
-        key = args.api_key or os.environ.get("TANDEM_API_KEY") or os.environ.get("OPENAI_API_KEY")
-        return EndpointPolicy(args.base_url, args.model, key, max_images=args.max_images, **kw)
-    if not args.model_dir:
-        raise ValueError("--policy local needs --model-dir DIR")
-    from agent.policies.local import LocalVLMPolicy
-
-    return LocalVLMPolicy(args.model_dir, **kw)
+    key = args.api_key or os.environ.get("TANDEM_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    return choose(args.policy, responses=args.responses, base_url=args.base_url, model=args.model, api_key=key,
+                  model_dir=args.model_dir, platform=args.platform, space=args.coords, tools=bool(args.tools_root),
+                  max_images=args.max_images, spelling=CLI)
 
 
 def make_executor(args):
@@ -109,14 +95,13 @@ def cmd_agent(args) -> int:
     from agent.killswitch import KillSwitch, KillSwitchError
     from agent.loop import AgentLoop, LoopConfig
     from agent.policies import PolicyError
-    from agent.store import Store
     from agent.sync.client import signing_name
     from agent.terminal_supervisor import TerminalSupervisor
 
     try:
         policy = make_policy(args)
     except (ValueError, PolicyError) as e:
-        return _fail(str(e))
+        return fail(str(e))
     executor = make_executor(args)
     tools = None
     if args.tools_root:
@@ -125,28 +110,28 @@ def cmd_agent(args) -> int:
         try:
             tools = TerminalExecutor(args.tools_root)
         except ExecutionError as e:
-            return _fail(str(e))
-    store = Store(args.data) if args.data else Store()
+            return fail(str(e))
+    store = open_store(args)
     publisher = None
     if args.publish:
         if args.gate == "auto":
             store.close()
-            return _fail("--publish needs --gate risky or all: with auto nobody is asked")
+            return fail("--publish needs --gate risky or all: with auto nobody is asked")
         url = args.server or store.get_setting("sync.server_url")
         from agent.secret_store import saved_secret
 
         token = args.token or saved_secret(store, "sync.token")
         if not url or not token:
             store.close()
-            return _fail(f"--publish needs a backend: run `{command_name()} sync --server URL --token T --save` or pass "
-                         "--server and --token")
+            return fail(f"--publish needs a backend: run `{command_name()} sync --server URL --token T --save` or pass "
+                        "--server and --token")
         from agent.sync.live_link import RunPublisher
 
         try:
             publisher = RunPublisher(url, token, args.run_id, timeout=args.decision_timeout).start()
         except Exception as e:  # noqa: BLE001 - any failure to connect or log in is reported, not raised
             store.close()
-            return _fail(f"cannot publish the run to {url}: {e}")
+            return fail(f"cannot publish the run to {url}: {e}")
         supervisor = publisher.supervisor
         print(f"run id: {publisher.run_id} (open it in Supervise -> Watch a run)", flush=True)
     else:

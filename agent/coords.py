@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from agent.errors import TandemError
 from agent.schema import ScreenGeometry
 
 IMAGE_FACTOR = 28
@@ -23,7 +24,7 @@ RELATIVE_1000 = "relative1000"
 SPACES = (SMART_RESIZE, RELATIVE_1000)
 
 
-class CoordinateError(ValueError):
+class CoordinateError(TandemError, ValueError):
     pass
 
 

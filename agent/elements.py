@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 from agent import coords
+from agent.errors import TandemError
 
 HEADER = "Elements:"
 # roles a platform's own names are mapped onto (unknown ones pass through, lower-cased)
@@ -30,7 +31,7 @@ LINE_RE = re.compile(r"^\[(\d+)\] (\S+) '(.*)' \((-?\d+),(-?\d+),(-?\d+),(-?\d+)
 NO_LIST = "(no element list on this platform: use the screenshot)"
 
 
-class ElementError(ValueError):
+class ElementError(TandemError, ValueError):
     """A malformed element (or list); the message names the element and what is wrong."""
 
 

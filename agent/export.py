@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from agent import coords
+from agent.errors import TandemError
 from agent.grammar import format_normalized, system_prompt
 from agent.redaction import RedactionError
 from agent.redaction.review import auto_redaction_due, redacted_episode, upload_view
@@ -23,7 +24,7 @@ from agent.wording import command_name, plural
 IMAGE_TOKEN = "<image>"
 
 
-class ExportRefused(Exception):
+class ExportRefused(TandemError):
     """An export that would write data the privacy review has not cleared, refused; the message
     says how many episodes and which."""
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from agent.actions import canonical_keys, is_risky, validate
+from agent.errors import TandemError
 from agent.schema import Action
 
 GATE_MODES = ("auto", "risky", "all")
@@ -60,7 +61,7 @@ def _submits(action: Action) -> bool:
     return action.name == "hotkey" and "enter" in canonical_keys(action.args.get("key", "")).split()
 
 
-class GateError(ValueError):
+class GateError(TandemError, ValueError):
     pass
 
 

@@ -15,12 +15,13 @@ import threading
 import time
 from collections.abc import Callable
 
+from agent.errors import TandemError
 from agent.wording import hotkey_label
 
 DEFAULT_HOTKEY = "<ctrl>+<alt>+<shift>+k"
 
 
-class KillSwitchError(RuntimeError):
+class KillSwitchError(TandemError, RuntimeError):
     pass
 
 

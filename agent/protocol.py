@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any
 
+from agent.errors import TandemError
 from agent.model_files import is_model_version  # a model version names the folder it is pulled into
 
 PROTOCOL_VERSION = 1
@@ -61,7 +62,7 @@ ERROR_CODES = (
 )
 
 
-class ProtocolUsageError(ValueError):
+class ProtocolUsageError(TandemError, ValueError):
     """Our own code called the protocol wrongly (not the peer's fault): a bug, so it raises."""
 
 

@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agent.errors import TandemError
+
 SCHEMA_VERSION = 1
 
 EPISODE_KINDS = ("recording", "supervised", "autonomous", "rollout")
@@ -21,7 +23,7 @@ ROUTES = ("unscored", "sft", "ct", "rejected")
 PROVENANCES = ("human", "agent", "corrected")
 
 
-class SchemaError(ValueError):
+class SchemaError(TandemError, ValueError):
     """A dict that does not describe a valid episode, step or action."""
 
 

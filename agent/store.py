@@ -30,6 +30,7 @@ from pathlib import Path
 
 import sqlite_utils
 
+from agent.errors import TandemError
 from agent.schema import Episode, SchemaError, Step
 
 DB_NAME = "tandem.db"
@@ -37,7 +38,7 @@ ENV_DATA = "TANDEM_DATA"
 PIN_SECONDS = 24 * 3600  # how long a written, unreferenced blob is protected from removal
 
 
-class StoreError(Exception):
+class StoreError(TandemError):
     pass
 
 

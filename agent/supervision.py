@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agent.errors import TandemError
 from agent.executors.base import Frame, frame_from_image_bytes
 from agent.gate import Decision, GateError, GateRequest, HumanStep, Takeover
 from agent.policies.base import Proposal
@@ -31,7 +32,7 @@ from agent.schema import Action, SchemaError, ScreenGeometry
 MODES = ("decide", "takeover")
 
 
-class SupervisionError(ValueError):
+class SupervisionError(TandemError, ValueError):
     """A proposal or decision message that cannot be used; the message says what was wrong."""
 
 

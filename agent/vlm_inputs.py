@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import re
 
+from agent.errors import TandemError
+
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 
 
-class VLMError(Exception):
+class VLMError(TandemError):
     """A model directory or an input the local VLM cannot use; the message says what and why."""
 
 

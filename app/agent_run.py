@@ -9,62 +9,35 @@ from __future__ import annotations
 
 import threading
 import traceback
-from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
 from agent.decision_stats import DecisionLog
-from agent.wording import command_name
-
-POLICIES = ("replay", "endpoint", "local", "default")
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "default_model"
+from agent.errors import TandemError
 
 
-class RunSetupError(ValueError):
+class RunSetupError(TandemError, ValueError):
     """The page's choices do not make a runnable agent; the message says which and why."""
 
 
 def make_policy(choice: str, *, responses=None, base_url: str = "", model: str = "", api_key: str | None = None,
                 model_dir: str = "", platform: str = "desktop", space: str | None = None):
-    """A Policy for the page's choice. Nothing heavy happens here (a local model loads on first use)."""
-    from agent import coords
-    from agent.policies import EndpointPolicy, PolicyError, ReplayPolicy
+    """A Policy for the page's choice (agent.policies.choice); the default model is the shipped one.
+    Nothing heavy happens here (a local model loads on first use)."""
+    from agent.policies import PolicyError
+    from agent.policies.choice import FORM
+    from agent.policies.choice import make_policy as choose
 
-    kw = {"platform": platform, "space": space or coords.SMART_RESIZE}
+    if choice in ("local", "default"):
+        from app.run_form import models_missing
+
+        if models_missing():
+            raise RunSetupError(models_missing())
     try:
-        if choice == "replay":
-            if not responses:
-                raise RunSetupError("the replay policy needs a responses file (one JSON string per line)")
-            return ReplayPolicy(responses, **kw)
-        if choice == "endpoint":
-            if not base_url or not model:
-                raise RunSetupError("the endpoint policy needs a base URL and a model name")
-            return EndpointPolicy(base_url, model, api_key or None, **kw)
-        if choice in ("local", "default"):
-            from app.run_form import models_missing
-
-            if models_missing():
-                raise RunSetupError(models_missing())
-            from agent.policies.local import LocalVLMPolicy
-
-            d = Path(model_dir) if choice == "local" else DEFAULT_MODEL_DIR
-            if not model_dir and choice == "local":
-                raise RunSetupError("the local policy needs a model directory")
-            from agent.vlm import VLMError, lora_adapter_base
-
-            try:  # a whole model, or a LoRA adapter (`train sft|ppo --lora`) naming its base
-                adapter = lora_adapter_base(d) is not None
-            except VLMError as e:
-                raise RunSetupError(str(e)) from None
-            if not ((d / "config.json").exists() or adapter):
-                raise RunSetupError(f"no model in {d} (config.json is missing, and it is no LoRA adapter either)" + (
-                    f"; train the default model with `{command_name()} train default`" if choice == "default" else ""))
-            return LocalVLMPolicy(str(d), **kw)
-    except (PolicyError, ValueError) as e:
-        if isinstance(e, RunSetupError):
-            raise
+        return choose(choice, responses=responses, base_url=base_url, model=model, api_key=api_key,
+                      model_dir=model_dir if choice == "local" else None, platform=platform, space=space, spelling=FORM)
+    except PolicyError as e:
         raise RunSetupError(str(e)) from None
-    raise RunSetupError(f"policy must be one of {', '.join(POLICIES)}, got {choice!r}")
 
 
 def make_executor(choice: str, *, family: str | None = None, seed: int = 0, serial: str | None = None):

@@ -17,7 +17,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.agent_run import DEFAULT_MODEL_DIR, make_executor, make_policy
+from agent.model_files import DEFAULT_MODEL_DIR
+from app.agent_run import make_executor, make_policy
 
 POLICY_LABELS = {"default": "Default small model", "endpoint": "OpenAI-compatible endpoint",
                  "local": "Local model folder", "replay": "Replay file (scripted responses)"}

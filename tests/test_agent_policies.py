@@ -225,3 +225,36 @@ def test_frame_encodings_round_trip():
     fb = Frame(geometry=ScreenGeometry.simple(40, 30), pixels=px[:, :, ::-1], bgr=True)
     assert fb.pil().getpixel((5, 5)) == (255, 0, 0)
     assert frame_from_image_bytes(fb.encode("png")[0]).pil().getpixel((5, 5)) == (255, 0, 0)
+
+
+def test_one_factory_makes_a_policy_from_choices_for_each_caller(tmp_path):
+    """agent.policies.choice: the agent CLI, the app's form and the sandbox share the rules and the
+    checks; each names the inputs its own way in the errors."""
+    from agent.model_files import DEFAULT_MODEL_DIR
+    from agent.policies.choice import CLI, FORM, make_policy
+
+    with pytest.raises(PolicyError, match="^--policy endpoint needs --base-url and --model$"):
+        make_policy("endpoint", base_url="http://h/v1", spelling=CLI)
+    with pytest.raises(PolicyError, match="^the endpoint policy needs a base URL and a model name$"):
+        make_policy("endpoint", model="m", spelling=FORM)
+    with pytest.raises(PolicyError, match="^--policy replay needs --responses FILE.jsonl$"):
+        make_policy("replay", spelling=CLI)
+    with pytest.raises(PolicyError, match="^--policy local needs --model-dir DIR$"):
+        make_policy("local", spelling=CLI)
+    with pytest.raises(PolicyError, match=f"^the local policy: no model in {tmp_path} "):
+        make_policy("local", model_dir=tmp_path)
+    with pytest.raises(PolicyError, match="needs a model directory; '.*none' does not exist; train the default model"):
+        make_policy("default", model_dir=tmp_path / "none")
+    with pytest.raises(PolicyError, match="unknown coordinate space 'inches'"):  # a constructor's ValueError
+        make_policy("endpoint", base_url="http://h/v1", model="m", space="inches")
+    with pytest.raises(PolicyError, match="got 'oracle'"):
+        make_policy("oracle")
+
+    responses = tmp_path / "r.jsonl"
+    responses.write_text(json.dumps("Action: wait()") + "\n")
+    p = make_policy("replay", responses=str(responses), platform="android", space=coords.RELATIVE_1000, tools=True)
+    assert isinstance(p, ReplayPolicy) and p.platforms == ("android", "terminal") and p.space == coords.RELATIVE_1000
+    p = make_policy("endpoint", base_url="http://h/v1", model="m", api_key="k", max_images=2)
+    assert isinstance(p, EndpointPolicy) and (p.url, p.api_key, p.max_images) == ("http://h/v1/chat/completions", "k", 2)
+    if (DEFAULT_MODEL_DIR / "config.json").exists():  # the shipped model: loaded on first use, not here
+        assert make_policy("default").model_dir == str(DEFAULT_MODEL_DIR)

@@ -58,8 +58,8 @@ def test_the_default_model_keeps_the_last_step_and_acts_the_same(tmp_path):
     values (and the screenshots' features) gives the same greedy steps as recomputing every
     prompt, and from the second step on a growing part of each prompt is not computed again."""
     from agent import coords
+    from agent.model_files import DEFAULT_MODEL_DIR
     from agent.store import Store
-    from app.agent_run import DEFAULT_MODEL_DIR
     from app.sandbox_executor import SandboxProcessExecutor
 
     runs, reused = {}, []

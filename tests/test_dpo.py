@@ -1,5 +1,6 @@
-"""DPO on supervisors' corrections: the loss is the textbook one, and a real tiny model trained
-on a real correction pair comes to prefer the supervisor's edit over its own proposal."""
+"""DPO on supervisors' judgements: the loss is the textbook one; pairs come from a real agent run
+(the model's own raw text rejected, edits and rejections both), in the SFT sample's layout; and a
+real tiny model trained on a real correction pair comes to prefer the supervisor's edit."""
 from __future__ import annotations
 
 import math
@@ -31,7 +32,7 @@ def test_a_tiny_model_learns_to_prefer_the_supervisors_edit(store, tiny_vlm_dir)
 
     from agent.schema import Action, Provenance
     from agent.vlm import load_vlm
-    from trainer.dpo import DPOConfig, correction_pairs, sequence_logprob, train_dpo
+    from trainer.dpo import DPOConfig, preference_pairs, sequence_logprob, train_dpo
     from trainer.sft import SFTError, encode
 
     torch.set_num_threads(1)
@@ -44,7 +45,7 @@ def test_a_tiny_model_learns_to_prefer_the_supervisors_edit(store, tiny_vlm_dir)
     unchanged.steps[0].provenance = Provenance("corrected", proposal_thought=unchanged.steps[0].thought,
                                                proposal_action=unchanged.steps[0].action, decision="edit")
     store.save_episode(unchanged)
-    pairs = correction_pairs(store, [ep.id, unchanged.id])
+    pairs = preference_pairs(store, [ep.id, unchanged.id])
     assert len(pairs) == 1 and pairs[0].source == f"{ep.id}#1"
     assert pairs[0].rejected.target.startswith("Thought: Click the corner.") and pairs[0].chosen.messages == pairs[0].rejected.messages
 
@@ -64,3 +65,61 @@ def test_a_tiny_model_learns_to_prefer_the_supervisors_edit(store, tiny_vlm_dir)
         train_dpo(model, proc, [], DPOConfig(), progress=False)
     with pytest.raises(SFTError, match="beta > 0"):
         DPOConfig(beta=0)
+
+
+def test_pairs_are_the_models_own_text_against_what_was_done_in_the_sft_layout(store, tmp_path):
+    """A real AgentLoop on the fake phone, gated by a scripted supervisor: a rejected proposal
+    followed by an approved one, an edited proposal, and a rejection of what was then approved
+    anyway. The pairs hold the model's raw replies as recorded, and their prompt is the SFT
+    sample's, in training and in the exported files."""
+    import json
+
+    from agent.executors.android import AndroidExecutor
+    from agent.gate import Decision, Gate
+    from agent.loop import AgentLoop
+    from agent.policies import ReplayPolicy
+    from agent.schema import Action
+    from tests.fake_android import FakePhoneServer, connect_fake
+    from tests.test_agent_loop import Scripted, click
+    from trainer.dpo import pair_record, preference_pairs, sample_record
+    from trainer.flywheel.routing import export_corrections
+    from trainer.sft import runtime_samples
+
+    responses = [click("field"), click("button"), click("field", "Tap the field again."), "Action: finished()",
+                 "Action: finished()"]
+    sup = Scripted([Decision.reject("Wrong widget: use the button.", by="sv"), Decision.approve(by="sv"),
+                    Decision.edit([Action("press_back")], thought="Go back instead.", by="sv"),
+                    Decision.reject("Not done yet.", by="sv"), Decision.approve(by="sv")])
+    with FakePhoneServer() as server:
+        ex = AndroidExecutor(connect_fake(server), settle=0, wait_seconds=0.01)
+        try:
+            res = AgentLoop(ReplayPolicy(responses, platform="android"), ex, store=store, gate=Gate("all", sup)).run("press it")
+        finally:
+            ex.close()
+    ep = store.load_episode(res.episode.id)
+    assert [s.action.name for s in ep.steps] == ["click", "press_back", "finished"]
+
+    pairs = preference_pairs(store, [ep.id])
+    # the rejection of "finished" that was then approved as it was teaches nothing: two pairs
+    assert [(p.decision, p.step) for p in pairs] == [("reject", 0), ("edit", 1)]
+    reject, edit = pairs
+    # the rejected side is the reply the model wrote, token markers and all, not a re-rendering
+    assert reject.rejected.target == click("field") and "<|box_start|>" in reject.rejected.target
+    assert edit.rejected.target == click("field", "Tap the field again.") == ep.steps[1].raw_response
+    assert (reject.reason, reject.decided_by, edit.decided_by) == ("Wrong widget: use the button.", "sv", "sv")
+    # the chosen side is what was done, in the SFT target's form, under the SFT sample's prompt
+    sft = runtime_samples(ep, store.get_blob)
+    for p in pairs:
+        assert p.chosen.target == sft[p.step].target and p.rejected.messages is p.chosen.messages
+        assert sample_record(p.chosen) == sample_record(sft[p.step])
+    assert edit.chosen.target.startswith("Thought: Go back instead.") and "press_back" in edit.chosen.target
+
+    res = export_corrections(store, tmp_path / "out", [ep.id])
+    assert (res["sft_samples"], res["preference_pairs"]) == (1, 2)
+    written = [json.loads(line) for line in (tmp_path / "out" / "preferences.jsonl").read_text().splitlines()]
+    assert written == [json.loads(json.dumps(pair_record(p))) for p in pairs]
+    sample = json.loads((tmp_path / "out" / "corrections.jsonl").read_text())
+    # one layout: the exported pair's prompt is the exported SFT sample's, images included
+    assert written[1]["messages"] == sample["messages"][:-1] and written[1]["images"] == sample["images"]
+    assert written[1]["chosen"] == sample["messages"][-1]["content"] and written[1]["rejected"] == edit.rejected.target
+    assert sample["images"][-1] == ep.steps[1].observation.screenshot  # the store's blob hash of the step's frame

@@ -175,9 +175,11 @@ def test_corrections_become_sft_samples_and_preference_pairs(store, tmp_path):
     assert pair["episode_id"] == ep.id and pair["step"] == 0 and pair["decided_by"] == "sam"
     assert "click(start_box=" in pair["chosen"] and pair["chosen"] != pair["rejected"]
     assert pair["rejected"].startswith("Thought: Click the corner.")
-    assert pair["messages"][-1]["content"] == "<image>" and len(pair["images"]) == 1
+    # the prompt the agent saw, ending with the current screenshot (its blob hash under "images")
+    assert {"type": "image"} in pair["messages"][-1]["content"] and pair["images"] == [ep.steps[0].observation.screenshot]
     sample = json.loads((tmp_path / "out" / "corrections.jsonl").read_text().strip())
     assert sample["messages"][-1]["content"] == pair["chosen"] and sample["provenance"] == "corrected"
+    assert sample["messages"][:-1] == pair["messages"] and pair["decision"] == "edit"
 
     from trainer.flywheel.routing import correction_samples
 

@@ -279,9 +279,9 @@ def test_the_random_policy_plays_the_same_with_or_without_lists():
 
 @needs_miniwob
 def test_sandbox_eval_shows_the_default_model_the_list(monkeypatch, capsys):
+    from agent.model_files import DEFAULT_MODEL_DIR
     from main import main
     from trainer.actor import VLMActor
-    from trainer.sandbox.cli import DEFAULT_MODEL_DIR
 
     if not (DEFAULT_MODEL_DIR / "model.safetensors").is_file():
         pytest.skip(f"no default model at {DEFAULT_MODEL_DIR}")

@@ -61,8 +61,8 @@ def test_pip_install_in_a_fresh_venv_gives_the_tandem_command(tmp_path):
     assert f"data location: {data}" in r.stdout and "episodes: 1  steps: 3" in r.stdout
     # the core install leaves the [train] extra out, and the package ships the default model
     py = str(venv / "bin" / "python")
-    probe = ("import importlib.util as u, app.agent_run as a; print(u.find_spec('torch') is None, "
-             "(a.DEFAULT_MODEL_DIR / 'model.safetensors').is_file(), a.__file__)")
+    probe = ("import importlib.util as u, app.agent_run as a, agent.model_files as m; print(u.find_spec('torch') is None, "
+             "(m.DEFAULT_MODEL_DIR / 'model.safetensors').is_file(), a.__file__)")
     r = subprocess.run([py, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     no_torch, has_model, where = r.stdout.split()
     assert (no_torch, has_model) == ("True", "True") and where.startswith(str(venv)), r.stdout + r.stderr

@@ -22,6 +22,7 @@ from agent.model_files import ModelFilesError, check_model_version, is_model_ver
 from agent.protocol import ROLES, _is_id
 from agent.schema import Action, Episode, SchemaError
 from agent.store import AddColumn, NotFound, Store, sha256
+from trainer.errors import TrainerError
 
 try:  # syncfs(2): flush one filesystem, not every mounted one as os.sync() would
     _libc = ctypes.CDLL(None, use_errno=True) if hasattr(os, "O_RDONLY") and os.name == "posix" else None
@@ -32,7 +33,7 @@ except OSError:
 TOKEN_PREFIX = "tdm"
 
 
-class BackendError(Exception):
+class BackendError(TrainerError):
     """A request the backend refuses; `code` is a protocol error code."""
 
     def __init__(self, code: str, reason: str):

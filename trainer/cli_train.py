@@ -10,7 +10,9 @@ bars, per-update metrics in OUT/metrics.jsonl and TensorBoard (OUT/tb), and PNG 
 from __future__ import annotations
 
 import json
-import sys
+
+from agent.cli_common import fail as _fail  # the name its many call sites use
+from agent.cli_common import open_store
 
 
 def register(sub, common) -> None:
@@ -215,11 +217,6 @@ def _add_ppo_shaping_args(s, *, recipe: bool) -> None:
                         "nothing, a re-click of what is selected)")
 
 
-def _fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
-    return 2
-
-
 def _plot(log, out_dir, phase, keys):
     from trainer.metrics import plot_metrics
 
@@ -302,9 +299,7 @@ def sft_job(rank: int, world: int, job: dict, result_path: str) -> None:
         if args.jsonl:
             samples = jsonl_samples(args.jsonl)
         else:
-            from agent.store import Store
-
-            with (Store(args.data) if args.data else Store()) as store:
+            with open_store(args) as store:
                 samples = store_samples(store, route=args.route, fmt=args.format)
         if not samples:
             raise SFTError(f"no training samples: no episodes routed {args.route!r} in the store" if not args.jsonl

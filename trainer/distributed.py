@@ -18,10 +18,12 @@ import contextlib
 import os
 import socket
 
+from trainer.errors import TrainerError
+
 STRATEGIES = ("ddp", "fsdp")
 
 
-class DistributedError(ValueError):
+class DistributedError(TrainerError, ValueError):
     """Settings a distributed run cannot use; the message names the value."""
 
 

@@ -1,16 +1,22 @@
-"""Preference training on supervisors' corrections (Direct Preference Optimization, Rafailov et
-al. 2023), as UI-TARS trains on its reflective traces: where a supervisor edited the agent's
-proposed step, the edited reply is *chosen* and the agent's own proposal *rejected*, both under
-the prompt the agent saw. The loss raises the policy's log-ratio (against a frozen reference,
-the model as the stage starts) of the chosen reply over the rejected one:
+"""Preference training on supervisors' judgements (Direct Preference Optimization, Rafailov et
+al. 2023), as UI-TARS trains on its reflective traces. A pair is built where a supervisor said no
+to the agent: an edited step (the edit is *chosen*) and a rejected proposal followed by what was
+done instead (that step is *chosen*). The *rejected* side is the model's own reply, the raw text
+it wrote (`Step.raw_response`, a rejection's recorded "raw"), not a re-rendering of the parsed
+proposal: that text is what the model's probabilities produced and what DPO must push down. Both
+sides share one prompt: the step's SFT sample (trainer.sft.runtime_samples, the prompt the agent
+saw), so a pair and the SFT sample of its step are one layout, in training and in the export
+(`pair_record`, preferences.jsonl). The loss raises the policy's log-ratio (against a frozen
+reference, the model as the stage starts) of the chosen reply over the rejected one:
 
     L = -log sigmoid(beta * [(log pi(c) - log ref(c)) - (log pi(r) - log ref(r))])
 
 SFT on the corrected step alone teaches the right reply; DPO also pushes down the wrong one the
-model actually produced. The same pairs are exported as preferences.jsonl for outside trainers.
+model actually produced.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import time
@@ -23,6 +29,11 @@ from trainer.sft import Sample, SFTError, encode, next_batch
 class PreferencePair:
     chosen: Sample
     rejected: Sample
+    episode_id: str = ""
+    step: int = 0
+    decision: str = "edit"  # edit: the supervisor changed the step; reject: said no, then this step was done
+    decided_by: str | None = None
+    reason: str | None = None  # a rejection's reason
 
     @property
     def source(self) -> str:
@@ -60,29 +71,96 @@ def sequence_logprob(model, inputs: dict):
     return action_logprobs(model, inputs, inputs["assistant_mask"]).sum()
 
 
-def correction_pairs(store, episode_ids, skipped: dict | None = None) -> list[PreferencePair]:
-    """(chosen, rejected) of every corrected step in these episodes, prompted as the agent was:
-    the supervisor's edit against the agent's own proposal. An episode that cannot be read is
-    left out and named in `skipped` (trainer.flywheel.routing.load_or_skip)."""
-    from agent import coords
-    from agent.grammar import format_normalized
-    from trainer.flywheel.routing import corrected_steps, load_or_skip, samples_or_skip
+def preference_pairs(store, episode_ids, skipped: dict | None = None) -> list[PreferencePair]:
+    """The preference pairs of these episodes: every corrected step (the edit chosen over the
+    model's reply) and every rejected proposal with the step done after it (that step chosen over
+    the rejected reply), each under the step's SFT sample's prompt. A judgement that changed
+    nothing (an "edit" equal to the proposal, a rejection of what was then approved) teaches no
+    preference and is left out. An episode that cannot be read is left out and named in
+    `skipped` (trainer.flywheel.routing.load_or_skip)."""
+    from trainer.flywheel.routing import load_or_skip, samples_or_skip
 
     out = []
     for eid in episode_ids:
         ep = load_or_skip(store, eid, skipped)
-        fixed = {s.index: s for s in corrected_steps(ep)} if ep else {}
-        if not fixed or not all(s.observation.screenshot for s in ep.steps):
-            continue
-        for step, sample in zip(ep.steps, samples_or_skip(store, ep, skipped)):
-            s = fixed.get(step.index)
-            if s is None:
-                continue
-            rejected = format_normalized(s.provenance.proposal_thought or "", [s.provenance.proposal_action],
-                                         coords.SMART_RESIZE, s.observation.width, s.observation.height)
-            if rejected != sample.target:  # an "edit" that changed nothing teaches no preference
-                out.append(PreferencePair(sample, Sample(sample.messages, rejected, sample.source)))
+        if ep is not None and any(_judged(s) for s in ep.steps) and all(s.observation.screenshot for s in ep.steps):
+            out += episode_pairs(ep, samples_or_skip(store, ep, skipped))
     return out
+
+
+def episode_pairs(ep, samples: list[Sample]) -> list[PreferencePair]:
+    """preference_pairs of one episode, given its SFT samples (runtime_samples, one per step;
+    none when they could not be built)."""
+    out = []
+    if not samples:
+        return out
+    for step, sample in zip(ep.steps, samples, strict=True):
+        prov = step.provenance
+        if prov.source == "corrected" and prov.proposal_action is not None:
+            proposed = _rendered(step, prov.proposal_thought or "", [prov.proposal_action])
+            if proposed != sample.target:  # the model's own text, else the proposal as the loop parsed it
+                out.append(_pair(ep.id, step, sample, step.raw_response or proposed, "edit", prov.decided_by))
+        for r in step.info.get("rejections") or []:
+            proposed = _rendered(step, r.get("thought") or "", [_action(a) for a in r.get("actions") or []])
+            if proposed != sample.target and (r.get("raw") or proposed):
+                out.append(_pair(ep.id, step, sample, r.get("raw") or proposed, "reject", r.get("by"), r.get("reason")))
+    return out
+
+
+def _judged(step) -> bool:
+    return (step.provenance.source == "corrected" and step.provenance.proposal_action is not None) or bool(
+        step.info.get("rejections"))
+
+
+def _action(d):
+    from agent.schema import Action
+
+    return Action.from_dict(d)
+
+
+def _rendered(step, thought: str, actions) -> str:
+    """A proposal in the SFT target's form, to compare with the target (and to stand in for a
+    reply recorded without its raw text)."""
+    from agent import coords
+    from agent.grammar import format_normalized
+
+    if not actions:
+        return ""
+    return format_normalized(thought, actions, coords.SMART_RESIZE, step.observation.width, step.observation.height)
+
+
+def _pair(eid: str, step, sample: Sample, rejected: str, decision: str, by, reason=None) -> PreferencePair:
+    return PreferencePair(sample, Sample(sample.messages, rejected, sample.source), eid, step.index, decision, by, reason)
+
+
+def pair_record(pair: PreferencePair) -> dict:
+    """A pair as one JSON line of preferences.jsonl: {"messages" (the prompt), "images", "chosen",
+    "rejected", ...}; the prompt is sample_record's of the chosen sample (the same layout)."""
+    rec = sample_record(pair.chosen)
+    return {"id": f"{pair.episode_id}-{pair.step}-{pair.decision}", "episode_id": pair.episode_id, "step": pair.step,
+            "messages": rec["messages"][:-1], "images": rec["images"], "chosen": pair.chosen.target,
+            "rejected": pair.rejected.target, "decision": pair.decision, "decided_by": pair.decided_by,
+            "reason": pair.reason}
+
+
+def sample_record(sample: Sample) -> dict:
+    """A training sample as JSON in the chat form multimodal trainers read (TRL, ms-swift): the
+    messages with each screenshot as an {"type": "image"} part, the screenshots' blob hashes in
+    order under "images", the target as the last assistant message."""
+    images: list[str] = []
+
+    def part(p):
+        if p.get("type") != "image":
+            return {"type": "text", "text": p["text"]}
+        frame = p["frame"]
+        if frame.encoded is None:
+            raise SFTError(f"{sample.source}: a screenshot without its encoded bytes cannot be written")
+        images.append(hashlib.sha256(frame.encoded).hexdigest())  # the store's blob hash of those bytes
+        return {"type": "image"}
+
+    msgs = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else [part(p) for p in m["content"]]}
+            for m in sample.messages]
+    return {"messages": msgs + [{"role": "assistant", "content": sample.target}], "images": images}
 
 
 def train_dpo(model, processor, pairs: list[PreferencePair], cfg: DPOConfig, *, log=None, phase: str = "dpo",

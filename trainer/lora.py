@@ -20,12 +20,14 @@ import json
 import re
 from pathlib import Path
 
+from trainer.errors import TrainerError
+
 # the linear layers LoRA adapts: the language model's decoder projections
 LORA_TARGET = r".*language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
 SAVE_FORMS = ("adapter", "merged")
 
 
-class LoRAError(ValueError):
+class LoRAError(TrainerError, ValueError):
     """LoRA settings that cannot work; the message names the value."""
 
 

@@ -28,6 +28,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trainer.errors import TrainerError
+
 GIB = 1024 ** 3
 
 _VISION_7B = {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "in_channels": 3,
@@ -68,7 +70,7 @@ LOGIT_BYTES = 12  # per target token and vocabulary entry (logits, log-softmax)
 ACT_BYTES = {False: (4.0, 4.0, 4.0), True: (3.1, 2.45, 2.75)}  # bytes an element: LM layers, vision blocks, patches
 
 
-class PlanError(ValueError):
+class PlanError(TrainerError, ValueError):
     """A model or setting the plan cannot use; the message names the value."""
 
 

@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent import coords
+from trainer.errors import TrainerError
 
 
-class RecipeError(ValueError):
+class RecipeError(TrainerError, ValueError):
     """A recipe that cannot run as asked (a bad setting, a work folder from other settings)."""
 
 

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.episodes import EpisodeRunner, Trajectory, Turn, frame_of, run_episode  # noqa: F401  (re-exported)
+from trainer.errors import TrainerError
 
 MODES = ("async", "sync")
 
 
-class RolloutError(RuntimeError):
+class RolloutError(TrainerError, RuntimeError):
     """A worker died or the pool was used wrongly; the message says which and why."""
 
 

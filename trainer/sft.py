@@ -28,10 +28,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainer.errors import TrainerError
+
 IGNORE = -100
 
 
-class SFTError(ValueError):
+class SFTError(TrainerError, ValueError):
     """Unusable training data or settings; the message names what and where."""
 
 

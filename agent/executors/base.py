@@ -11,10 +11,11 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agent.errors import TandemError
 from agent.schema import Action, ScreenGeometry, monotonic
 
 
-class ExecutionError(Exception):
+class ExecutionError(TandemError):
     """An action that could not be carried out; the message says which and why."""
 
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 
 from agent import coords
 from agent.actions import REGISTRY
+from agent.errors import TandemError
 from agent.grammar import action_space_text, parse_normalized, system_prompt
 from agent.memory import Memory
 from agent.schema import Action
 
 
-class PolicyError(Exception):
+class PolicyError(TandemError):
     """No response could be obtained from the model; the message says why."""
 
 

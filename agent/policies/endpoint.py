@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import base64
 import json
-import time
+import math
 import urllib.error
 import urllib.request
 
 from agent.policies.base import Policy, PolicyError
+from agent.retry import Backoff, retry
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+class _Transient(Exception):
+    """A failed request worth another try (the network, a timeout, a status in RETRY_STATUS)."""
 
 
 class EndpointPolicy(Policy):
@@ -76,25 +81,25 @@ class EndpointPolicy(Policy):
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        last = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+
+        def once() -> str:
             req = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                    payload = r.read()
+                    return self._content(r.read())
             except urllib.error.HTTPError as e:
                 detail = e.read()[:300].decode("utf-8", errors="replace")
-                last = f"HTTP {e.code} from {self.url}: {detail}"
                 if e.code in RETRY_STATUS:
-                    continue
-                raise PolicyError(last) from None
+                    raise _Transient(f"HTTP {e.code} from {self.url}: {detail}") from None
+                raise PolicyError(f"HTTP {e.code} from {self.url}: {detail}") from None
             except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-                last = f"cannot reach {self.url}: {getattr(e, 'reason', e)}"
-                continue
-            return self._content(payload)
-        raise PolicyError(f"{last} (gave up after {self.retries + 1} attempts)")
+                raise _Transient(f"cannot reach {self.url}: {getattr(e, 'reason', e)}") from None
+
+        try:  # delays backoff, 2 x backoff, 4 x backoff, ...
+            return retry(once, attempts=self.retries + 1, backoff=Backoff(self.backoff, math.inf, 2.0, jitter=0.0),
+                         retry_if=lambda e: isinstance(e, _Transient))
+        except _Transient as e:
+            raise PolicyError(f"{e} (gave up after {self.retries + 1} attempts)") from None
 
     def _content(self, payload: bytes) -> str:
         try:

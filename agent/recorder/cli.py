@@ -16,6 +16,8 @@ import signal
 import sys
 import threading
 
+from agent.cli_common import open_store
+
 
 def register(sub, common) -> None:
     p = sub.add_parser("record", parents=[common], help="record a demonstration (screen, input, optional microphone) headless",
@@ -36,12 +38,6 @@ def register(sub, common) -> None:
     p.set_defaults(func=cmd_record)
 
 
-def _store(args):
-    from agent.store import Store
-
-    return Store(args.data) if getattr(args, "data", None) else Store()
-
-
 def _say(obj) -> None:
     print(json.dumps(obj), flush=True)
 
@@ -54,7 +50,7 @@ def cmd_record(args) -> int:
         if args.rereduce:
             from agent.recorder.session import rereduce
 
-            with _store(args) as store:
+            with open_store(args) as store:
                 ep = rereduce(store, args.rereduce)
                 _say({"episode": ep.id, "status": "rereduced", "steps": len(ep.steps)})
             return 0
@@ -64,7 +60,7 @@ def cmd_record(args) -> int:
                 return 2
             from agent.recorder.transcribe import transcribe_episode
 
-            with _store(args) as store:
+            with open_store(args) as store:
                 ep = transcribe_episode(store, args.transcribe, args.asr_model)
                 _say({"episode": ep.id, "status": "transcribed", "words": len(ep.meta.get("transcript", []))})
             return 0
@@ -91,7 +87,7 @@ def _record(args) -> int:
                          audio_device=device, denylist=tuple(DEFAULT_DENYLIST) + tuple(args.deny), producer=args.producer)
     stop = threading.Event()
     old = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with _store(args) as store:
+    with open_store(args) as store:
         session = RecordingSession(store, args.instruction, cfg,
                                    on_control=lambda name, t: print(f"[{name}]", file=sys.stderr, flush=True))
         ep = session.start()

@@ -1,8 +1,10 @@
 """The recorder's exception types (kept apart so importing them costs nothing)."""
 from __future__ import annotations
 
+from agent.errors import TandemError
 
-class RecorderError(RuntimeError):
+
+class RecorderError(TandemError, RuntimeError):
     """Recording cannot start or go on; the message says why, with the offending value."""
 
 

@@ -11,6 +11,8 @@ Importing this package loads nothing heavy: the OCR engine starts on the first f
 """
 from __future__ import annotations
 
+from agent.errors import TandemError
 
-class RedactionError(Exception):
+
+class RedactionError(TandemError):
     """Redaction could not be done as asked; the message says what and with which value."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 
+from agent.cli_common import open_store
+
 
 def register(sub, common) -> None:
     p = sub.add_parser("redact", parents=[common], help="find and redact personal data before upload")
@@ -34,9 +36,9 @@ def register(sub, common) -> None:
 def cmd_redact(args) -> int:
     from agent.redaction import RedactionError, review
     from agent.redaction.plan import counts, plan_of
-    from agent.store import NotFound, Store
+    from agent.store import NotFound
 
-    store = Store(getattr(args, "data", None))
+    store = open_store(args)
     try:
         if args.redact_command == "scan":
             def progress(done, total, text=""):

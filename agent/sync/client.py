@@ -10,7 +10,6 @@ episode failed with the server's reason.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from dataclasses import dataclass, field
 
@@ -19,6 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from agent import protocol as P
 from agent.redaction import RedactionError
 from agent.redaction.review import upload_view
+from agent.retry import Backoff  # noqa: F401  (the client's reconnect schedule; re-exported for its callers)
 from agent.schema import SchemaError
 from agent.store import NotFound, Store
 from agent.sync.outbox import QUIET_S, Outbox
@@ -34,22 +34,6 @@ def signing_name(store: Store, default: str) -> str:
     syncs as (the backend stores a correction from a supervisor's session only in that user's
     name), else the configured `supervise.name`, else `default`."""
     return store.get_setting(SYNCED_USER) or store.get_setting("supervise.name") or default
-
-
-class Backoff:
-    """Exponential backoff with jitter: initial, x2 each failure, capped; reset on success."""
-
-    def __init__(self, initial: float = 0.25, maximum: float = 30.0, factor: float = 2.0, jitter: float = 0.2):
-        self.initial, self.maximum, self.factor, self.jitter = initial, maximum, factor, jitter
-        self.attempt = 0
-
-    def next(self) -> float:
-        d = min(self.maximum, self.initial * self.factor ** self.attempt)
-        self.attempt += 1
-        return d * (1 + random.uniform(-self.jitter, self.jitter))
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 @dataclass

@@ -28,6 +28,7 @@ from agent.model_files import (
     model_manifest,
     pulled_record,
 )
+from agent.retry import Backoff, retry_async
 from agent.sync.session import Session, SyncError
 
 WINDOW = 4  # chunks asked for at once: keeps the socket busy without holding much in memory
@@ -95,14 +96,10 @@ async def pull_model_async(url: str, token: str, dest_root, version: str | None 
         check_model_version(version)
     dest_root = Path(dest_root)
     dest_root.mkdir(parents=True, exist_ok=True)
-    for k in range(attempts):
-        try:
-            return await _pull_once(url, token, dest_root, version, progress, ssl, max_bytes, timeout)
-        except SyncError as e:
-            if e.permanent or k == attempts - 1:
-                raise
-            await asyncio.sleep(min(8.0, 0.5 * 2 ** k))  # the chunks so far are kept: the next try resumes
-    raise AssertionError("unreachable")
+    # the chunks so far are kept: the next try resumes; delays 0.5, 1, 2, ... 8 s
+    return await retry_async(lambda: _pull_once(url, token, dest_root, version, progress, ssl, max_bytes, timeout),
+                             attempts=attempts, backoff=Backoff(0.5, 8.0, jitter=0.0),
+                             retry_if=lambda e: isinstance(e, SyncError) and not e.permanent)
 
 
 def pull_model(url: str, token: str, dest_root, version: str | None = None, *, progress=None, ssl=None,

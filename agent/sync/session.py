@@ -20,9 +20,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from agent import protocol as P
+from agent.errors import TandemError
 
 
-class SyncError(Exception):
+class SyncError(TandemError):
     """A sync failure; `permanent` ones (bad token, refused request) are not worth retrying."""
 
     def __init__(self, reason: str, *, code: str | None = None, permanent: bool = False):

@@ -7,13 +7,8 @@ from __future__ import annotations
 
 import sys
 
+from agent.cli_common import open_store
 from agent.wording import command_name, plural
-
-
-def _store(args):
-    from agent.store import Store
-
-    return Store(args.data) if getattr(args, "data", None) else Store()
 
 
 def register(sub, common) -> None:
@@ -45,7 +40,7 @@ def cmd_submit(args) -> int:
     if not args.episodes and not args.all:
         print("submit: give EPISODE_ID(s) or --all", file=sys.stderr)
         return 2
-    store = _store(args)
+    store = open_store(args)
     outbox = Outbox(store, server_key(store, args.server) if args.server else None)
     if args.all:
         ids = outbox.submit_all()
@@ -80,7 +75,7 @@ def cmd_sync(args) -> int:
     from agent.sync.client import SyncClient
     from app.sync import SERVER_URL_KEY, TOKEN_KEY
 
-    store = _store(args)
+    store = open_store(args)
     from agent.sync.outbox import Outbox
 
     outbox = Outbox(store)

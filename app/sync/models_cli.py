@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
+from agent.cli_common import open_store
 from agent.wording import command_name
 
 
@@ -27,12 +28,6 @@ def register(sub, common) -> None:
     ls.set_defaults(func=cmd_list)
 
 
-def _store(args):
-    from agent.store import Store
-
-    return Store(args.data) if getattr(args, "data", None) else Store()
-
-
 def cmd_pull(args) -> int:
     from tqdm import tqdm
 
@@ -41,7 +36,7 @@ def cmd_pull(args) -> int:
     from agent.sync.model_pull import max_pull_bytes, models_dir, pull_model
     from agent.sync.session import SyncError
 
-    store = _store(args)
+    store = open_store(args)
     try:
         url = args.server or store.get_setting("sync.server_url")
         token = args.token or saved_secret(store, "sync.token")
@@ -80,7 +75,7 @@ def cmd_pull(args) -> int:
 def cmd_list(args) -> int:
     from agent.sync.model_pull import local_models
 
-    store = _store(args)
+    store = open_store(args)
     try:
         rows = local_models(store)
     finally:

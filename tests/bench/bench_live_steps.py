@@ -37,9 +37,9 @@ def main(argv=None) -> int:
 
     from agent import coords
     from agent.loop import AgentLoop, LoopConfig
+    from agent.model_files import DEFAULT_MODEL_DIR
     from agent.policies import LocalVLMPolicy
     from agent.store import Store
-    from app.agent_run import DEFAULT_MODEL_DIR
     from app.sandbox_executor import SandboxProcessExecutor
 
     torch.set_num_threads(a.threads)

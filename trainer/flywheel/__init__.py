@@ -7,7 +7,8 @@ corrections), registry (model versions, lineage, the current pointer), evaluatio
 success), merge (parameter interpolation), iteration (one turn of the wheel), announce (tell the
 backend), cli (`python main.py flywheel ...`). Importing any of them loads no model.
 """
+from trainer.errors import TrainerError
 
 
-class FlywheelError(Exception):
+class FlywheelError(TrainerError):
     """Bad input or state in the flywheel; the message names what was wrong, with the value."""

@@ -35,35 +35,25 @@ def is_backend_store(store) -> bool:
 
 
 async def announce_over_wire(url: str, token: str, version: str, info: dict, timeout: float = 15.0) -> None:
-    """hello -> welcome -> announce_model -> ok, over agent.protocol (trainer never imports app)."""
-    from websockets.asyncio.client import connect
-
-    from agent import protocol as P
-
-    conn = P.ClientConnection(token, "tandem-flywheel")
-
-    async def until(ws, want):
-        while True:
-            frame = await asyncio.wait_for(ws.recv(), timeout)
-            for ev in (conn.receive_text(frame) if isinstance(frame, str) else conn.receive_bytes(frame)):
-                if isinstance(ev, (P.ErrorReceived, P.ProtocolError)):
-                    raise FlywheelError(f"the backend at {url} refused the announcement of {version}: {ev.reason}")
-                if want(ev):
-                    return ev
+    """hello -> welcome -> announce_model -> ok, through the sync client's session
+    (agent.sync.session: trainer never imports app)."""
+    from agent.sync.session import RequestRefused, Session, SyncError
 
     try:
-        async with connect(url, compression=None, open_timeout=timeout, max_size=conn.limits.max_frame + 1024) as ws:
-            for item in conn.data_to_send():
-                await ws.send(item)
-            await until(ws, lambda ev: isinstance(ev, P.Welcome))
-            ref = conn.request("announce_model", version=version, info=info)
-            for item in conn.data_to_send():
-                await ws.send(item)
-            await until(ws, lambda ev: isinstance(ev, P.Message) and ev.ref == ref)
-    except FlywheelError:
-        raise
-    except Exception as e:  # connection refused or closed, a bad URL, a timeout
-        raise FlywheelError(f"cannot announce {version} to {url}: {type(e).__name__}: {e}") from None
+        session = await Session.open(url, token, timeout=timeout, client="tandem-flywheel")
+    except SyncError as e:  # refused at the handshake (a bad token), or not reached at all
+        if e.code is not None:
+            raise FlywheelError(f"the backend at {url} refused the announcement of {version}: {e}") from None
+        raise FlywheelError(f"cannot announce {version} to {url}: {e}") from None
+    try:
+        await session.request("announce_model", timeout=timeout, version=version, info=info)
+    except RequestRefused as e:
+        reason = str(e).removeprefix("announce_model: ")
+        raise FlywheelError(f"the backend at {url} refused the announcement of {version}: {reason}") from None
+    except SyncError as e:  # the connection closed, or no reply in time
+        raise FlywheelError(f"cannot announce {version} to {url}: {e}") from None
+    finally:
+        await session.close()
 
 
 def announce(version: str, info: dict, *, target: dict) -> str:

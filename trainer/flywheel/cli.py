@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
+from agent.cli_common import fail, open_store
+
 
 def register(sub, common) -> None:
     p = sub.add_parser("flywheel", help="the data flywheel: score, route, retrain, evaluate, promote",
@@ -79,17 +81,6 @@ def register(sub, common) -> None:
     pl.set_defaults(func=cmd_plot)
 
 
-def _fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
-    return 2
-
-
-def _store(args):
-    from agent.store import Store
-
-    return Store(args.data) if getattr(args, "data", None) else Store()
-
-
 def _orm(args):
     from trainer.flywheel.scoring import OutcomeRewardModel
 
@@ -119,19 +110,19 @@ def cmd_run(args) -> int:
     from trainer.flywheel.plots import plot_flywheel
 
     if args.iterations < 1:
-        return _fail(f"--iterations must be at least 1, got {args.iterations}")
+        return fail(f"--iterations must be at least 1, got {args.iterations}")
     keys = ("eval_episodes", "miniwob_episodes", "dpo_steps", "dpo_beta", "rollouts", "ct_steps", "sft_steps", "ppo_updates", "ppo_batch", "ppo_workers", "batch",
             "min_gain", "seed", "threads", "base", "ppo_engine", "ray_address")
     over = {k: getattr(args, k) for k in keys}
     if args.families:
         over["families"] = [f.strip() for f in args.families.split(",") if f.strip()]
-    store = _store(args)
+    store = open_store(args)
     try:
         cfg = FlywheelConfig.load(store, **over)
         orm = _orm(args)
     except (FlywheelError, ValueError) as e:
         store.close()
-        return _fail(str(e))
+        return fail(str(e))
     if args.save_config:
         from dataclasses import asdict
 
@@ -187,7 +178,7 @@ def cmd_status(args) -> int:
     from trainer.flywheel.registry import eval_summary
     from trainer.flywheel.routing import Router
 
-    store = _store(args)
+    store = open_store(args)
     try:
         s = summary(store)
         try:
@@ -247,7 +238,7 @@ def cmd_merge(args) -> int:
     from trainer.flywheel.merge import check_alphas, merge_models
     from trainer.flywheel.registry import Registry, eval_summary, paired_comparison
 
-    store = _store(args)
+    store = open_store(args)
     try:
         reg = Registry(store)
         check_alphas(args.alphas, len(args.models))
@@ -283,7 +274,7 @@ def cmd_merge(args) -> int:
                           note="merge (not promoted automatically)")
         result["version"] = mv.version
     except FlywheelError as e:
-        return _fail(str(e))
+        return fail(str(e))
     finally:
         store.close()
     print(json.dumps(result, indent=2))
@@ -293,7 +284,7 @@ def cmd_merge(args) -> int:
 def cmd_undo(args) -> int:
     from trainer.flywheel.routing import Router
 
-    store = _store(args)
+    store = open_store(args)
     try:
         n = Router(store).undo(args.iteration)
     finally:
@@ -306,7 +297,7 @@ def cmd_simulate(args) -> int:
     from trainer.flywheel.simulated import simulate
 
     fams = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
-    store = _store(args)
+    store = open_store(args)
     try:
         ids = simulate(store, recordings=args.recordings, supervised=args.supervised, families=fams, seed=args.seed)
     finally:
@@ -319,7 +310,7 @@ def cmd_plot(args) -> int:
     from trainer.flywheel.iteration import flywheel_dir
     from trainer.flywheel.plots import plot_flywheel
 
-    store = _store(args)
+    store = open_store(args)
     try:
         png = plot_flywheel(store, args.out or flywheel_dir(store) / "flywheel.png")
     finally:

@@ -28,6 +28,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from agent.model_files import DEFAULT_MODEL_DIR
 from trainer.flywheel import FlywheelError
 from trainer.flywheel.registry import Registry
 from trainer.flywheel.routing import (
@@ -49,7 +50,7 @@ STAGE_TEXT = {  # what each stage is doing, for people (the CLI's bar, the Train
     "sft": "fine-tuning on the SFT pool", "dpo": "preference training on supervisors' corrections",
     "ppo": "PPO on sandbox tasks", "eval": "evaluating both models on fresh held-out tasks",
 }
-SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "assets" / "default_model"
+SHIPPED_MODEL = DEFAULT_MODEL_DIR
 
 
 def default_families() -> list[str]:
@@ -336,7 +337,7 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
                     skipped: dict | None = None) -> list[dict]:
     """CT -> SFT -> DPO -> PPO from the parent checkpoint; saves the candidate; returns stage
     summaries. An episode that cannot be read is left out and named in `skipped`."""
-    from trainer.dpo import DPOConfig, correction_pairs, train_dpo
+    from trainer.dpo import DPOConfig, preference_pairs, train_dpo
     from trainer.ppo import PPOConfig, train_ppo
     from trainer.sft import SFTConfig, load_for_training, save_checkpoint, train_sft
 
@@ -380,15 +381,16 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
         stages.append({"phase": "sft", "skipped": "no SFT data" if cfg.sft_steps else "sft_steps is 0"})
     prog.finish("sft")
 
-    # -- DPO: where a supervisor edited a step, the edit is preferred over the agent's proposal
-    pairs = correction_pairs(store, sft_ids + ct_ids, skipped) if cfg.dpo_steps else []
+    # -- DPO: where a supervisor edited a step or rejected a proposal, what was done is preferred
+    # over the model's own reply
+    pairs = preference_pairs(store, sft_ids + ct_ids, skipped) if cfg.dpo_steps else []
     if pairs:
         r = train_dpo(model, processor, pairs, DPOConfig(beta=cfg.dpo_beta, lr=cfg.dpo_lr, batch_size=min(cfg.batch, 4),
                                                          max_steps=cfg.dpo_steps, seed=cfg.seed),
                       log=slog, progress=False)
         stages.append({k: r[k] for k in ("phase", "steps", "pairs", "first_loss", "last_loss", "last_accuracy", "seconds")})
     else:
-        stages.append({"phase": "dpo", "skipped": "no corrected steps" if cfg.dpo_steps else "dpo_steps is 0"})
+        stages.append({"phase": "dpo", "skipped": "no corrections or rejections" if cfg.dpo_steps else "dpo_steps is 0"})
     prog.finish("dpo")
 
     # -- PPO on the sandbox's verifiable tasks

@@ -4,8 +4,8 @@ database (episode, iteration, route, the route and outcome before, reasons, time
 iteration's routing can be undone exactly.
 
 Corrections (steps a supervisor edited: provenance "corrected" with the agent's proposal kept)
-become SFT samples of the corrected step, whatever the episode's route, and preference pairs
-(the proposal rejected, the correction chosen), exported as JSONL.
+become SFT samples of the corrected step, whatever the episode's route; corrections and rejected
+proposals become preference pairs (trainer.dpo.preference_pairs); both are exported as JSONL.
 """
 from __future__ import annotations
 
@@ -236,11 +236,11 @@ def correction_samples(store, episode_ids, skipped: dict | None = None) -> list:
 
 
 def export_corrections(store, out_dir, episode_ids=None, skipped: dict | None = None) -> dict:
-    """Write corrections.jsonl (the corrected step as an SFT sample) and preferences.jsonl
-    ({prompt messages, images, chosen, rejected}, the usual DPO layout) into out_dir."""
-    from agent import coords
-    from agent.export import episode_samples
-    from agent.grammar import format_normalized
+    """Write corrections.jsonl (each corrected step's SFT sample) and preferences.jsonl (the pairs
+    of trainer.dpo.preference_pairs: {prompt messages, images, chosen, rejected, decision, ...},
+    the usual DPO layout) into out_dir. Both in one layout, the one the flywheel trains on: the
+    prompt the agent saw (trainer.dpo.sample_record), so a pair's prompt is its step's sample's."""
+    from trainer.dpo import episode_pairs, pair_record, sample_record
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -251,22 +251,20 @@ def export_corrections(store, out_dir, episode_ids=None, skipped: dict | None = 
     with open(tmp["corrections"], "w", encoding="utf-8") as fs, open(tmp["preferences"], "w", encoding="utf-8") as fp:
         for eid in ids:
             ep = load_or_skip(store, eid, skipped)
-            fixed = {s.index: s for s in corrected_steps(ep)} if ep else {}
-            if not fixed:
+            if ep is None or not all(s.observation.screenshot for s in ep.steps):
                 continue
-            for sample in episode_samples(ep, space=coords.SMART_RESIZE):
-                s = fixed.get(sample["step"])
-                if s is None:
-                    continue
-                fs.write(json.dumps(sample, ensure_ascii=False) + "\n")
-                n_sft += 1
-                w, h = s.observation.width, s.observation.height
-                rejected = format_normalized(s.provenance.proposal_thought or "", [s.provenance.proposal_action],
-                                             coords.SMART_RESIZE, w, h)
-                pair = {"id": sample["id"], "episode_id": ep.id, "step": s.index, "messages": sample["messages"][:-1],
-                        "images": sample["images"], "chosen": sample["messages"][-1]["content"], "rejected": rejected,
-                        "decision": s.provenance.decision, "decided_by": s.provenance.decided_by}
-                fp.write(json.dumps(pair, ensure_ascii=False) + "\n")
+            fixed = {s.index for s in corrected_steps(ep)}
+            if not fixed and not any(s.info.get("rejections") for s in ep.steps):
+                continue
+            samples = samples_or_skip(store, ep, skipped)
+            for step, sample in zip(ep.steps, samples, strict=False):  # [] when they cannot be built
+                if step.index in fixed:
+                    rec = {"id": f"{ep.id}-{step.index}", "episode_id": ep.id, "step": step.index,
+                           "provenance": step.provenance.source, **sample_record(sample)}
+                    fs.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    n_sft += 1
+            for pair in episode_pairs(ep, samples):
+                fp.write(json.dumps(pair_record(pair), ensure_ascii=False) + "\n")
                 n_pairs += 1
     for k in paths:
         os.replace(tmp[k], paths[k])

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
+from trainer.errors import TrainerError
+
 Tensor = torch.Tensor
 
 # Length-adaptive lambda bounds. With alpha = 0.05 the raw formula falls below 0.9 for any
@@ -37,7 +39,7 @@ LAMBDA_MIN = 0.9
 LAMBDA_MAX = 0.9999
 
 
-class GAEError(ValueError):
+class GAEError(TrainerError, ValueError):
     """Inputs to GAE that do not fit together; the message names the offending argument."""
 
 

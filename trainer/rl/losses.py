@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from trainer.errors import TrainerError
+
 Tensor = torch.Tensor
 
 REDUCTIONS = ("token-mean", "seq-mean", "sum", "none")
@@ -23,7 +25,7 @@ REDUCTIONS = ("token-mean", "seq-mean", "sum", "none")
 _MAX_LOG_RATIO = 20.0
 
 
-class LossError(ValueError):
+class LossError(TrainerError, ValueError):
     """Loss inputs that do not fit together; the message names the offending argument."""
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 
+from trainer.errors import TrainerError
 
-class RewardError(ValueError):
+
+class RewardError(TrainerError, ValueError):
     """A reward input or setting that makes no sense; the message names it and its value."""
 
 

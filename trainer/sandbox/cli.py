@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+from agent.cli_common import fail, open_store
+from agent.model_files import DEFAULT_MODEL_DIR
 
 
 def register(sub, common) -> None:
@@ -69,10 +73,6 @@ def register(sub, common) -> None:
     s.set_defaults(func=cmd_eval)
 
 
-# the small model `python main.py train default` builds and ships (trainer/recipe.py)
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "default_model"
-
-
 def trained_families(model_dir) -> list[str] | None:
     """The sandbox families a checkpoint of trainer.recipe was trained on (None if unknown)."""
     try:
@@ -123,11 +123,6 @@ def _families(args) -> list[str] | None:
     return parse_families(getattr(args, "families", None))
 
 
-def _fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
-    return 2
-
-
 def cmd_families(args) -> int:
     from trainer.sandbox.families import FAMILIES
 
@@ -145,7 +140,7 @@ def cmd_show(args) -> int:
 
     offscreen = os.environ.get("QT_QPA_PLATFORM", "").startswith("offscreen")
     if offscreen and not args.png:
-        return _fail("QT_QPA_PLATFORM is offscreen, so no window can be shown: pass --png PATH to save the screen")
+        return fail("QT_QPA_PLATFORM is offscreen, so no window can be shown: pass --png PATH to save the screen")
     if not args.png:
         os.environ.setdefault("QT_QPA_PLATFORM", "xcb" if sys.platform.startswith("linux") else "")
     from trainer.sandbox.env import SandboxEnv
@@ -161,7 +156,7 @@ def cmd_show(args) -> int:
             if term or trunc:
                 break
     except (SandboxError, ValueError) as e:
-        return _fail(str(e))
+        return fail(str(e))
     print(f"[{info['family']} seed {info['task_seed']}] {info['instruction']}  ({info['status']}, progress {info['progress']:.2f})")
     if args.png:
         from agent.executors.base import encode_pixels
@@ -197,14 +192,13 @@ def _interactive(env) -> int:
 
 
 def cmd_generate(args) -> int:
-    from agent.store import Store
     from trainer.sandbox.rollout import plan, run_many, to_episode
 
     try:
         jobs = plan(args.episodes, args.split, _families(args), args.start)
     except Exception as e:
-        return _fail(str(e))
-    store = Store(args.data) if args.data else Store()
+        return fail(str(e))
+    store = open_store(args)
     resolve_screen(args)
     ok = 0
     bar = _bar(len(jobs), "expert episodes")
@@ -227,25 +221,12 @@ def _bar(total: int, desc: str):
 
 
 def make_policy(args):
-    """The agent Policy for --policy default/local/endpoint, or a clear error."""
-    try:
-        import agent.policies as policies
-    except ImportError as e:
-        raise RuntimeError(f"policy {args.policy} not available: agent.policies does not import ({e})") from None
-    if args.policy == "endpoint":
-        if not (args.url and args.model):
-            raise RuntimeError("--policy endpoint needs --url and --model")
-        return policies.EndpointPolicy(args.url, args.model, platform="sandbox")
-    model_dir = args.model_dir
-    if args.policy == "default" and not model_dir:
-        model_dir = str(DEFAULT_MODEL_DIR)
-    if not model_dir or not os.path.isdir(model_dir):
-        raise RuntimeError(f"policy {args.policy} needs a model directory; {model_dir!r} does not exist (use --model-dir)")
-    try:
-        local = policies.LocalVLMPolicy
-    except (ImportError, AttributeError) as e:
-        raise RuntimeError(f"policy {args.policy} not available: the local model policy does not import ({e})") from None
-    return local(model_dir, platform="sandbox")
+    """The agent Policy for --policy default/local/endpoint (agent.policies.choice), or PolicyError."""
+    from agent.policies.choice import CLI
+    from agent.policies.choice import make_policy as choose
+
+    return choose(args.policy, base_url=args.url, model=args.model, model_dir=args.model_dir, platform="sandbox",
+                  spelling=replace(CLI, base_url="--url"))
 
 
 def make_actor(args):
@@ -294,20 +275,20 @@ def _grounding(args, families) -> int:
     from trainer.sandbox.task import HELDOUT_START
 
     if args.policy in ("expert", "random"):
-        return _fail("--grounding scores a model: use --policy default, local or endpoint")
+        return fail("--grounding scores a model: use --policy default, local or endpoint")
     families = families or list(FAMILIES)
     per_family = max(1, args.episodes // len(families))
     try:
         policy = make_policy(args)
     except Exception as e:
-        return _fail(str(e))
+        return fail(str(e))
     bar = _bar(per_family * len(families), f"{args.policy} grounding screens")
     try:
         res = grounding_eval(policy, families, per_family, width=args.width, height=args.height,
                              observation=args.observation,
                              seed_start=HELDOUT_START if args.split == "heldout" else 0, progress=lambda: bar.update(1))
     except Exception as e:
-        return _fail(str(e))
+        return fail(str(e))
     finally:
         bar.close()
         policy.close()
@@ -379,24 +360,24 @@ def _eval_miniwob(args) -> int:
 
     missing = available()
     if missing:
-        return _fail(f"MiniWoB++ cannot run here: {missing} (see the README's MiniWoB++ section)")
+        return fail(f"MiniWoB++ cannot run here: {missing} (see the README's MiniWoB++ section)")
     try:
         tasks = miniwob_eval.parse_tasks(args.tasks)
         miniwob_eval.tickets(tasks, args.episodes)
     except ValueError as e:
-        return _fail(str(e))
+        return fail(str(e))
     policy = args.policy
     if policy not in miniwob_eval.BUILTIN:
         try:
             policy = make_actor(args)
         except Exception as e:
-            return _fail(str(e))
+            return fail(str(e))
     bar = _bar(args.episodes, f"{args.policy} MiniWoB++ episodes")
     try:
         trajs = miniwob_eval.play(policy, tasks, args.episodes, envs=args.envs, trace=args.trace,
                                   env_kw={"episode_seconds": args.episode_seconds}, progress=lambda _t: bar.update(1))
     except (MiniWoBError, ValueError) as e:
-        return _fail(str(e))
+        return fail(str(e))
     finally:
         bar.close()
     return _report(args, _results(trajs), {"suite": "miniwob", "episode_seconds": args.episode_seconds})
@@ -407,7 +388,7 @@ def cmd_eval(args) -> int:
 
     problem = _suite_problem(args)
     if problem:
-        return _fail(problem)
+        return fail(problem)
     if args.suite == "miniwob":
         return _eval_miniwob(args)
     resolve_screen(args)
@@ -422,7 +403,7 @@ def cmd_eval(args) -> int:
                       "pass --families for others", file=sys.stderr)
         jobs = plan(args.episodes, args.split, families)
     except Exception as e:
-        return _fail(str(e))
+        return fail(str(e))
     if args.grounding:
         return _grounding(args, families)
     results = []
@@ -437,7 +418,7 @@ def cmd_eval(args) -> int:
             try:
                 actor = make_actor(args)
             except Exception as e:
-                return _fail(str(e))
+                return fail(str(e))
             results = _play_model(args, actor, jobs, bar)
     finally:
         bar.close()

@@ -17,10 +17,12 @@ import multiprocessing as mp
 import sys
 import traceback
 
+from trainer.errors import TrainerError
+
 _CTX = None
 
 
-class EnvProcessError(RuntimeError):
+class EnvProcessError(TrainerError, RuntimeError):
     """The environment's process failed or is gone; the message names the call and the cause."""
 
 

@@ -25,6 +25,8 @@ import subprocess
 import threading
 from functools import lru_cache
 
+from trainer.errors import TrainerError
+
 BINARY_ENV, DRIVER_ENV = "MINIWOB_CHROME_BINARY", "MINIWOB_CHROMEDRIVER"
 BINARY_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 DRIVER_NAMES = ("chromedriver", "chromium.chromedriver")
@@ -32,7 +34,7 @@ FALLBACK_DIRS = ("/usr/bin", "/usr/lib/chromium")
 CHROME_FLAGS = ("headless", "disable-gpu", "no-sandbox", "disable-dev-shm-usage")  # miniwob's, plus /dev/shm off
 
 
-class MiniWoBError(RuntimeError):
+class MiniWoBError(TrainerError, RuntimeError):
     """MiniWoB++ cannot run or a call failed; the message says what and with which value."""
 
 

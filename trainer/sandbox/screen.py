@@ -16,12 +16,13 @@ import os
 import numpy as np
 
 from agent.schema import Action
+from trainer.errors import TrainerError
 
 _APP = None
 _NOISE = ("This plugin does not support", "Mouse event at")  # offscreen and QTest noise: a press outside a popup is how it closes
 
 
-class SandboxError(Exception):
+class SandboxError(TrainerError):
     """A sandbox problem (bad family, seed, size or action), named with the offending value."""
 
 

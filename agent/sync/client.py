@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from agent import protocol as P
 from agent.redaction import RedactionError
 from agent.redaction.review import upload_view
-from agent.retry import Backoff  # noqa: F401  (the client's reconnect schedule; re-exported for its callers)
+from agent.retry import Backoff
 from agent.schema import SchemaError
 from agent.store import NotFound, Store
 from agent.sync.outbox import QUIET_S, Outbox

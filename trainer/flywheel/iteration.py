@@ -5,7 +5,7 @@
   1. new on-policy data: the current model plays training-seed sandbox tasks, stored as episodes;
   2. score and route every unscored episode (recorded, reversible); export corrections;
   3. train from the current model: CT on the CT pool -> SFT on the SFT pool and the corrected
-     steps -> DPO on supervisors' corrections (edit chosen over the agent's proposal) -> PPO on
+     steps -> DPO on supervisors' edits and rejections (over the model's own reply) -> PPO on
      the sandbox, each stage with a small, configurable budget;
   4. evaluate the candidate and the current model on the same fresh block of held-out seeds
      (`eval_episodes`, 200 by default), register the candidate with metrics and lineage, promote
@@ -47,7 +47,7 @@ STAGES = {"start": 4, "collect": 8, "route": 4, "ct": 8, "sft": 20, "dpo": 4, "p
 STAGE_TEXT = {  # what each stage is doing, for people (the CLI's bar, the Train page)
     "start": "preparing the model to start from", "collect": "playing on-policy episodes",
     "route": "scoring and routing new episodes", "ct": "continual training on the CT pool",
-    "sft": "fine-tuning on the SFT pool", "dpo": "preference training on supervisors' corrections",
+    "sft": "fine-tuning on the SFT pool", "dpo": "preference training on supervisors' edits and rejections",
     "ppo": "PPO on sandbox tasks", "eval": "evaluating both models on fresh held-out tasks",
 }
 SHIPPED_MODEL = DEFAULT_MODEL_DIR

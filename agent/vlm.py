@@ -255,6 +255,10 @@ class Generation:
     seconds: float = 0.0
     inputs: dict | None = field(default=None, repr=False)  # the prompt inputs (for extend_inputs)
     pointer: list[int] | None = None  # per click site, the element-list entry chosen (agent.pointer)
+    # the prompt as the model read it: its token ids and its images' content keys (agent.vlm_batch.image_key),
+    # in order, so a learner rebuilds the forward without tokenizing again (None: not recorded)
+    prompt_ids: list[int] | None = None
+    image_keys: list[str] | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -347,7 +351,7 @@ def generate(model, processor, messages, images=None, max_new_tokens: int = 256,
     text = processor.tokenizer.decode(ids, skip_special_tokens=True)
     if not details:
         return text
-    return Generation(text, ids, logprobs, n_prompt, seconds, inputs, choices)
+    return Generation(text, ids, logprobs, n_prompt, seconds, inputs, choices, inputs["input_ids"][0].tolist())
 
 
 # ---------------------------------------------------------------- log-probs and losses

@@ -412,7 +412,8 @@ def generate_batch(model, processor, chats, *, max_new_tokens: int = 256, temper
                 if got is not None:
                     ids, logprobs, choices = got
             text = processor.tokenizer.decode(ids, skip_special_tokens=True)
-            results.append(Generation(text, ids, logprobs, n_row, 0.0, pointer=choices))
+            results.append(Generation(text, ids, logprobs, n_row, 0.0, pointer=choices,
+                                      prompt_ids=rows[b]["input_ids"][0].tolist(), image_keys=list(keys[b])))
     seconds = time.perf_counter() - t0
     for r in results:
         r.seconds = seconds

@@ -67,6 +67,7 @@ def test_a_ppo_update_on_the_gpu(tiny_vlm_dir, tmp_path, one_thread, train_visio
     """The learner on the GPU, rollouts in its process (on the GPU too) and in CPU workers."""
     from trainer.ppo import PPOConfig, train_ppo
     from trainer.sft import load_for_training
+    from trainer.specs import EnvSpec
 
     for workers in (0, 1):
         model, proc = load_for_training(tiny_vlm_dir, "cuda")
@@ -75,7 +76,7 @@ def test_a_ppo_update_on_the_gpu(tiny_vlm_dir, tmp_path, one_thread, train_visio
                         value_pretrain_epochs=1, max_new_tokens=12, train_vision=train_vision, kl_coef=0.1,
                         no_effect_penalty=0.1)
         res = train_ppo(model, proc, cfg, model_dir=tiny_vlm_dir, work_dir=tmp_path / f"w{workers}",
-                        env_kw={"width": 224, "height": 168, "families": ["radio"], "max_steps": 2}, progress=False)
+                        env=EnvSpec(width=224, height=168, families=["radio"], max_steps=2), progress=False)
         last = res["history"][-1]
         for k in ("entropy", "approx_kl", "value_loss", "policy_loss"):
             assert math.isfinite(last[k]), k

@@ -17,6 +17,7 @@ def test_two_ppo_updates_with_value_pretraining(tiny_any_dir, tmp_path, one_thre
     from agent.vlm import load_vlm
     from trainer.metrics import MetricsLog, read_metrics
     from trainer.ppo import Critic, PPOConfig, train_ppo
+    from trainer.specs import EnvSpec
 
     model, proc = load_vlm(tiny_any_dir, device="cpu")
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -27,7 +28,7 @@ def test_two_ppo_updates_with_value_pretraining(tiny_any_dir, tmp_path, one_thre
                     value_pretrain_epochs=1, max_new_tokens=12)
     log = MetricsLog(tmp_path / "log", tensorboard=False)
     res = train_ppo(model, proc, cfg, model_dir=tiny_any_dir, work_dir=tmp_path / "w",
-                    env_kw={"width": 224, "height": 168, "families": ["click_button"], "max_steps": 2}, log=log,
+                    env=EnvSpec(width=224, height=168, families=["click_button"], max_steps=2), log=log,
                     progress=False)
     rows = read_metrics(log.path)
     assert [r["phase"] for r in rows] == ["value_pretrain", "ppo", "ppo"]

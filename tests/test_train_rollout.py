@@ -49,14 +49,16 @@ def test_two_workers_async_then_sync(tiny_vlm_dir, tmp_path):  # noqa: F811
     """One pool (spawning workers costs seconds each): async first, then the same workers in
     sync mode."""
     from agent.vlm import load_vlm
-    from trainer.rollout import RolloutError, RolloutPool, WorkerSpec
+    from trainer.rollout import RolloutError, RolloutPool, RolloutSource, WorkerSpec
+    from trainer.specs import ActorSpec, EnvSpec
 
     with pytest.raises(RolloutError, match="mode"):
         RolloutPool(WorkerSpec("x", "y"), 1, mode="later")
     model, _ = load_vlm(tiny_vlm_dir, device="cpu")
-    spec = WorkerSpec(str(tiny_vlm_dir), str(tmp_path / "w"), env_kw={**ENV, "max_steps": 1},
-                      actor_kw={"max_new_tokens": 6})
+    spec = WorkerSpec(str(tiny_vlm_dir), str(tmp_path / "w"), env=EnvSpec(**ENV, max_steps=1),
+                      actor=ActorSpec(max_new_tokens=6))
     with RolloutPool(spec, 2, mode="async", max_staleness=1, prefetch=2).start(model) as pool:
+        assert isinstance(pool, RolloutSource)
         assert pool.wait_ready(timeout=300).ready == {0, 1}
         # the workers run niced, so a learner sharing their cores gets the CPU first
         mine = os.getpriority(os.PRIO_PROCESS, 0)
@@ -83,7 +85,7 @@ def test_two_workers_async_then_sync(tiny_vlm_dir, tmp_path):  # noqa: F811
             pool.set_mode("later")
         pool.set_mode("sync")
         assert pool.outstanding == 0
-        pool.max_staleness = 0
+        pool.offpolicy.max_staleness = 0
         dropped = pool.stats["dropped"]
         v = pool.publish(model)
         a = pool.collect(2, timeout=300)
@@ -189,16 +191,25 @@ def test_workers_step_several_env_processes_with_batched_replies(tiny_vlm_dir, t
 
     from agent.vlm import load_vlm
     from trainer.rollout import RolloutPool, WorkerSpec
+    from trainer.specs import ActorSpec, EnvSpec
 
-    model, _ = load_vlm(tiny_vlm_dir, device="cpu")
-    spec = WorkerSpec(str(tiny_vlm_dir), str(tmp_path / "w"), env_kw={**ENV, "max_steps": 2},
-                      actor_kw={"max_new_tokens": 6}, n_envs=3)
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    spec = WorkerSpec(str(tiny_vlm_dir), str(tmp_path / "w"), env=EnvSpec(**ENV, max_steps=2),
+                      actor=ActorSpec(max_new_tokens=6), n_envs=3)
     with RolloutPool(spec, 1, mode="sync", max_staleness=0).start(model) as pool:
         pool.wait_ready(timeout=300)
         worker = pool.procs[0]
         trajs = pool.collect(5, timeout=300)
         assert sorted(t.seed for t in trajs) == [0, 1, 2, 3, 4]
         assert all(t.turns and all(len(u.logprobs) == len(u.response_ids) > 0 for u in t.turns) for t in trajs)
+        # what came through the queue: each turn's prompt ids, each screenshot once, no chats
+        assert all(u.messages is None and u.prompt_ids and u.image_keys for t in trajs for u in t.turns)
+        assert all(set(t.images) == {k for u in t.turns for k in u.image_keys} for t in trajs)
+        from trainer.ppo_batch import build_turns
+
+        tbs = build_turns(trajs, proc)  # the learner's batch from the carried ids alone
+        assert len(tbs) == sum(len(t.turns) for t in trajs)
+        assert all(tb.tokens == len(trajs[tb.traj].turns[tb.turn].response_ids) for tb in tbs)
         envs = _descendants(worker.pid)
         assert len(envs) >= 3  # the worker's env processes (and the fork server they come from)
     assert not worker.is_alive()

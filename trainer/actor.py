@@ -12,6 +12,10 @@ class ActorOutput:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     pointer: list[int] | None = None  # per click site, the element-list entry chosen (agent.pointer)
+    # the prompt the model read (agent.vlm.Generation's): a learner scores the turn from these ids
+    # instead of tokenizing the chat again; image_keys name its screenshots in order (None: not recorded)
+    prompt_ids: list[int] | None = None
+    image_keys: list[str] | None = None
 
 
 class VLMActor:
@@ -42,7 +46,7 @@ class VLMActor:
         g = generate(self.model, self.processor, messages, max_new_tokens=self.max_new_tokens,
                      temperature=0.0 if greedy else self.temperature, details=True)
         # agent.vlm.generate never emits vision placeholders, so every reply can be scored again
-        return ActorOutput(g.text, list(g.token_ids), list(g.logprobs), g.pointer)
+        return ActorOutput(g.text, list(g.token_ids), list(g.logprobs), g.pointer, g.prompt_ids, g.image_keys)
 
     def generate_batch(self, chats, *, greedy: bool = False, slots: list | None = None) -> list[ActorOutput]:
         """slots: one key per chat (the environment slot it plays) so each slot's last turn is
@@ -51,7 +55,8 @@ class VLMActor:
 
         gens = generate_batch(self.model, self.processor, chats, max_new_tokens=self.max_new_tokens,
                               temperature=0.0 if greedy else self.temperature, cache=self.cache, slots=slots)
-        return [ActorOutput(g.text, list(g.token_ids), list(g.logprobs), g.pointer) for g in gens]
+        return [ActorOutput(g.text, list(g.token_ids), list(g.logprobs), g.pointer, g.prompt_ids, g.image_keys)
+                for g in gens]
 
     def load_weights(self, path) -> None:
         from safetensors.torch import load_file

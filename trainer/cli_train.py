@@ -411,12 +411,13 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
                     inference=args.inference, inference_gpus=args.inference_gpus, bf16=args.bf16, grad_checkpointing=args.grad_checkpointing, lora_r=args.lora,
                     lora_alpha=args.lora_alpha, shard=args.shard)
     from trainer.sandbox.env import observation_for
+    from trainer.specs import EnvSpec
 
     env_kw = {"width": args.width, "height": args.height, "observation": observation_for(args.model)}
     if args.max_steps:
         env_kw["max_steps"] = args.max_steps
     try:
-        res = train_ppo(model, processor, cfg, model_dir=args.model, work_dir=work, env_kw=env_kw, families=families,
+        res = train_ppo(model, processor, cfg, model_dir=args.model, work_dir=work, env=EnvSpec(**env_kw), families=families,
                         log=log)
     except RolloutError as e:  # the rollout side (rank 0): a worker died, Ray could not start or be reached
         Path(result_path).write_text(json.dumps({"error": str(e)}), encoding="utf-8")

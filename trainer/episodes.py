@@ -28,7 +28,7 @@ from agent.schema import monotonic
 
 @dataclass
 class Turn:
-    messages: list  # the chat the model saw (agent.memory's neutral form, images as Frames)
+    messages: list | None  # the chat the model saw (agent.memory's neutral form, images as Frames); None: dropped
     response_ids: list[int]  # generated tokens (the end-of-turn token included)
     logprobs: list[float]  # their log-probs under the behaviour policy
     text: str
@@ -47,11 +47,15 @@ class Turn:
     t: tuple = (0.0, 0.0)  # monotonic times: the reply asked for, the env's answer in
     action_error: str | None = None  # it parsed, but the env could not perform it: an agent mistake, not format
     pointer: list[int] | None = None  # per click site, the element-list entry the pointer chose (agent.pointer)
+    # the prompt as the actor tokenized it (its ids, its screenshots' keys into Trajectory.images, in
+    # order): the learner scores the turn from them without the chat (None: the actor did not say)
+    prompt_ids: list[int] | None = None
+    image_keys: list[str] | None = None
 
     @property
     def frame(self) -> Frame | None:
-        """The screenshot this turn answered (the last image of its prompt)."""
-        for m in reversed(self.messages):
+        """The screenshot this turn answered (the last image of its prompt); None when the chat was dropped."""
+        for m in reversed(self.messages or []):
             if isinstance(m.get("content"), list):
                 for p in reversed(m["content"]):
                     if p.get("type") == "image" and p.get("frame") is not None:
@@ -78,10 +82,23 @@ class Trajectory:
     slipped: list[int] = field(default_factory=list)  # demonstrations: turns that were injected mistakes
     status: str = ""  # the verifier's last word (running, success, failed)
     level: int | None = None  # the task's difficulty level
+    # each distinct screenshot its turns' prompts show, by content key (agent.vlm_batch.image_key): the
+    # RGB image as the model read it, kept once however many turns show it (Turn.image_keys)
+    images: dict = field(default_factory=dict)
 
     @property
     def n_generated(self) -> int:
         return sum(len(t.response_ids) for t in self.turns)
+
+    def drop_messages(self) -> Trajectory:
+        """Drop every turn's chat (its screenshots with it) where the turn carries its prompt ids,
+        so what a rollout worker sends the learner holds each screenshot once, in `images`; the
+        chat of a truncated episode's next state (final_messages) stays for the bootstrap. Turn.frame
+        of a dropped turn is None. Returns self."""
+        for t in self.turns:
+            if t.prompt_ids is not None:
+                t.messages = None
+        return self
 
 
 def frame_of(obs) -> Frame:
@@ -243,6 +260,7 @@ class EpisodeRunner:
                     hit=hit, version=self.version, space=env.coords_space, t=(self._asked, monotonic()),
                     pointer=getattr(gen, "pointer", None))
         traj.turns.append(turn)
+        _carry_prompt(traj, turn, messages, gen)
         if info.get("parse_error"):
             if self.end_on_parse_error:
                 terminated = True
@@ -274,6 +292,30 @@ class EpisodeRunner:
             traj.slipped = list(self.actor.slipped)
         slot.traj = slot.memory = None
         return traj
+
+
+def _carry_prompt(traj: Trajectory, turn: Turn, messages: list, gen) -> None:
+    """The prompt ids the actor generated from, and its screenshots once each in traj.images (keys
+    from the actor, or hashed here for an actor that gives ids but no keys)."""
+    ids = getattr(gen, "prompt_ids", None)
+    if ids is None:
+        return
+    from agent.vlm_batch import image_key
+    from agent.vlm_inputs import _to_pil
+
+    parts = [p for m in messages if isinstance(m.get("content"), list) for p in m["content"] if p.get("type") == "image"]
+    keys = getattr(gen, "image_keys", None)
+    if keys is not None and len(keys) != len(parts):
+        raise ValueError(f"the actor named {len(keys)} images for a prompt with {len(parts)}")
+    out = []
+    for j, part in enumerate(parts):
+        key = keys[j] if keys is not None else None
+        if key is None or key not in traj.images:
+            pil = _to_pil(part, f"turn {len(traj.turns) - 1} image {j}")
+            key = key or image_key(pil)
+            traj.images.setdefault(key, pil)
+        out.append(key)
+    turn.prompt_ids, turn.image_keys = list(ids), out
 
 
 def _reask(reason: str) -> str:

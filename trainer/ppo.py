@@ -60,6 +60,7 @@ from trainer.ppo_batch import (  # noqa: F401  (TurnBatch, ImageBank, build_turn
 from trainer.rl import gae as rl_gae
 from trainer.rl import losses as rl_losses
 from trainer.rl import rewards as rl_rewards
+from trainer.specs import ActorSpec, EnvSpec, EpisodeSpec, MemorySpec
 
 
 @dataclass
@@ -535,9 +536,10 @@ class Learner:
 # ---------------------------------------------------------------- the loop
 
 
-def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw: dict, families=None, log=None,
-              memory_kw=None, progress: bool = True, on_update=None) -> dict:
-    """Value pretraining, then `cfg.updates` PPO updates. Returns the critic and a summary; with
+def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env: EnvSpec, families=None, log=None,
+              memory: MemorySpec | None = None, progress: bool = True, on_update=None) -> dict:
+    """Value pretraining, then `cfg.updates` PPO updates, episodes played in sandboxes made from `env`
+    with the agent's `memory` (MemorySpec's defaults when None). Returns the critic and a summary; with
     LoRA (cfg.lora_r) `policy` ends with its adapters in place, unmerged, and "peft" is the
     wrapper that saves them.
 
@@ -552,8 +554,12 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
 
     from trainer.actor import VLMActor
     from trainer.episodes import EpisodeRunner
-    from trainer.rollout import RolloutPool, WorkerSpec
+    from trainer.rollout import RolloutPool, RolloutSource, WorkerSpec
     from trainer.sft import prepare_model
+
+    if not isinstance(env, EnvSpec):
+        raise TypeError(f"train_ppo's env must be a trainer.specs.EnvSpec, got {type(env).__name__}")
+    memory = memory if memory is not None else MemorySpec()
 
     torch.manual_seed(cfg.seed)
     if cfg.shard not in D.STRATEGIES:
@@ -570,33 +576,36 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env_kw:
     trained = prepare_model(policy, cfg, bf16_base=not fsdp)
     peft_model = trained if cfg.lora_r else None  # peft's wrapper of `policy`: it saves the adapter
     work_dir = Path(work_dir)
-    actor_kw = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
+    actor = ActorSpec(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     rank, world = D.rank_world()
     progress = progress and rank == 0
 
     # -- rollouts: worker processes, or this process; either way `n_envs` envs per batched generation
-    pool, envs = None, []
+    pool: RolloutSource | None = None
+    envs = []
     if rank > 0:
         collect = None  # batches come from rank 0
     elif cfg.n_workers > 0:
-        spec = WorkerSpec(str(model_dir), str(work_dir / "weights"), env_kw=dict(env_kw), memory_kw=dict(memory_kw or {}),
-                          actor_kw=actor_kw, episode_kw={"end_on_parse_error": cfg.end_on_parse_error},
+        spec = WorkerSpec(str(model_dir), str(work_dir / "weights"), env=env, memory=memory, actor=actor,
+                          episode=EpisodeSpec(end_on_parse_error=cfg.end_on_parse_error),
                           n_envs=cfg.n_envs, inference=cfg.inference, inference_gpus=cfg.inference_gpus)
-        pool_kw = {"mode": cfg.mode, "max_staleness": cfg.max_staleness, "staleness_decay": cfg.staleness_decay,
-                   "seed_start": cfg.seed * 100_000, "families": families}
         if cfg.engine == "ray":
             from trainer.ray_rollout import RayRolloutPool
 
-            pool = RayRolloutPool(spec, cfg.n_workers, address=cfg.ray_address, **pool_kw).start(policy)
+            pool = RayRolloutPool(spec, cfg.n_workers, mode=cfg.mode, max_staleness=cfg.max_staleness,
+                                  staleness_decay=cfg.staleness_decay, seed_start=cfg.seed * 100_000,
+                                  families=families, address=cfg.ray_address).start(policy)
         else:
-            pool = RolloutPool(spec, cfg.n_workers, **pool_kw).start(policy)
+            pool = RolloutPool(spec, cfg.n_workers, mode=cfg.mode, max_staleness=cfg.max_staleness,
+                               staleness_decay=cfg.staleness_decay, seed_start=cfg.seed * 100_000,
+                               families=families).start(policy)
         collect = lambda: pool.collect(cfg.batch_episodes)  # noqa: E731
     else:
         from trainer.sandbox.env_process import make_envs
 
-        local = VLMActor(policy, processor, **actor_kw)
-        envs = make_envs(min(cfg.n_envs, cfg.batch_episodes), **env_kw)
-        runner = EpisodeRunner(local, envs, memory_kw=memory_kw, end_on_parse_error=cfg.end_on_parse_error)
+        local = VLMActor(policy, processor, **actor.kwargs())
+        envs = make_envs(min(cfg.n_envs, cfg.batch_episodes), **env.kwargs())
+        runner = EpisodeRunner(local, envs, memory_kw=memory.kwargs(), end_on_parse_error=cfg.end_on_parse_error)
         seeds = iter(range(cfg.seed * 100_000, 10**9))
 
         def collect():

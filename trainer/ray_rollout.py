@@ -2,8 +2,8 @@
 machine or across a cluster (`ray start --head` on one machine, `ray start --address HEAD:6379`
 on the others, then `--ray-address auto` or `HEAD:6379`).
 
-`RayRolloutPool` is trainer.rollout.RolloutPool's interface (start, collect, publish, stats,
-close) over Ray: each actor owns `spec.n_envs` sandbox environments played together by one
+`RayRolloutPool` is a trainer.rollout.RolloutSource (start, collect, publish, stats, close), as
+the local RolloutPool is, over Ray: each actor owns `spec.n_envs` sandbox environments played together by one
 EpisodeRunner (one batched generation per round) and either its own policy copy
 (trainer.actor.VLMActor; `spec.inference` "own") or a handle on one shared inference actor
 ("shared": the rollout actors only step sandboxes, on CPU machines, while one policy copy,
@@ -14,7 +14,7 @@ and version; the shared inference actor is loaded at publish time, before new ti
 the weights of one version, whose trajectories come back together.
   - "async": every actor always has a call in flight; the learner takes trajectories as calls
     finish and gives that actor new tickets with the newest weights at once. Trajectories are
-    judged by the same staleness rule as the local pool (trainer.rollout.staleness); any beyond
+    judged by the same staleness rule as the local pool (trainer.rollout.OffPolicy); any beyond
     the batch wait for the next one.
   - "sync": one call per actor with the batch's tickets, all waited for.
 Ray is imported only here, when the engine is asked for: the rest of Tandem runs without it.
@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainer.rollout import RolloutError, WorkerSpec, check_pool, staleness
+from trainer.episodes import Trajectory
+from trainer.rollout import OffPolicy, RolloutError, Tickets, WorkerSpec, check_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +50,7 @@ class _Inference:
 
         torch.set_num_threads(spec.threads)
         device = "cuda" if spec.inference_gpus and torch.cuda.is_available() else "cpu"
-        self.actor = VLMActor.load(spec.model_dir, device=device, **spec.actor_kw)
+        self.actor = VLMActor.load(spec.model_dir, device=device, **spec.actor.kwargs())
         self.version = -1
         self.n_callers = max(1, n_callers)
         self.pending: list = []  # (chats, greedy, future)
@@ -147,12 +148,12 @@ class _Worker:
 
         torch.set_num_threads(spec.threads)
         self.shared = inference is not None
-        self.actor = _RemotePolicy(inference) if self.shared else VLMActor.load(spec.model_dir, **spec.actor_kw)
-        self.envs = make_envs(spec.n_envs, **spec.env_kw)
-        self.runner = EpisodeRunner(self.actor, self.envs, memory_kw=spec.memory_kw, worker=rank, version=-1,
-                                    **spec.episode_kw)
+        self.actor = _RemotePolicy(inference) if self.shared else VLMActor.load(spec.model_dir, **spec.actor.kwargs())
+        self.envs = make_envs(spec.n_envs, **spec.env.kwargs())
+        self.runner = EpisodeRunner(self.actor, self.envs, memory_kw=spec.memory.kwargs(), worker=rank, version=-1,
+                                    **spec.episode.kwargs())
 
-    def play(self, tickets: list, version: int, weights: list) -> list:
+    def play(self, tickets: list, version: int, weights: list) -> list[Trajectory]:
         """Play `tickets` with the weights of `version` (weights: [ObjectRef], fetched only when the
         version changed: a bare ref would be fetched by Ray on every call). With a shared inference
         actor the learner has loaded that version into it before handing out the tickets."""
@@ -162,7 +163,8 @@ class _Worker:
 
                 self.actor.load_state(ray.get(weights[0]), f"weights of version {version}")
             self.runner.version = version
-        return self.runner.run_all(tickets)
+        # the learner reads the carried ids, not the chats: each screenshot crosses the network once
+        return [t.drop_messages() for t in self.runner.run_all(tickets)]
 
     def close(self) -> None:
         for env in self.envs:
@@ -177,15 +179,14 @@ class RayRolloutPool:
                  address: str | None = None):
         check_pool(mode, n_workers, max_staleness, staleness_decay)
         self.spec, self.n_workers, self.mode, self.address = spec, n_workers, mode, address
-        self.max_staleness, self.staleness_decay = max_staleness, staleness_decay
-        self.families = list(families) if families else None
-        self.next_seed = int(seed_start)
+        self.offpolicy = OffPolicy(max_staleness, staleness_decay)
+        self.tickets_out = Tickets(seed_start, families)
         self.version = 0
         self.workers: list = []
         self.inference = None  # the shared inference actor (spec.inference "shared")
         self.inflight: dict = {}  # ObjectRef of a play call -> worker index
         self.spare: list = []  # trajectories that came back beyond a batch
-        self.stats = {"received": 0, "dropped": 0, "lags": []}
+        self.stats = self.offpolicy.stats
         self._weights = None
         self._started_ray = False
 
@@ -261,19 +262,11 @@ class RayRolloutPool:
             self.stats["rows_per_generation"] = c["rows"] / max(1, c["generations"])
         return self.version
 
-    def _tickets(self, n: int) -> list:
-        out = []
-        for _ in range(n):
-            fam = self.families[self.next_seed % len(self.families)] if self.families else None
-            out.append((self.next_seed, fam))
-            self.next_seed += 1
-        return out
-
     def _play(self, k: int, n: int) -> None:
-        ref = self.workers[k].play.remote(self._tickets(n), self.version, [self._weights])
+        ref = self.workers[k].play.remote(self.tickets_out.take(n), self.version, [self._weights])
         self.inflight[ref] = k
 
-    def _wait(self, timeout: float) -> list:
+    def _wait(self, timeout: float) -> tuple[int, list[Trajectory]]:
         """The trajectories of the next finished call."""
         import ray
 
@@ -286,7 +279,7 @@ class RayRolloutPool:
         except ray.exceptions.RayError as e:
             raise RolloutError(f"Ray rollout actor {k} failed: {e}") from e
 
-    def collect(self, batch_size: int, timeout: float = 600.0) -> list:
+    def collect(self, batch_size: int, timeout: float = 600.0) -> list[Trajectory]:
         """The next `batch_size` usable trajectories for the learner's current version."""
         learner_version = self.version
         pending, self.spare = self.spare, []
@@ -295,7 +288,7 @@ class RayRolloutPool:
             for k in range(self.n_workers):
                 if batch_size > k * per:
                     self._play(k, min(per, batch_size - k * per))
-        batch: list = []
+        batch: list[Trajectory] = []
         while len(batch) < batch_size:
             if self.mode == "async":  # every actor busy with a call of n_envs tickets
                 for k in set(range(self.n_workers)) - set(self.inflight.values()):
@@ -305,14 +298,8 @@ class RayRolloutPool:
             if not pending:
                 _, pending = self._wait(timeout)
             traj = pending.pop(0)
-            self.stats["received"] += 1
-            w = staleness(traj.version, learner_version, self.max_staleness, self.staleness_decay)
-            if w is None:
-                self.stats["dropped"] += 1
-                continue
-            traj.weight = w
-            self.stats["lags"].append(learner_version - traj.version)
-            batch.append(traj)
+            if self.offpolicy.admit(traj, learner_version):
+                batch.append(traj)
         self.spare = pending
         return batch
 

@@ -358,6 +358,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
 
     # -- 3. PPO on the sandbox, from the SFT model
     from trainer.ppo import PPOConfig, train_ppo
+    from trainer.specs import EnvSpec
 
     ppo_cfg = PPOConfig(updates=cfg.ppo_updates, batch_episodes=cfg.ppo_batch, lr=cfg.ppo_lr, n_workers=cfg.n_workers,
                         n_envs=cfg.n_envs, epochs=cfg.ppo_epochs, temperature=cfg.ppo_temperature, max_new_tokens=cfg.ppo_max_new_tokens,
@@ -371,7 +372,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
                         max_seconds=cfg.ppo_max_minutes * 60 if cfg.ppo_max_minutes else None)
     torch.set_num_threads(cfg.threads)
     res = train_ppo(model, processor, ppo_cfg, model_dir=work / "sft", work_dir=work / "ppo",
-                    env_kw={**env_kw, "max_steps": cfg.ppo_max_steps},
+                    env=EnvSpec(**{**env_kw, "max_steps": cfg.ppo_max_steps}),
                     families=cfg.families, log=log, progress=progress)
     torch.set_num_threads(cfg.sft_threads or os.cpu_count() or 1)  # the workers have stopped
     res["critic"].save(work / "critic")

@@ -20,6 +20,12 @@ trajectory's version is the oldest of its turns. Modes:
     versions behind and down-weights the rest by `staleness_decay ** lag`.
   - "sync": the learner issues exactly one batch of tickets per version and waits for all of
     them (the classic loop, where the slowest episode holds everyone up).
+
+Both pools (this one and trainer.ray_rollout.RayRolloutPool) are a `RolloutSource`, the PPO loop's
+one view of a rollout engine; they hand out tickets through one `Tickets` and judge what comes back
+by one `OffPolicy`. A worker is made from a frozen `WorkerSpec` of typed specs (trainer.specs), and
+sends each trajectory without its chats (Trajectory.drop_messages): its turns carry the prompt ids
+the actor generated from, its screenshots travel once each, and the learner reads those.
 """
 from __future__ import annotations
 
@@ -29,11 +35,39 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from trainer.episodes import EpisodeRunner, Trajectory, Turn, frame_of, run_episode  # noqa: F401  (re-exported)
 from trainer.errors import TrainerError
+from trainer.specs import ActorSpec, EnvSpec, EpisodeSpec, MemorySpec
 
 MODES = ("async", "sync")
+INFERENCE = ("own", "shared")
+
+
+@runtime_checkable
+class RolloutSource(Protocol):
+    """What the PPO loop (trainer.ppo.train_ppo) asks of a rollout engine: RolloutPool (worker
+    processes) and trainer.ray_rollout.RayRolloutPool (Ray actors) both are one. `stats` holds
+    OffPolicy's counts ("received", "dropped", "lags") and whatever the engine adds."""
+
+    stats: dict
+
+    def start(self, model) -> RolloutSource:
+        """Publish `model` as version 0 and start the workers; returns self."""
+        ...
+
+    def collect(self, batch_size: int, timeout: float = 600.0) -> list[Trajectory]:
+        """The next `batch_size` trajectories the staleness rule admits for the current version,
+        each with its weight set."""
+        ...
+
+    def publish(self, model) -> int:
+        """Broadcast new weights (a model or its state dict); returns the new policy version."""
+        ...
+
+    def close(self) -> None:
+        ...
 
 
 class RolloutError(TrainerError, RuntimeError):
@@ -52,6 +86,40 @@ def staleness(traj_version: int, learner_version: int, max_staleness: int, decay
     if lag > max_staleness:
         return None
     return float(decay) ** lag
+
+
+class OffPolicy:
+    """The staleness rule as both pools apply it to what comes back, and its counts: `admit` weighs
+    a trajectory for the learner's version (True: use it, its weight set) or drops it."""
+
+    def __init__(self, max_staleness: int, decay: float = 1.0):
+        self.max_staleness, self.decay = max_staleness, decay
+        self.stats: dict = {"received": 0, "dropped": 0, "lags": []}
+
+    def admit(self, traj: Trajectory, learner_version: int) -> bool:
+        self.stats["received"] += 1
+        w = staleness(traj.version, learner_version, self.max_staleness, self.decay)
+        if w is None:
+            self.stats["dropped"] += 1
+            return False
+        traj.weight = w
+        self.stats["lags"].append(learner_version - traj.version)
+        return True
+
+
+class Tickets:
+    """Episode tickets (seed, family or None) in seed order from `seed_start`, families in turn."""
+
+    def __init__(self, seed_start: int = 0, families: list[str] | None = None):
+        self.next_seed, self.families = int(seed_start), list(families) if families else None
+
+    def take(self, n: int) -> list[tuple[int, str | None]]:
+        out = []
+        for _ in range(n):
+            fam = self.families[self.next_seed % len(self.families)] if self.families else None
+            out.append((self.next_seed, fam))
+            self.next_seed += 1
+        return out
 
 
 def check_pool(mode: str, n_workers: int, max_staleness: int, staleness_decay: float) -> None:
@@ -96,18 +164,20 @@ def publish_weights(model, weights_dir, version: int, keep: int = 4) -> Path:
 # ---------------------------------------------------------------- worker processes
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkerSpec:
+    """Everything a rollout worker is made from; frozen and picklable (it goes to a spawned process
+    or a Ray actor as it is)."""
     model_dir: str  # the policy's architecture and processor (agent.vlm.load_vlm)
     weights_dir: str
-    env_kw: dict = field(default_factory=dict)  # SandboxEnv(**env_kw)
-    memory_kw: dict = field(default_factory=dict)
-    actor_kw: dict = field(default_factory=dict)  # temperature, max_new_tokens
+    env: EnvSpec = field(default_factory=EnvSpec)
+    memory: MemorySpec = field(default_factory=MemorySpec)
+    actor: ActorSpec = field(default_factory=ActorSpec)
+    episode: EpisodeSpec = field(default_factory=EpisodeSpec)
     threads: int = 1  # torch threads per worker
     # seconds added to every env step: a sandbox in a VM or a remote browser waits on its screen
     # this long per action, the regime asynchronous rollouts are built for (the benchmark's knob)
     env_latency_s: float = 0.0
-    episode_kw: dict = field(default_factory=dict)  # more EpisodeRunner keywords (end_on_parse_error)
     n_envs: int = 1  # environments per worker, stepped together with one batched generation per round
     # Ray engine only: "own" (each rollout actor generates with its own policy copy) or "shared" (one
     # inference actor holds the policy and answers every rollout actor's batched generations)
@@ -116,6 +186,20 @@ class WorkerSpec:
     # scheduling niceness of the workers (POSIX): the learner is the critical path of async
     # training, so where workers and learner share cores the workers take the cycles it leaves
     nice: int = 10
+
+    def __post_init__(self):
+        for name, kind in (("env", EnvSpec), ("memory", MemorySpec), ("actor", ActorSpec), ("episode", EpisodeSpec)):
+            if not isinstance(getattr(self, name), kind):
+                raise RolloutError(f"WorkerSpec.{name} must be a trainer.specs.{kind.__name__}, "
+                                   f"got {type(getattr(self, name)).__name__}")
+        if self.threads < 1 or self.n_envs < 1:
+            raise RolloutError(f"WorkerSpec.threads and .n_envs must be at least 1, got {self.threads}, {self.n_envs}")
+        if self.env_latency_s < 0:
+            raise RolloutError(f"WorkerSpec.env_latency_s must be >= 0, got {self.env_latency_s}")
+        if self.inference not in INFERENCE:
+            raise RolloutError(f"WorkerSpec.inference must be one of {INFERENCE}, got {self.inference!r}")
+        if self.inference_gpus < 0:
+            raise RolloutError(f"WorkerSpec.inference_gpus must be >= 0, got {self.inference_gpus}")
 
 
 def _worker_main(rank: int, spec: WorkerSpec, version_value, tickets, results, stop_event) -> None:
@@ -132,12 +216,13 @@ def _worker_main(rank: int, spec: WorkerSpec, version_value, tickets, results, s
         from trainer.sandbox.env_process import make_envs
 
         parent = os.getppid()
-        actor = VLMActor.load(spec.model_dir, **spec.actor_kw)
-        envs = make_envs(spec.n_envs, **spec.env_kw)
+        actor = VLMActor.load(spec.model_dir, **spec.actor.kwargs())
+        envs = make_envs(spec.n_envs, **spec.env.kwargs())
         if spec.env_latency_s > 0:
             envs = [_Delayed(env, spec.env_latency_s) for env in envs]
         results.put(("ready", rank))
-        runner = EpisodeRunner(actor, envs, memory_kw=spec.memory_kw, worker=rank, version=-1, **spec.episode_kw)
+        runner = EpisodeRunner(actor, envs, memory_kw=spec.memory.kwargs(), worker=rank, version=-1,
+                               **spec.episode.kwargs())
 
         def load_newest() -> None:
             newest = version_value.value
@@ -164,7 +249,7 @@ def _worker_main(rank: int, spec: WorkerSpec, version_value, tickets, results, s
 
         runner.before_round = load_newest
         for traj in runner.run(next_ticket):
-            results.put(("traj", traj))
+            results.put(("traj", traj.drop_messages()))  # the learner reads the carried ids, not the chats
             if stop_event.is_set() or closing:
                 break
         for env in envs:
@@ -210,9 +295,8 @@ class RolloutPool:
 
         check_pool(mode, n_workers, max_staleness, staleness_decay)
         self.spec, self.n_workers, self.mode = spec, n_workers, mode
-        self.max_staleness, self.staleness_decay = max_staleness, staleness_decay
-        self.families = list(families) if families else None
-        self.next_seed = int(seed_start)
+        self.offpolicy = OffPolicy(max_staleness, staleness_decay)
+        self.tickets_out = Tickets(seed_start, families)
         self.prefetch = prefetch
         self._ctx = mp.get_context("spawn")  # Qt and torch threads do not survive fork
         self.version = self._ctx.Value("i", 0)
@@ -221,7 +305,7 @@ class RolloutPool:
         self.stop_event = self._ctx.Event()
         self.procs = []
         self.outstanding = 0  # tickets handed out whose trajectory has not come back
-        self.stats = {"received": 0, "dropped": 0, "lags": []}
+        self.stats = self.offpolicy.stats
         self.ready: set[int] = set()  # workers that have loaded the model and the sandbox
 
     # -- life cycle
@@ -275,10 +359,8 @@ class RolloutPool:
         return drained
 
     def _issue(self, n: int) -> None:
-        for _ in range(n):
-            fam = self.families[self.next_seed % len(self.families)] if self.families else None
-            self.tickets.put((self.next_seed, fam))
-            self.next_seed += 1
+        for ticket in self.tickets_out.take(n):
+            self.tickets.put(ticket)
             self.outstanding += 1
 
     def wait_ready(self, timeout: float = 600.0) -> RolloutPool:
@@ -321,14 +403,8 @@ class RolloutPool:
                 want = self.n_workers * (self.spec.n_envs + self.prefetch - 1) + (batch_size - len(batch))
                 self._issue(max(0, want - self.outstanding))
             traj = self._receive(timeout)
-            self.stats["received"] += 1
-            w = staleness(traj.version, learner_version, self.max_staleness, self.staleness_decay)
-            if w is None:
-                self.stats["dropped"] += 1
-                if self.mode == "sync":  # cannot happen in sync mode, but never hang if it does
-                    self._issue(1)
-                continue
-            traj.weight = w
-            self.stats["lags"].append(learner_version - traj.version)
-            batch.append(traj)
+            if self.offpolicy.admit(traj, learner_version):
+                batch.append(traj)
+            elif self.mode == "sync":  # cannot happen in sync mode, but never hang if it does
+                self._issue(1)
         return batch

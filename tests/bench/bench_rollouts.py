@@ -142,6 +142,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     from agent.vlm import load_vlm
     from trainer.rollout import RolloutPool, WorkerSpec
+    from trainer.specs import ActorSpec, EnvSpec
     from trainer.tiny_model import build_tiny_model
 
     scenarios = ([("local", a.workers, 0.0)] if "local" in wanted else []) + (
@@ -152,8 +153,8 @@ def main(argv=None) -> int:
         if "learner" in wanted:
             learner = learner_rows(model_dir, a.batch, a.learner_repeats, devices)
         for name, workers, latency in scenarios:
-            spec = WorkerSpec(str(model_dir), str(Path(tmp) / f"w-{name}"), env_kw={"width": 224, "height": 168},
-                              actor_kw={"max_new_tokens": 24}, env_latency_s=latency)
+            spec = WorkerSpec(str(model_dir), str(Path(tmp) / f"w-{name}"), env=EnvSpec(width=224, height=168),
+                              actor=ActorSpec(max_new_tokens=24), env_latency_s=latency)
             rows = []
             with RolloutPool(spec, workers, mode="sync", max_staleness=2, families=FAMILIES).start(
                     load_vlm(model_dir, device="cpu")[0]) as pool:

@@ -401,8 +401,9 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
         work = Path(out_dir).parent / (Path(out_dir).name + "-ppo")
         t0 = time.perf_counter()
         from trainer.sandbox.env import env_kw_for
+        from trainer.specs import EnvSpec
 
-        res = train_ppo(model, processor, pc, model_dir=parent_dir, work_dir=work, env_kw=env_kw_for(cfg.env_kw, parent_dir),
+        res = train_ppo(model, processor, pc, model_dir=parent_dir, work_dir=work, env=EnvSpec(**env_kw_for(cfg.env_kw, parent_dir)),
                         families=cfg.families, log=slog, progress=False)
         last = res["history"][-1] if res["history"] else {}
         stages.append({"phase": "ppo", "updates": res["updates"], "seconds": round(time.perf_counter() - t0, 1),

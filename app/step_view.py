@@ -74,7 +74,7 @@ class StepViewer(QWidget):
         super().__init__(parent)
         self.store, self.window_ = store, window
         self.episode: Episode | None = None
-        self.routed_of = routed_as_stored  # the Library reads routes from the flywheel's store
+        self.routed_of = lambda ep: routed_as_stored(store, ep)  # the Library reads the flywheel's store
         self._row = -1
         self._pixmaps: OrderedDict[str, QPixmap] = OrderedDict()
         self._loading = False

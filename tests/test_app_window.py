@@ -505,7 +505,7 @@ def test_the_library_follows_the_store_whoever_writes_it(win, qtbot, store):
     # the open episode changed elsewhere (the flywheel routed it): the viewer shows the stored one
     page.select_episode(win.episodes[1].id)
     qtbot.waitUntil(lambda: page.viewer.episode is not None and page.viewer.episode.id == win.episodes[1].id)
-    store.update_episode_fields(win.episodes[1].id, route="sft")
+    store.judge(win.episodes[1].id, "sft")
     qtbot.waitUntil(lambda: "route sft" in page.viewer.meta.text(), timeout=5000)
 
 

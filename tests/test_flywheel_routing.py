@@ -160,6 +160,12 @@ def test_routing_is_recorded_and_undone(store):
     assert store.judgement(failed.id).outcome is None  # the judged outcome before (none), restored
     assert store.load_episode(failed.id).outcome.source == "verifier"  # the episode's own, never touched
     assert store.judgement(flawed.id).routing == {} and store.judgement(flawed.id).revision == 2
+    from agent.store import StoreError
+
+    with pytest.raises(StoreError, match="route is the flywheel's judgement of its content.*Store.judge"):
+        store.update_episode_fields(good.id, route="sft")
+    with pytest.raises(StoreError, match="route must be one of unscored, sft, ct, rejected, got 'gold'"):
+        store.judge(good.id, "gold")
     assert router.undo(1) == 0  # twice is a no-op
     assert router.decisions(1) == [] and len(router.decisions(1, include_undone=True)) == 3
     assert router.pools()["unscored"] == 3

@@ -151,7 +151,9 @@ def export_jsonl(store, out_path, episode_ids=None, *, space=coords.SMART_RESIZE
     with open(tmp, "w", encoding="utf-8") as f:
         for k, eid in enumerate(ids):
             ep = export_view(store, store.load_episode(eid), include_originals)
+            route = store.judgement(eid).route  # the flywheel's, of the content stored (not the export view's)
             for sample in episode_samples(ep, space=space, max_images=max_images, image_ref=image_ref):
+                sample["route"] = route
                 f.write(json.dumps(sample, ensure_ascii=False) + "\n")
                 n_samples += 1
             if progress:

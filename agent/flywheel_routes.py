@@ -9,9 +9,10 @@ leave the copy behind. So the training store stays the only owner and the app re
 
     FlywheelRoutes(store, training_dir).of(episodes)   {id: Routed(route, routing, outcome)}
 
-`routing` is the flywheel's record (iteration, route, reasons: meta['routing']). The outcome shown
-is a person's mark where this app's store has one (it is made here and reaches the backend by
-sync), else the flywheel's judgement (a verifier's, the ORM's).
+`routing` is the flywheel's record (iteration, route, reasons), part of its judgement of the
+episode's current content in that store (agent.store.Store.judgement), never of the episode.
+The outcome shown is a person's mark where this app's store has one (it is made here and
+reaches the backend by sync), else the flywheel's judgement (a verifier's, the ORM's).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.schema import Episode, Outcome
-from agent.store import DB_NAME, Store
+from agent.store import DB_NAME, Judgement, Store
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,16 @@ class Routed:
     outcome: Outcome
 
 
-def routed_as_stored(ep: Episode) -> Routed:
-    return Routed(ep.route, ep.meta.get("routing") or {}, ep.outcome)
+def routed(ep: Episode, judged: Judgement) -> Routed:
+    """How `ep` shows with the judgement of a store: its route and reasons, and the person's
+    outcome mark where `ep` has one, else the one judged."""
+    shown = ep.outcome if ep.outcome.success is not None or judged.outcome is None else judged.outcome
+    return Routed(judged.route, judged.routing, shown)
+
+
+def routed_as_stored(store: Store, ep: Episode) -> Routed:
+    """`ep` as `store`'s own flywheel judged it."""
+    return routed(ep, store.judgement(ep.id))
 
 
 class FlywheelRoutes:
@@ -60,17 +69,12 @@ class FlywheelRoutes:
 
     def of(self, episodes: list[Episode]) -> dict[str, Routed]:
         """Each episode's route, routing record and outcome as shown to a person."""
-        out = {ep.id: routed_as_stored(ep) for ep in episodes}
+        ids = [ep.id for ep in episodes]
+        judged = self.store.judgements(ids)
         t = self.training_store()
-        if t is None:
-            return out
-        # only the rows asked for: the step viewer asks for one episode at each selection
-        for trained in t.list_episodes(ids=out):
-            mine = out.get(trained.id)
-            if mine is not None:
-                shown = mine.outcome if mine.outcome.success is not None else trained.outcome
-                out[trained.id] = Routed(trained.route, trained.meta.get("routing") or {}, shown)
-        return out
+        if t is not None:  # only the rows asked for: the step viewer asks for one episode at each selection
+            judged.update(t.judgements(ids))
+        return {ep.id: routed(ep, judged.get(ep.id, Judgement())) for ep in episodes}
 
     def close(self) -> None:
         if self._training is not None:

@@ -407,7 +407,7 @@ class Episode:
     producer: str | None = None  # the annotator's name or the policy version
     policy_version: str | None = None
     outcome: Outcome = field(default_factory=Outcome)
-    route: str = "unscored"
+    route: str = "unscored"  # as written; the flywheel's route is the store's judgement (Store.judgement)
     created_at: float = field(default_factory=time.time)  # wall clock, for people
     updated_at: float = field(default_factory=time.time)
     revision: int = 0

@@ -5,10 +5,16 @@ Layout of a data directory:
     tandem.db            episodes, steps, raw input events, blob references, settings
     blobs/ab/abcdef...   screenshots and audio, named by the SHA-256 of their bytes
 
-Blobs are written (atomically: temp file, fsync, rename) before the transaction that refers to
-them commits, so a process killed at any point leaves either the old state or the new one and
-at worst an unreferenced blob, which `check()` reports and `gc()` removes. Blobs are deleted in
-one place only, `remove_unreferenced`.
+Blobs are written in one place, `put_blob`/`put_blob_chunks` (pinned in the database first,
+then temp file, fsync, rename), before the transaction that refers to them commits, so a process
+killed at any point leaves either the old state or the new one and at worst an unreferenced blob
+or a temp file, which `check()` reports and `gc()` removes once no writer can still want them.
+Blobs are deleted in one place only, `remove_unreferenced` (gc() runs it over the whole folder).
+
+What the flywheel decides about an episode (its route, the outcome it judged, why) is not part
+of the episode: it lives in `judgements`, keyed by the episode's id and the hash of the content
+it judged (`content_hash`, stamped by every save). A new content (an edit, an annotator's
+re-upload) starts unscored, and the judgement of the content before stays as it was.
 
 The store owns the database: other modules keep tables in it (the sync outbox, the flywheel's
 routes and models, the backend's users) by declaring their migrations (`migrate(owner, steps)`,
@@ -25,17 +31,22 @@ import sqlite3
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlite_utils
 
 from agent.errors import TandemError
-from agent.schema import Episode, SchemaError, Step
+from agent.schema import ROUTES, Episode, Outcome, SchemaError, Step
 
 DB_NAME = "tandem.db"
 ENV_DATA = "TANDEM_DATA"
 PIN_SECONDS = 24 * 3600  # how long a written, unreferenced blob is protected from removal
+# How old (since its last write) a blob writer's temp file must be before gc() removes it: a
+# writer writes, fsyncs and renames within seconds, and each chunk it writes refreshes the
+# mtime, so an hour without a write means its writer is gone (killed, crashed).
+TEMP_GRACE_SECONDS = 3600
+TEMP_PREFIX = ".tmp-"
 
 
 class StoreError(TandemError):
@@ -49,6 +60,48 @@ class AddColumn:
     table: str
     column: str
     type: str  # TEXT, INTEGER or REAL
+
+
+def episode_content_hash(ep: Episode) -> str:
+    """The hash of an episode's content, what its judgements are keyed by: SHA-256 of its dict as
+    canonical JSON (the same function as agent.protocol.content_hash)."""
+    text = json.dumps(ep.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _move_judgements_out(store: Store) -> None:
+    """Migration: stores before `judgements` kept the flywheel's route, reasons (meta['routing'])
+    and judged outcome inside the episode. Each such judgement moves to `judgements` under the
+    episode's content once it is taken out, the episode gets back its own outcome (the one the
+    flywheel's last live routing record saw before it, else the one it holds: a person's or a
+    verifier's mark, which the flywheel keeps), and every row gets its content hash. Touches only
+    rows without a hash, so running it again changes nothing."""
+    routes = "flywheel_routes" in store.db.table_names()
+    for r in list(store.db.query("SELECT * FROM episodes WHERE content_hash IS NULL")):
+        meta = json.loads(r["meta"] or "{}")
+        routing = meta.pop("routing", None)
+        route = r["route"] if r["route"] in ROUTES else "unscored"
+        judged = route != "unscored" or routing is not None
+        outcome = {"success": None if r["success"] is None else bool(r["success"]), "reward": r["reward"],
+                   "source": r["outcome_source"]}
+        own = outcome
+        if judged and routes:
+            before = list(store.db.query("SELECT previous_outcome FROM flywheel_routes WHERE episode_id = ? AND "
+                                         "undone_at IS NULL ORDER BY id DESC LIMIT 1", [r["id"]]))
+            if before and before[0]["previous_outcome"]:
+                own = json.loads(before[0]["previous_outcome"]) or outcome
+        store.db.execute("UPDATE episodes SET route = 'unscored', meta = ?, success = ?, reward = ?, outcome_source = ? "
+                         "WHERE id = ?", [json.dumps(meta), None if own.get("success") is None else int(own["success"]),
+                                          own.get("reward"), own.get("source"), r["id"]])
+        try:
+            digest = episode_content_hash(store.load_episode(r["id"]))
+        except (SchemaError, ValueError, KeyError):  # a row that does not load: named by its row instead
+            digest = sha256(json.dumps({**r, "meta": json.dumps(meta)}, sort_keys=True, default=str).encode())
+        store.db.execute("UPDATE episodes SET content_hash = ? WHERE id = ?", [digest, r["id"]])
+        if judged:
+            store.db.execute("INSERT OR IGNORE INTO judgements (episode_id, content_hash, route, outcome, routing, "
+                             "revision, updated_at) VALUES (?, ?, ?, ?, ?, 1, ?)",
+                             [r["id"], digest, route, json.dumps(outcome), json.dumps(routing or {}), time.time()])
 
 
 # The store's own tables. Step 1 is the schema of every release before migrations were recorded
@@ -70,6 +123,12 @@ STORE_MIGRATIONS = [
     CREATE TABLE IF NOT EXISTS "settings" ("key" TEXT PRIMARY KEY, "value" TEXT)""",
     # blobs written but not yet referenced (see put_blob)
     """CREATE TABLE IF NOT EXISTS "blob_pins" ("hash" TEXT PRIMARY KEY, "at" REAL)""",
+    # what the flywheel decided about each content of an episode (see the module's docstring);
+    # revision counts the changes to one content's judgement (routed, undone, routed again)
+    AddColumn("episodes", "content_hash", "TEXT"),
+    """CREATE TABLE IF NOT EXISTS "judgements" ("episode_id" TEXT, "content_hash" TEXT, "route" TEXT,
+        "outcome" TEXT, "routing" TEXT, "revision" INTEGER, "updated_at" REAL, PRIMARY KEY ("episode_id", "content_hash"))""",
+    _move_judgements_out,
 ]
 
 
@@ -102,7 +161,7 @@ def atomic_write_chunks(path: Path, chunks, sha256_hex: str | None = None) -> No
     """atomic_write of bytes that arrive in chunks (never whole in memory); with sha256_hex, the
     file replaces `path` only when its content has that hash (StoreError otherwise)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX)
     h = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as f:
@@ -150,9 +209,10 @@ class Store:
 
     def migrate(self, owner: str, steps) -> int:
         """Bring `owner`'s tables up to date: `steps` are its migrations in order (SQL statements
-        separated by ';', or AddColumn), each applied once, in one transaction with the version
-        reached recorded in `schema_versions`. Returns how many steps ran. A store whose tables
-        are newer than `steps` is refused: this Tandem is older than the one that wrote it."""
+        separated by ';', AddColumn, or a function of the store that moves rows), each applied
+        once, in one transaction with the version reached recorded in `schema_versions`. Returns
+        how many steps ran. A store whose tables are newer than `steps` is refused: this Tandem is
+        older than the one that wrote it."""
         with self.transaction():
             rows = list(self.db.query("SELECT version FROM schema_versions WHERE owner = ?", [owner]))
             have = rows[0]["version"] if rows else 0
@@ -163,6 +223,8 @@ class Store:
                 if isinstance(step, AddColumn):
                     if step.column not in {c["name"] for c in self.db.query(f'PRAGMA table_info("{step.table}")')}:
                         self.db.execute(f'ALTER TABLE "{step.table}" ADD COLUMN "{step.column}" {step.type}')
+                elif callable(step):
+                    step(self)
                 else:
                     for stmt in step.split(";"):  # not executescript: that would commit the transaction
                         if stmt.strip():
@@ -215,14 +277,17 @@ class Store:
 
     # ------------------------------------------------------------ blobs
     def blob_path(self, digest: str) -> Path:
-        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        if not _is_digest(digest):
             raise StoreError(f"not a blob hash: {digest!r}")
         return self.blob_dir / digest[:2] / digest
 
     def put_blob(self, data: bytes) -> str:
-        """Store bytes under their SHA-256. The blob is pinned until an episode that refers to it
-        is saved (or PIN_SECONDS pass), so a concurrent removal of an identical, unreferenced
-        blob cannot delete the file this caller is about to refer to."""
+        """Store bytes under their SHA-256: the one writer of the blob folder (the backend's
+        uploads come through here too). The blob is pinned until an episode that refers to it is
+        saved (or PIN_SECONDS pass). The pin is a row of `blob_pins`, so it holds against a
+        removal in any process (`check --fix` beside a recording app or a running backend): a
+        concurrent removal of an identical, unreferenced blob cannot delete the file this caller
+        is about to refer to."""
         digest = sha256(data)
         self.put_blob_chunks(digest, (data,))
         return digest
@@ -282,6 +347,7 @@ class Store:
             "reward": ep.outcome.reward, "outcome_source": ep.outcome.source, "route": ep.route,
             "created_at": ep.created_at, "updated_at": ep.updated_at, "revision": ep.revision,
             "schema_version": ep.schema_version, "n_steps": len(ep.steps), "meta": json.dumps(ep.meta),
+            "content_hash": episode_content_hash(ep),
         }
 
     @staticmethod
@@ -335,25 +401,26 @@ class Store:
 
     def list_episodes(self, *, kind: str | None = None, route: str | None = None, limit: int | None = None,
                       ids=None) -> list[Episode]:
-        """Episodes without their steps (n_steps in meta['n_steps']), newest first; `ids`: only these."""
-        sql, params = "SELECT * FROM episodes", []
+        """Episodes without their steps (n_steps in meta['n_steps']), newest first; `ids`: only these;
+        `route`: only those whose current content the flywheel judged so (see judgement())."""
+        sql, params = f"SELECT e.* FROM episodes e {_JUDGED}", []
         where = []
         if ids is not None:
             ids = list(ids)
             if not ids:
                 return []
             if len(ids) <= 500:  # SQLite's bound-parameter limit leaves room; more: filter after reading
-                where.append(f"id IN ({', '.join('?' * len(ids))})")
+                where.append(f"e.id IN ({', '.join('?' * len(ids))})")
                 params.extend(ids)
         if kind:
-            where.append("kind = ?")
+            where.append("e.kind = ?")
             params.append(kind)
         if route:
-            where.append("route = ?")
+            where.append(f"{_ROUTE} = ?")
             params.append(route)
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC"
+        sql += " ORDER BY e.created_at DESC"
         if limit:
             sql += f" LIMIT {int(limit)}"
         with self._lock:
@@ -370,9 +437,12 @@ class Store:
             return [r["id"] for r in self.db.query("SELECT id FROM episodes ORDER BY created_at")]
 
     def update_episode_fields(self, episode_id: str, **fields) -> None:
-        """Change episode-level fields (outcome, route, instruction) and bump the revision."""
+        """Change episode-level fields (outcome, instruction) and bump the revision."""
         ep = self.load_episode(episode_id)
         for k, v in fields.items():
+            if k == "route":
+                raise StoreError("an episode's route is the flywheel's judgement of its content, not a field of the "
+                                 "episode: set it with Store.judge()")
             if not hasattr(ep, k):
                 raise StoreError(f"episode has no field {k!r}")
             setattr(ep, k, v)
@@ -409,7 +479,7 @@ class Store:
                 raise NotFound(f"no episode with id {episode_id!r}")
             hashes = [r["hash"] for r in self.db.query("SELECT hash FROM blob_refs WHERE episode_id = ?", [episode_id])]
             with self.transaction():
-                for table in ("steps", "raw_events", "blob_refs"):
+                for table in ("steps", "raw_events", "blob_refs", "judgements"):
                     self.db.execute(f"DELETE FROM {table} WHERE episode_id = ?", [episode_id])
                 self.db.execute("DELETE FROM episodes WHERE id = ?", [episode_id])
             return self.remove_unreferenced(set(hashes))
@@ -435,6 +505,61 @@ class Store:
                 except FileNotFoundError:
                     pass
         return removed
+
+    # ------------------------------------------------------------ judgements
+    def load_episode_version(self, episode_id: str) -> tuple[Episode, str]:
+        """The episode and its content hash, read from one snapshot: what a judge of it keys its
+        judgement by, so that a content saved meanwhile (by any process) is not judged unseen."""
+        with self._lock:
+            conn, outer = self.db.conn, not self.db.conn.in_transaction
+            if outer:
+                conn.execute("BEGIN")  # a read transaction: one snapshot for the row and its steps
+            try:
+                ep = self.load_episode(episode_id)
+                digest = list(self.db.query("SELECT content_hash FROM episodes WHERE id = ?", [episode_id]))[0]
+            finally:
+                if outer:
+                    conn.execute("COMMIT")
+        return ep, digest["content_hash"]
+
+    def judgement(self, episode_id: str, content_hash: str | None = None) -> Judgement:
+        """What the flywheel decided about one content of an episode (default: its current one);
+        route "unscored" when nothing was."""
+        if content_hash is None:
+            return self.judgements([episode_id]).get(episode_id, Judgement())
+        rows = self.query("SELECT * FROM judgements WHERE episode_id = ? AND content_hash = ?", [episode_id, content_hash])
+        return _judgement(rows[0]) if rows else Judgement(content_hash=content_hash)
+
+    def judgements(self, ids) -> dict[str, Judgement]:
+        """{episode id: the judgement of its current content} for the stored episodes among `ids`."""
+        ids, out = list(ids), {}
+        for at in range(0, len(ids), 500):
+            part = ids[at:at + 500]
+            for r in self.query(f"SELECT e.id, e.content_hash AS current, j.* FROM episodes e {_JUDGED} "
+                                f"WHERE e.id IN ({', '.join('?' * len(part))})", part):
+                out[r["id"]] = _judgement(r) if r["route"] is not None else Judgement(content_hash=r["current"])
+        return out
+
+    def judge(self, episode_id: str, route: str, *, content_hash: str | None = None, outcome: Outcome | None = None,
+              routing: dict | None = None) -> Judgement:
+        """Record the flywheel's decision about one content of an episode (default: its current
+        one; a judge passes the hash of the content it read, load_episode_version): its route,
+        the outcome it judged, its reasons. The judgement's revision goes up by one; the
+        episode itself does not change."""
+        if route not in ROUTES:
+            raise StoreError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
+        with self.transaction():
+            if content_hash is None:
+                rows = self.query("SELECT content_hash FROM episodes WHERE id = ?", [episode_id])
+                if not rows:
+                    raise NotFound(f"no episode with id {episode_id!r} in {self.root}")
+                content_hash = rows[0]["content_hash"]
+            before = self.judgement(episode_id, content_hash)
+            row = {"episode_id": episode_id, "content_hash": content_hash, "route": route,
+                   "outcome": json.dumps(outcome.to_dict()) if outcome is not None else None,
+                   "routing": json.dumps(routing or {}), "revision": before.revision + 1, "updated_at": time.time()}
+            self.db["judgements"].upsert(row, pk=("episode_id", "content_hash"))
+        return _judgement(row)
 
     # ------------------------------------------------------------ raw input events
     def append_raw_events(self, episode_id: str, events: list[dict]) -> None:
@@ -480,8 +605,9 @@ class Store:
         with self._lock:
             c = {"episodes": self.db["episodes"].count, "steps": self.db["steps"].count}
             c["by_kind"] = {r["kind"]: r["n"] for r in self.db.query("SELECT kind, COUNT(*) AS n FROM episodes GROUP BY kind")}
-            c["by_route"] = {r["route"]: r["n"] for r in self.db.query("SELECT route, COUNT(*) AS n FROM episodes GROUP BY route")}
-        files = [p for p in self.blob_dir.glob("*/*") if not p.name.startswith(".tmp-")]
+            c["by_route"] = {r["route"]: r["n"] for r in self.db.query(
+                f"SELECT {_ROUTE} AS route, COUNT(*) AS n FROM episodes e {_JUDGED} GROUP BY 1")}
+        files = [p for p in self.blob_dir.glob("*/*") if not p.name.startswith(TEMP_PREFIX)]
         c["blobs"] = len(files)
         c["blob_bytes"] = sum(p.stat().st_size for p in files)
         return c
@@ -505,28 +631,76 @@ class Store:
                 problems.append(f"blob {h} is referenced but missing")
             elif verify_hashes and sha256(path.read_bytes()) != h:
                 problems.append(f"blob {h} is corrupt: its content hash differs")
-        for p in self.blob_dir.glob("*/*"):
-            if p.name.startswith(".tmp-"):
-                problems.append(f"leftover temporary file {p.relative_to(self.root)}")
-            elif p.name not in referenced:
-                problems.append(f"blob {p.name} is not used by any episode")
+        # what gc() would remove: a pinned blob or a fresh temp file is a write in progress, not a problem
+        temps, unused = self._garbage(referenced)
+        problems += [f"leftover temporary file {p.relative_to(self.root)}" for p in temps]
+        problems += [f"blob {h} is not used by any episode" for h in unused]
         return problems
 
-    def gc(self) -> int:
-        """Remove unreferenced blobs and leftover temp files; returns how many files went."""
+    def _garbage(self, referenced: set | None = None) -> tuple[list[Path], list[str]]:
+        """(temp files older than TEMP_GRACE_SECONDS, unreferenced blobs without a live pin)."""
         with self._lock:
-            referenced = {r["hash"] for r in self.db.query("SELECT DISTINCT hash FROM blob_refs")}
+            if referenced is None:
+                referenced = {r["hash"] for r in self.db.query("SELECT DISTINCT hash FROM blob_refs")}
+            pinned = {r["hash"] for r in self.db.query("SELECT hash FROM blob_pins WHERE at > ?",
+                                                       [time.time() - PIN_SECONDS])}
+        stale, temps, unused = time.time() - TEMP_GRACE_SECONDS, [], []
+        for p in sorted(self.blob_dir.glob("*/*")):
+            if p.name.startswith(TEMP_PREFIX):
+                try:
+                    if p.stat().st_mtime < stale:
+                        temps.append(p)
+                except FileNotFoundError:  # its writer renamed it meanwhile
+                    pass
+            elif _is_digest(p.name) and p.name not in referenced and p.name not in pinned:
+                unused.append(p.name)
+        return temps, unused
+
+    def gc(self) -> int:
+        """Remove every blob in the folder that no episode refers to and no live pin protects
+        (through remove_unreferenced, which decides each inside a write transaction, so a save
+        or a put_blob in another process in between wins), and temp files no writer has touched
+        for TEMP_GRACE_SECONDS; returns how many files went. Safe while the app records or a
+        backend receives uploads. Files not named like a blob are not the store's: left alone."""
+        temps, unused = self._garbage()
         n = 0
-        for p in self.blob_dir.glob("*/*"):
-            if p.name.startswith(".tmp-") or p.name not in referenced:
-                p.unlink(missing_ok=True)
+        for p in temps:
+            try:
+                p.unlink()
                 n += 1
-        return n
+            except FileNotFoundError:
+                pass
+        return n + self.remove_unreferenced(unused)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the flywheel decided about one content of an episode (Store.judge)."""
+
+    route: str = "unscored"
+    outcome: Outcome | None = None  # the outcome it judged (a verifier's, a person's, the ORM's); None: none
+    routing: dict = field(default_factory=dict)  # {"iteration", "route", "why"}: shown in the Library
+    revision: int = 0  # changes to this content's judgement so far
+    content_hash: str | None = None
+
+
+# the judgement of each episode's current content, joined to `episodes e`; its route, unscored when none
+_JUDGED = "LEFT JOIN judgements j ON j.episode_id = e.id AND j.content_hash = e.content_hash"
+_ROUTE = "COALESCE(j.route, 'unscored')"
+
+
+def _judgement(r: dict) -> Judgement:
+    outcome, routing = r["outcome"], r["routing"]
+    return Judgement(r["route"], Outcome.from_dict(json.loads(outcome)) if outcome else None,
+                     json.loads(routing) if isinstance(routing, str) else dict(routing or {}),
+                     r["revision"] or 0, r["content_hash"])
+
+
+def _is_digest(name: str) -> bool:
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
 
 
 def _episode_fields(r: dict) -> dict:
-    from agent.schema import Outcome
-
     return {
         "id": r["id"], "kind": r["kind"], "instruction": r["instruction"], "platform": r["platform"],
         "producer": r["producer"], "policy_version": r["policy_version"],

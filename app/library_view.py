@@ -243,6 +243,8 @@ class LibraryPage(QWidget):
             stored = next((e.revision for e in episodes if e.id == current), None)
             if stored is not None and stored != self.viewer.episode.revision and not self.viewer.is_dirty():
                 self.viewer.load_episode(current, max(0, self.viewer._row))
+            else:  # the flywheel's judgement changes without the episode: its route line, anew
+                self.viewer.show_meta()
         self.table.viewport().update()
         self._update_buttons()
 

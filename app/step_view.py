@@ -74,7 +74,7 @@ class StepViewer(QWidget):
         super().__init__(parent)
         self.store, self.window_ = store, window
         self.episode: Episode | None = None
-        self.routed_of = routed_as_stored  # the Library reads routes from the flywheel's store
+        self.routed_of = lambda ep: routed_as_stored(store, ep)  # the Library reads the flywheel's store
         self._row = -1
         self._pixmaps: OrderedDict[str, QPixmap] = OrderedDict()
         self._loading = False
@@ -252,6 +252,19 @@ class StepViewer(QWidget):
         return content
 
     # ------------------------------------------------------------ loading
+    def show_meta(self) -> None:
+        """The line under the title, with the route as the flywheel judged the episode now (it
+        changes without the episode changing: the Library calls this when its store moves)."""
+        ep = self.episode
+        if ep is None:
+            return
+        who = f" · by {ep.producer}" if ep.producer else ""
+        routed = self.routed_of(ep)
+        why = routed.routing.get("why") or []
+        route = f"route {routed.route}" + (f" ({why[0]})" if why and routed.route != "unscored" else "")
+        self.meta.setText(f"{ep.kind} · {ep.platform} · {plural(len(ep.steps), 'step')} · {route}{who} · {ep.id}")
+        self.meta.setToolTip("\n".join(why[:12]))
+
     def load_episode(self, episode_id: str | None, row: int = 0) -> None:
         """Show an episode (None: nothing). Unsaved edits must have been dealt with."""
         self.episode = None
@@ -268,12 +281,7 @@ class StepViewer(QWidget):
         ep = self.episode
         self.stack.setCurrentIndex(1)
         self.title.setText(ep.instruction or "(no instruction)")
-        who = f" · by {ep.producer}" if ep.producer else ""
-        routed = self.routed_of(ep)
-        why = routed.routing.get("why") or []
-        route = f"route {routed.route}" + (f" ({why[0]})" if why and routed.route != "unscored" else "")
-        self.meta.setText(f"{ep.kind} · {ep.platform} · {plural(len(ep.steps), 'step')} · {route}{who} · {ep.id}")
-        self.meta.setToolTip("\n".join(why[:12]))
+        self.show_meta()
         self.outcome.setCurrentIndex([v for _, v in OUTCOMES].index(ep.outcome.success))
         self.steps.blockSignals(True)  # the row is set below, not through the signal
         self.steps.clear()

@@ -46,3 +46,32 @@ def make_episode(store, n_steps=3, *, width=320, height=200, scale=1.0, kind="re
     ep = Episode(instruction=instruction, kind=kind, steps=steps)
     store.save_episode(ep)
     return ep
+
+
+def blob_debris(store):
+    """What a writer killed long ago leaves in a blob folder, beside what one writing now has:
+    (a blob whose pin expired, a temp file untouched for longer than the grace period, a temp
+    file written a moment ago). gc() must remove the first two and keep the third."""
+    import os
+    import time
+
+    import agent.store as st
+
+    orphan = store.put_blob(b"left by a writer killed yesterday")
+    store.execute("UPDATE blob_pins SET at = ? WHERE hash = ?", [time.time() - st.PIN_SECONDS - 60, orphan])
+    stale, fresh = store.blob_dir / "ab" / f"{st.TEMP_PREFIX}killed", store.blob_dir / "cd" / f"{st.TEMP_PREFIX}writing"
+    for p in (stale, fresh):
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(b"half a screenshot")
+    then = time.time() - st.TEMP_GRACE_SECONDS - 60
+    os.utime(stale, (then, then))
+    return orphan, stale, fresh
+
+
+def check_fix(data) -> list[str]:
+    """The command line of `python main.py check --fix` on the folder `data`, to run in a process
+    of its own (as a person runs it beside a recording app or a running backend)."""
+    import sys
+    from pathlib import Path
+
+    return [sys.executable, str(Path(__file__).resolve().parents[1] / "main.py"), "--data", str(data), "check", "--fix"]

@@ -502,10 +502,11 @@ def test_the_library_follows_the_store_whoever_writes_it(win, qtbot, store):
     qtbot.waitUntil(lambda: page.model.rowCount() == 5, timeout=5000)
     store.delete_episode(win.episodes[0].id)
     qtbot.waitUntil(lambda: page.model.rowCount() == 4, timeout=5000)
-    # the open episode changed elsewhere (the flywheel routed it): the viewer shows the stored one
+    # the open episode was routed elsewhere (the flywheel's judgement: the episode itself is unchanged):
+    # the viewer's route line follows the store
     page.select_episode(win.episodes[1].id)
     qtbot.waitUntil(lambda: page.viewer.episode is not None and page.viewer.episode.id == win.episodes[1].id)
-    store.update_episode_fields(win.episodes[1].id, route="sft")
+    store.judge(win.episodes[1].id, "sft")
     qtbot.waitUntil(lambda: "route sft" in page.viewer.meta.text(), timeout=5000)
 
 

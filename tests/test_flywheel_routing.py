@@ -141,22 +141,31 @@ def test_routing_is_recorded_and_undone(store):
     router = Router(store)
     counts = router.route(iteration=1)
     assert counts == {"sft": 1, "ct": 2, "rejected": 0}
-    assert store.load_episode(good.id).route == "sft"
-    assert store.load_episode(flawed.id).route == "ct"
+    assert store.judgement(good.id).route == "sft" and store.judgement(flawed.id).route == "ct"
+    # the judgement is the store's, of this content; the episode itself is as it was saved
+    assert store.load_episode(good.id).to_dict() == good.to_dict()
     rows = router.decisions(1)
     assert {r["episode_id"]: r["route"] for r in rows} == {good.id: "sft", flawed.id: "ct", failed.id: "ct"}
+    assert all(r["content_hash"] == store.load_episode_version(r["episode_id"])[1] for r in rows)
     assert any("empty thought" in x for r in rows if r["episode_id"] == flawed.id for x in r["reasons"])
-    # the reason travels with the episode too (the Library shows it), and goes away on undo
-    assert store.load_episode(flawed.id).meta["routing"]["why"][0] == (
+    # the reason is kept with the judgement too (the Library shows it), and goes away on undo
+    assert store.judgement(flawed.id).routing["why"][0] == (
         "1 of 3 steps have no thought: write them in the step viewer to make this SFT data")
     assert all(r["previous_route"] == "unscored" and r["time"] > 0 for r in rows)
     assert router.unscored() == []
     assert router.growth() == [{"iteration": 1, "sft": 1, "ct": 2, "rejected": 0}]
 
     assert router.undo(1) == 3
-    assert {store.load_episode(e.id).route for e in (good, flawed, failed)} == {"unscored"}
-    assert store.load_episode(failed.id).outcome.source == "verifier"  # the outcome before, restored
-    assert "routing" not in store.load_episode(flawed.id).meta
+    assert {store.judgement(e.id).route for e in (good, flawed, failed)} == {"unscored"}
+    assert store.judgement(failed.id).outcome is None  # the judged outcome before (none), restored
+    assert store.load_episode(failed.id).outcome.source == "verifier"  # the episode's own, never touched
+    assert store.judgement(flawed.id).routing == {} and store.judgement(flawed.id).revision == 2
+    from agent.store import StoreError
+
+    with pytest.raises(StoreError, match="route is the flywheel's judgement of its content.*Store.judge"):
+        store.update_episode_fields(good.id, route="sft")
+    with pytest.raises(StoreError, match="route must be one of unscored, sft, ct, rejected, got 'gold'"):
+        store.judge(good.id, "gold")
     assert router.undo(1) == 0  # twice is a no-op
     assert router.decisions(1) == [] and len(router.decisions(1, include_undone=True)) == 3
     assert router.pools()["unscored"] == 3

@@ -258,7 +258,7 @@ def test_the_library_shows_the_route_the_train_page_iteration_chose(qtbot, store
         assert chosen["Nobody judged this one"] == "ct"
 
         win.show_page_at([n for n, _ in win.pages_spec].index("Library"))  # it follows the flywheel's store
-        routes = {i: backend.load_episode(i).route for i in ids + [unjudged]}
+        routes = {i: backend.judgement(i).route for i in ids + [unjudged]}
         assert routes[unjudged] == "ct" and {routes[i] for i in ids} == {"sft"}
 
         def shown():
@@ -271,7 +271,7 @@ def test_the_library_shows_the_route_the_train_page_iteration_chose(qtbot, store
         assert why.startswith("Iteration 1: ct") and "outcome unknown" in why
         library.select_episode(ids[0])
         assert "route sft" in library.viewer.meta.text()
-        assert {store.load_episode(i).route for i in ids} == {"unscored"}  # no second copy of the route
+        assert {store.judgement(i).route for i in ids} == {"unscored"}  # no second copy of the route
         assert library.model.item(library._row_of(ids[0]), 4).text() == "success"  # the verifier's judgement
     finally:
         win.close()  # nothing was edited: it closes without asking, and stops the embedded backend

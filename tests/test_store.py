@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from factories import make_episode, screenshot_png
+from factories import blob_debris, check_fix, make_episode, screenshot_png
 
 from agent.schema import Action, Episode, Observation, Outcome, Provenance, SchemaError, ScreenGeometry, Step
 from agent.store import NotFound, Store, StoreError
@@ -129,6 +129,55 @@ def test_an_old_pin_no_longer_protects_a_blob(store, monkeypatch):
     assert store.remove_unreferenced({h}) == 1 and not store.has_blob(h)
 
 
+def test_check_fix_while_recording_deletes_nothing_referenced_or_pinned(store):
+    """A recording in progress: the recorder's encoder (agent.recorder.encoder, the real thread)
+    keeps writing frames into the store while `check --fix` runs in another process. Its frames
+    are on disk and pinned but no episode refers to them until the recording is saved; a finished
+    episode refers to its own. check --fix removes only what a killed writer left long ago."""
+    import numpy as np
+
+    from agent.recorder.encoder import FrameEncoder
+    from agent.recorder.screen import Frame
+
+    done = make_episode(store, 2)
+    recording = Episode("Record a task")
+    store.save_episode(recording)  # as RecordingSession does when it starts: no steps yet
+    orphan, stale, fresh = blob_debris(store)
+    frames = []
+    encoder = FrameEncoder(store, lambda frame, why, blob: frames.append(blob), fmt="png")
+    encoder.start()
+    rng = np.random.default_rng(0)
+
+    def grab(k):
+        raw = rng.integers(0, 255, (48, 64, 4), dtype=np.uint8).tobytes()
+        encoder.submit(Frame(k, float(k), float(k), raw, 64, 48, k), "change")
+
+    for k in range(5):
+        grab(k)
+    deadline = time.time() + 30
+    while len(frames) < 5 and time.time() < deadline:
+        time.sleep(0.01)
+    fixer = subprocess.Popen(check_fix(store.root), stdout=subprocess.PIPE, text=True)
+    k = 5
+    while fixer.poll() is None:  # the recorder goes on capturing while check --fix runs
+        grab(k)
+        k += 1
+        time.sleep(0.02)
+    out = fixer.stdout.read()
+    encoder.finish()
+    assert fixer.returncode == 0, out
+    assert "removed 2 unused file(s)" in out and "store is sound" in out, out
+    assert len(frames) == k and len(set(frames)) == k
+    assert all(store.has_blob(h) for h in frames) and all(store.has_blob(h) for h in done.blob_hashes())
+    assert fresh.exists() and not stale.exists() and not store.has_blob(orphan)
+    # the recording is saved: every frame it refers to is there
+    g = ScreenGeometry.simple(64, 48)
+    recording.steps = [Step(i, Observation(h, 64, 48, g), "", Action("wait")) for i, h in enumerate(frames)]
+    store.save_episode(recording)
+    again = subprocess.run(check_fix(store.root), capture_output=True, text=True, timeout=120)
+    assert store.check() == [] and again.returncode == 0 and again.stdout == "removed 0 unused file(s)\nstore is sound\n"
+
+
 def test_save_refuses_missing_blobs(store):
     g = ScreenGeometry.simple(10, 10)
     ep = Episode("x", steps=[Step(0, Observation("b" * 64, 10, 10, g), "", Action("wait"))])
@@ -138,6 +187,8 @@ def test_save_refuses_missing_blobs(store):
 
 
 def test_check_finds_corrupt_missing_and_orphan_blobs(store):
+    import agent.store as st
+
     ep = make_episode(store, 3)
     assert store.check() == []
     h0, h1 = ep.steps[0].observation.screenshot, ep.steps[1].observation.screenshot
@@ -147,7 +198,10 @@ def test_check_finds_corrupt_missing_and_orphan_blobs(store):
     problems = "\n".join(store.check())
     assert f"blob {h0} is corrupt" in problems
     assert f"blob {h1} is referenced but missing" in problems
-    assert f"blob {orphan} is not used" in problems
+    # pinned: a write whose episode is not saved yet is not a problem, and gc() keeps it
+    assert orphan not in problems and store.gc() == 0 and store.has_blob(orphan)
+    store.execute("UPDATE blob_pins SET at = ? WHERE hash = ?", [time.time() - st.PIN_SECONDS - 1, orphan])
+    assert f"blob {orphan} is not used" in "\n".join(store.check())  # its pin expired: nobody will use it
     assert store.gc() == 1 and not store.has_blob(orphan)
 
 
@@ -236,11 +290,12 @@ def test_stores_made_by_the_last_release_open_and_migrate(tmp_path):
     old = tmp_path / "old"
     shutil.copytree(Path(__file__).parent / "data" / "store-c5882f4", old)
     with Store(old / "local") as s:
-        assert s.schema_version("store") == 2 and s.has_table("blob_pins")
+        assert s.schema_version("store") == 5 and s.has_table("blob_pins")
         eps = s.list_episodes()
         assert len(eps) == 2 and s.check() == []
         assert [e.state for e in Outbox(s).entries()] == ["queued"]
         assert len(Router(s).decisions(1)) == 2
+        _routed_the_old_way_moves_out(s, Router(s))
         reg = Registry(s)
         assert reg.current().version == "v0000" and reg.current().note == "base" and reg.current().decision == ""
         assert s.schema_version("flywheel_models") == 2  # the decision column, added
@@ -251,6 +306,9 @@ def test_stores_made_by_the_last_release_open_and_migrate(tmp_path):
         assert user.name == "ann" and len(b.list_episodes(user)) == 1 and b.latest_model()[0] == "v0003"
         assert [r["status"] for r in b.ingest_log()] == ["stored"]
         assert b.store.schema_version("backend") == 4 and b.relayed_decisions() == []  # the relay log, added
+        # the episode arrived as that release's app sent it, routed there: the route moved out of it too
+        (ep,) = b.store.list_episodes()
+        assert (ep.route, "routing" in ep.meta, b.store.judgement(ep.id).route) == ("unscored", False, "sft")
     finally:
         b.close()
     # a store written by a newer Tandem is refused by name, not misread
@@ -258,3 +316,32 @@ def test_stores_made_by_the_last_release_open_and_migrate(tmp_path):
         s.execute("UPDATE schema_versions SET version = 9 WHERE owner = 'sync_outbox'")
         with pytest.raises(StoreError, match="'sync_outbox' tables are at schema version 9, newer than this Tandem"):
             Outbox(s)
+
+
+def _routed_the_old_way_moves_out(s: Store, router) -> None:
+    """The old release's flywheel wrote its route and reasons into each episode (a: sft, marked
+    successful by its annotator; b: ct, failed by the verifier). Opened today, each judgement is
+    in `judgements` under the episode's content, the episodes hold none of it, every routing
+    record still answers for its content, and the move is idempotent."""
+    import agent.store as st
+
+    by_kind = {e.kind: e for e in s.list_episodes()}
+    a, b = by_kind["recording"], by_kind["rollout"]
+    for ep in (s.load_episode(a.id), s.load_episode(b.id)):
+        assert ep.route == "unscored" and "routing" not in ep.meta  # nothing of the flywheel's left in it
+    ja, jb = s.judgement(a.id), s.judgement(b.id)
+    assert (ja.route, ja.routing["why"], ja.revision) == ("sft", ["judged successful by annotator, every check passed"], 1)
+    assert (jb.route, jb.outcome) == ("ct", Outcome(False, 0.0, "verifier"))
+    assert s.load_episode(b.id).outcome == Outcome(False, 0.0, "verifier")  # a verifier's mark stays the episode's own
+    assert [e.id for e in s.list_episodes(route="sft")] == [a.id] and s.counts()["by_route"] == {"sft": 1, "ct": 1}
+    rows = {r["episode_id"]: r for r in router.decisions(1)}
+    assert rows[a.id]["content_hash"] == ja.content_hash == s.load_episode_version(a.id)[1]
+    before = s.query("SELECT * FROM judgements ORDER BY episode_id")
+    with s.transaction():
+        st._move_judgements_out(s)  # again: changes nothing
+        s.execute("UPDATE episodes SET content_hash = NULL WHERE id = ?", [a.id])  # even on a row it did
+        st._move_judgements_out(s)
+    assert s.query("SELECT * FROM judgements ORDER BY episode_id") == before
+    assert router.growth() == [{"iteration": 1, "sft": 1, "ct": 1, "rejected": 0}]
+    assert router.undo(1) == 2 and s.counts()["by_route"] == {"unscored": 2}
+    assert s.judgement(a.id).revision == 2  # undone: a change of the same content's judgement

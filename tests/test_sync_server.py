@@ -681,3 +681,99 @@ def test_an_unknown_action_inside_a_steps_info_is_refused_on_upload(tmp_path, ba
     Outbox(store).submit(ep.id)
     report = sync(store, backend)
     assert report.failed == [(ep.id, "the local episode does not load: action: unknown action 'no_such_action'")]
+
+
+def test_check_fix_during_an_upload_deletes_nothing_the_upload_needs(tmp_path, backend):
+    """An annotator's upload is half way: the backend has received three of the episode's four
+    screenshots (written, not yet referenced: the episode commits when the last one arrives).
+    `python main.py check --fix` runs on the backend's folder in another process meanwhile. It
+    keeps those three (pinned by the backend's put_blob, the store's one writer) and the blobs of
+    an episode stored before, removes what a writer killed long ago left, and the upload then
+    completes with every blob there."""
+    import subprocess
+
+    from factories import blob_debris, check_fix
+
+    store = local(tmp_path)
+    kept = make_episode(store, 2, width=300, height=180)
+    Outbox(store).submit(kept.id)
+    assert sync(store, backend).sent == [(kept.id, "stored")]
+    ep = make_episode(store, 4)
+    with Store(tmp_path / "backend") as other:  # the folder as another process sees it
+        orphan, stale, fresh = blob_debris(other)
+
+    async def upload_with_check_fix_in_the_middle():
+        s = await Session.open(backend.url, backend.tokens["ann"])
+        s.conn.upload(ep.to_dict())
+        await s.flush()
+        need = await s.next_event(10)
+        for h in need.hashes[:3]:
+            s.conn.send_blob(h, store.get_blob(h))
+        await s.flush()
+        await s.request("list_episodes")  # a round trip: the three blobs have been written
+        fix = await asyncio.to_thread(subprocess.run, check_fix(tmp_path / "backend"), capture_output=True, text=True,
+                                      timeout=120)
+        there = [backend.store.store.has_blob(h) for h in need.hashes]
+        for h in need.hashes[3:]:
+            s.conn.send_blob(h, store.get_blob(h))
+        await s.flush()
+        ack = await s.next_event(10)
+        await s.close()
+        return need, fix, there, ack
+
+    need, fix, there, ack = asyncio.run(upload_with_check_fix_in_the_middle())
+    assert len(need.hashes) == 4 and there == [True, True, True, False]
+    assert fix.returncode == 0 and "removed 2 unused file(s)" in fix.stdout, fix.stdout + fix.stderr
+    assert isinstance(ack, P.Acked) and ack.status == "stored"
+    b = backend.store.store
+    assert b.load_episode(ep.id).to_dict() == ep.to_dict() and b.load_episode(kept.id).to_dict() == kept.to_dict()
+    assert not b.has_blob(orphan) and not stale.exists() and fresh.exists()
+    assert b.check() == []  # nothing missing, nothing left over
+
+
+def test_a_reupload_after_routing_keeps_the_old_contents_route_and_routes_the_new_one(tmp_path, backend):
+    """The flywheel routes an annotator's episode on the backend; the annotator then changes it
+    (marks it failed) and syncs again. The new content shows as unscored until the flywheel
+    routes it, the old content keeps its route, revisions stay the annotator's (the routing wrote
+    nothing into the episode), and the old content's routing record still answers growth() and
+    undo(): undoing it leaves the new content's route alone."""
+    from agent.flywheel_routes import FlywheelRoutes
+    from agent.schema import Outcome
+    from trainer.flywheel.routing import Router
+
+    store = local(tmp_path)
+    ep = make_episode(store, 2)
+    ep.outcome = Outcome(True, 1.0, "annotator")
+    store.save_episode(ep)
+    outbox = Outbox(store)
+    outbox.submit(ep.id)
+    assert sync(store, backend).sent == [(ep.id, "stored")]
+    b = backend.store.store
+    router = Router(b)
+    assert router.route(iteration=1) == {"sft": 1, "ct": 0, "rejected": 0}
+    routed, old = b.load_episode_version(ep.id)
+    assert routed.to_dict() == ep.to_dict()  # as uploaded: route, outcome, meta and revision untouched
+    outbox.submit(ep.id)  # the same content again: a duplicate, its route stands
+    assert sync(store, backend).sent == [(ep.id, "duplicate")] and b.judgement(ep.id).route == "sft"
+
+    store.update_episode_fields(ep.id, outcome=Outcome(False, 0.0, "annotator"))
+    assert outbox.submit_all() == [ep.id]
+    assert sync(store, backend).sent == [(ep.id, "replaced")]
+    got, new = b.load_episode_version(ep.id)
+    assert new != old and got.revision == 1 and got.outcome.success is False
+    assert b.judgement(ep.id).route == "unscored" and router.unscored() == [ep.id]  # pending
+    assert (b.judgement(ep.id, old).route, b.judgement(ep.id, old).revision) == ("sft", 1)
+    assert [(r["revision"], r["user"]) for r in b.query("SELECT * FROM revisions ORDER BY revision")] == [
+        (0, "ann"), (1, "ann")]  # one revision per content
+    assert router.growth() == [{"iteration": 1, "sft": 1, "ct": 0, "rejected": 0}]
+    assert [r["content_hash"] for r in router.decisions(1)] == [old]
+
+    assert router.route(iteration=2) == {"sft": 0, "ct": 1, "rejected": 0}  # judged failed: CT
+    assert b.judgement(ep.id).route == "ct" and b.list_episodes(route="ct")[0].id == ep.id
+    shown = FlywheelRoutes(store, tmp_path / "backend").of([store.load_episode(ep.id)])[ep.id]
+    assert (shown.route, shown.routing["iteration"]) == ("ct", 2)  # what the app's Library shows
+    assert router.undo(1) == 1
+    assert b.judgement(ep.id).route == "ct"  # undoing the old content's routing leaves the new one's
+    assert (b.judgement(ep.id, old).route, b.judgement(ep.id, old).revision) == ("unscored", 2)
+    assert router.growth() == [{"iteration": 2, "sft": 0, "ct": 1, "rejected": 0}]
+    assert b.load_episode(ep.id).revision == 1  # still the annotator's

@@ -12,7 +12,7 @@ def test_train_sft_from_the_store_route_and_ct_with_an_empty_pool(store, tiny_vl
     from trainer.metrics import read_metrics
 
     ep = make_episode(store, 2, width=224, height=168)
-    store.update_episode_fields(ep.id, route="sft")
+    store.judge(ep.id, "sft")
     data = str(store.root)
     out = tmp_path / "run" / "sft1"
     rc = main(["--data", data, "train", "sft", "--model", str(tiny_vlm_dir), "--out", str(out), "--max-steps", "2",

@@ -7,13 +7,10 @@ connections racing with the same episode still store it once.
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import hmac
 import json
-import os
 import secrets
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +18,8 @@ from pathlib import Path
 from agent.model_files import ModelFilesError, check_model_version, is_model_version
 from agent.protocol import ROLES, _is_id
 from agent.schema import Action, Episode, SchemaError
-from agent.store import AddColumn, NotFound, Store, sha256
+from agent.store import AddColumn, NotFound, Store
 from trainer.errors import TrainerError
-
-try:  # syncfs(2): flush one filesystem, not every mounted one as os.sync() would
-    _libc = ctypes.CDLL(None, use_errno=True) if hasattr(os, "O_RDONLY") and os.name == "posix" else None
-    _libc = _libc if _libc is not None and hasattr(_libc, "syncfs") else None
-except OSError:
-    _libc = None
 
 TOKEN_PREFIX = "tdm"
 
@@ -145,7 +136,6 @@ class BackendStore:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.store = Store(self.root)
-        self._unsynced = False
         self.store.migrate("backend", MIGRATIONS)
         self.server_id = self._server_id()
 
@@ -268,45 +258,19 @@ class BackendStore:
         return [h for h in hashes if h not in mine or not self.store.has_blob(h)]
 
     def put_blob(self, data: bytes, user: User | None = None) -> str:
-        """Write a received blob (temp file, rename) without waiting for the disk: the
-        sync_blobs() before the episode's commit makes the whole batch durable with one flush,
-        instead of one fsync per screenshot. With a user, remember that it sent these bytes."""
-        digest = sha256(data)
+        """Write a received blob through the store's one writer (agent.store.Store.put_blob:
+        pinned until the episode that refers to it commits, fsynced, renamed into place), so a
+        `check --fix` on this folder while uploads arrive keeps it. With a user, remember that it
+        sent these bytes."""
+        digest = self.store.put_blob(data)
         if user is not None:
             self.store.execute("INSERT OR IGNORE INTO blob_uploads (hash, user) VALUES (?, ?)", [digest, user.name])
-        path = self.store.blob_path(digest)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-            self._unsynced = True
         return digest
-
-    def sync_blobs(self) -> None:
-        """Flush every blob written since the last call to the disk (syncfs on Linux)."""
-        if not self._unsynced:
-            return
-        fd = os.open(self.store.blob_dir, os.O_RDONLY)
-        try:
-            if _libc is not None and _libc.syncfs(fd) == 0:
-                self._unsynced = False
-                return
-        finally:
-            os.close(fd)
-        os.sync()
-        self._unsynced = False
 
     def ingest(self, episode: dict, digest: str, user: User) -> tuple[int, str]:
         """Store one received episode; returns (revision, status)."""
         ep = Episode.from_dict(episode)
         self._check_claims(ep, user, digest)
-        self.sync_blobs()  # blobs durable before the episode that refers to them commits
         now = time.time()
         with self.store.transaction():
             cur = self._current(ep.id)

@@ -1,7 +1,10 @@
 """Routing: high-quality episodes to the SFT pool, the rest to the CT pool, the unusable ones to
-"rejected" (kept, never trained on). Every decision is a row of `flywheel_routes` in the store's
-database (episode, iteration, route, the route and outcome before, reasons, time), so an
-iteration's routing can be undone exactly.
+"rejected" (kept, never trained on). A decision is the store's judgement of the content it
+scored (agent.store.Store.judge: route, judged outcome, reasons), never written into the episode,
+so an annotator's next upload of new content starts unscored and leaves the judgement of the old
+content as it was. Every decision is also a row of `flywheel_routes` in the store's database
+(episode, the content's hash, iteration, route, the route and outcome before, reasons, time), so
+an iteration's routing can be undone exactly, content by content.
 
 Corrections (steps a supervisor edited: provenance "corrected" with the agent's proposal kept)
 become SFT samples of the corrected step, whatever the episode's route; corrections and rejected
@@ -16,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agent.schema import Episode, Outcome, SchemaError
+from agent.store import AddColumn
 from trainer.flywheel import FlywheelError
 from trainer.flywheel.scoring import Score, score_episode
 
@@ -26,6 +30,11 @@ ROUTES_MIGRATIONS = [  # agent.store.Store.migrate; step 1 is the table every re
         "time" REAL, "undone_at" REAL);
     CREATE INDEX IF NOT EXISTS "idx_{ROUTES_TABLE}_iteration" ON "{ROUTES_TABLE}" ("iteration");
     CREATE INDEX IF NOT EXISTS "idx_{ROUTES_TABLE}_episode_id" ON "{ROUTES_TABLE}" ("episode_id")""",
+    # the content each decision judged; older decisions judged what the episode holds now (the
+    # store's migration moved their judgement under that content)
+    AddColumn(ROUTES_TABLE, "content_hash", "TEXT"),
+    f"""UPDATE "{ROUTES_TABLE}" SET content_hash = (SELECT content_hash FROM episodes WHERE episodes.id =
+        "{ROUTES_TABLE}".episode_id) WHERE content_hash IS NULL""",
 ]
 HUMAN_KINDS = ("recording", "supervised")
 
@@ -101,24 +110,28 @@ class Router:
         ids = list(episode_ids) if episode_ids is not None else self.unscored()
         counts = {"sft": 0, "ct": 0, "rejected": 0}
         for k, eid in enumerate(ids):
-            ep = load_or_skip(self.store, eid, skipped)
-            if ep is None:
+            got = load_or_skip(self.store, eid, skipped, with_hash=True)
+            if got is None:
                 continue
+            ep, digest = got
             score = score_episode(ep, image_of=self.store.get_blob, orm=self.orm)
             route, why = decide(ep, score, self.cfg)
-            self._apply(ep, iteration, route, score, why)
+            self._apply(ep, digest, iteration, route, score, why)
             counts[route] += 1
             if progress:
                 progress(k + 1, len(ids))
         return counts
 
-    def _apply(self, ep: Episode, iteration: int, route: str, score: Score, why: list[str]) -> None:
-        row = {"episode_id": ep.id, "iteration": int(iteration), "route": route, "previous_route": ep.route,
-               "outcome": json.dumps(score.outcome.to_dict()), "previous_outcome": json.dumps(ep.outcome.to_dict()),
-               "quality": score.quality, "reasons": json.dumps(why), "time": time.time(), "undone_at": None}
-        meta = {**ep.meta, "routing": {"iteration": int(iteration), "route": route, "why": why}}  # shown in the Library
-        with self.store.transaction():  # the episode and its decision change together
-            self.store.update_episode_fields(ep.id, route=route, outcome=score.outcome, meta=meta)
+    def _apply(self, ep: Episode, digest: str, iteration: int, route: str, score: Score, why: list[str]) -> None:
+        """Judge the content `digest` of `ep` (the one scored, even if a new one arrived since)."""
+        with self.store.transaction():  # the judgement and its record change together
+            before = self.store.judgement(ep.id, digest)
+            row = {"episode_id": ep.id, "content_hash": digest, "iteration": int(iteration), "route": route,
+                   "previous_route": before.route, "outcome": json.dumps(score.outcome.to_dict()),
+                   "previous_outcome": json.dumps(before.outcome.to_dict() if before.outcome else None),
+                   "quality": score.quality, "reasons": json.dumps(why), "time": time.time(), "undone_at": None}
+            self.store.judge(ep.id, route, content_hash=digest, outcome=score.outcome,  # the Library shows `routing`
+                             routing={"iteration": int(iteration), "route": route, "why": why})
             self.store.insert(ROUTES_TABLE, row)
 
     def decisions(self, iteration: int | None = None, *, include_undone: bool = False) -> list[dict]:
@@ -136,22 +149,23 @@ class Router:
         return rows
 
     def undo(self, iteration: int) -> int:
-        """Put every episode routed by `iteration` back as it was (route and outcome); returns
-        how many decisions were undone. Undoing twice is a no-op."""
+        """Put the judgement of every content `iteration` routed back as it was (route and
+        outcome; the reasons go with the decision), whatever content the episode holds now;
+        returns how many decisions were undone. Undoing twice is a no-op."""
         rows = self.decisions(iteration)
         now = time.time()
         with self.store.transaction():
             for r in reversed(rows):
-                if self.store.has_episode(r["episode_id"]):  # a deleted episode has nothing to restore
-                    meta = dict(self.store.load_episode(r["episode_id"]).meta)
-                    meta.pop("routing", None)  # the reason went with the decision
-                    self.store.update_episode_fields(r["episode_id"], route=r["previous_route"],
-                                                     outcome=Outcome.from_dict(r["previous_outcome"]), meta=meta)
+                # a deleted episode has nothing to restore
+                if r["content_hash"] is not None and self.store.has_episode(r["episode_id"]):
+                    before = r["previous_outcome"]
+                    self.store.judge(r["episode_id"], r["previous_route"], content_hash=r["content_hash"],
+                                     outcome=Outcome.from_dict(before) if before else None)
                 self.store.execute(f"UPDATE {ROUTES_TABLE} SET undone_at = ? WHERE id = ?", [now, r["id"]])
         return len(rows)
 
     def pools(self) -> dict:
-        """Episode counts per route now."""
+        """Episode counts per route of their current content now."""
         c = self.store.counts()["by_route"]
         return {r: c.get(r, 0) for r in ("sft", "ct", "rejected", "unscored")}
 
@@ -173,12 +187,13 @@ class Router:
 UNREADABLE = (SchemaError, ValueError, KeyError, OSError)  # KeyError: agent.store.NotFound (an episode, a blob)
 
 
-def load_or_skip(store, episode_id: str, skipped: dict | None) -> Episode | None:
-    """The episode, or None when it does not load (stored before a check that now refuses it, a
-    row damaged by hand): it is named in `skipped` (episode id -> why) and the flywheel goes on
-    without it, instead of one bad upload stopping every later iteration. skipped=None raises."""
+def load_or_skip(store, episode_id: str, skipped: dict | None, *, with_hash: bool = False):
+    """The episode (with_hash: and its content hash, Store.load_episode_version), or None when it
+    does not load (stored before a check that now refuses it, a row damaged by hand): it is named
+    in `skipped` (episode id -> why) and the flywheel goes on without it, instead of one bad upload
+    stopping every later iteration. skipped=None raises."""
     try:
-        return store.load_episode(episode_id)
+        return store.load_episode_version(episode_id) if with_hash else store.load_episode(episode_id)
     except UNREADABLE as e:
         if skipped is None:
             raise

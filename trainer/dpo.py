@@ -74,7 +74,8 @@ def correction_pairs(store, episode_ids, skipped: dict | None = None) -> list[Pr
         fixed = {s.index: s for s in corrected_steps(ep)} if ep else {}
         if not fixed or not all(s.observation.screenshot for s in ep.steps):
             continue
-        for step, sample in zip(ep.steps, samples_or_skip(store, ep, skipped)):
+        # samples_or_skip: one sample per step, or [] for an episode it skipped
+        for step, sample in zip(ep.steps, samples_or_skip(store, ep, skipped), strict=False):
             s = fixed.get(step.index)
             if s is None:
                 continue

@@ -215,7 +215,7 @@ def validate(action: Action, *, normalized: bool = True) -> str | None:
     if spec is None:
         return f"unknown action {action.name!r}"
     for k in action.args:
-        if spec.param(k) is None or spec.param(k).name != k:
+        if (known := spec.param(k)) is None or known.name != k:
             return f"{action.name}: unknown argument {k!r}"
     for p in spec.params:
         if p.name not in action.args:

@@ -148,7 +148,7 @@ class AtspiElements:
 
             self._conn = open_dbus_connection(bus=a11y_bus_address(self.enable_bridges))
             self.available, self.reason = True, SOURCE
-        except Exception as e:  # noqa: BLE001 - any failure means "this desktop gives no list"
+        except Exception as e:  # any failure means "this desktop gives no list"
             self.available = False
             if isinstance(e, KeyError) and "DBUS_SESSION_BUS_ADDRESS" in str(e):
                 self.reason = "none: no accessibility bus (this session has no D-Bus: DBUS_SESSION_BUS_ADDRESS is not set)"
@@ -311,7 +311,7 @@ class AtspiElements:
                 replies = self._calls(calls + value_calls, deadline)
                 _apply_values(found, value_owners, replies[len(calls):])
                 level = []
-                for (n, clip, k), r in zip(owners, replies):
+                for (n, clip, k), r in zip(owners, replies[:len(calls)], strict=True):  # the values' replies follow
                     if not r:
                         continue
                     children = [r[0]] if k is not None else r[0]
@@ -380,7 +380,7 @@ def _value_calls(found: list, indices) -> tuple[list, list]:
 def _apply_values(found: list, owners: list, replies: list) -> None:
     """Append each value read to its found entry: 'text', or '30 of 0-100' for a slider."""
     got: dict[int, dict] = {}
-    for (i, kind), r in zip(owners, replies):
+    for (i, kind), r in zip(owners, replies, strict=True):
         if r:
             got.setdefault(i, {})[kind] = r[0] if kind == "text" else r[0][1]
     for i, v in got.items():

@@ -74,7 +74,7 @@ def parse_to_json(text: str, width: int, height: int, space: str, scale: float =
         return {"error": norm.reason}, False
     geometry = ScreenGeometry.simple(width, height, scale)
     actions = []
-    for model_a, norm_a in zip(parsed.actions, norm.actions):
+    for model_a, norm_a in zip(parsed.actions, norm.actions, strict=True):
         args = {k: (list(v) if isinstance(v, tuple) else v) for k, v in model_a.args.items()}
         pts = [list(coords.normalized_to_screen(p, geometry)) for p in norm_a.points()]
         actions.append({"action": model_a.name, "args": args, "screen_points": pts})

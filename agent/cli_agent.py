@@ -129,7 +129,7 @@ def cmd_agent(args) -> int:
 
         try:
             publisher = RunPublisher(url, token, args.run_id, timeout=args.decision_timeout).start()
-        except Exception as e:  # noqa: BLE001 - any failure to connect or log in is reported, not raised
+        except Exception as e:  # any failure to connect or log in is reported, not raised
             store.close()
             return fail(f"cannot publish the run to {url}: {e}")
         supervisor = publisher.supervisor

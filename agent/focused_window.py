@@ -46,7 +46,7 @@ class FocusedWindow:
             if depth >= 3:
                 return None
             children = w.query_tree().children
-        except Exception:  # noqa: BLE001 - the window may vanish between the calls
+        except Exception:  # the window may vanish between the calls
             return None
         for c in reversed(children):  # the top-most first
             pid = self._pid_in(c, depth + 1)
@@ -66,7 +66,7 @@ class FocusedWindow:
                 for cid in self._d.res_query_client_ids([{"client": w.id, "mask": res.LocalClientPIDMask}]).ids:
                     if cid.spec.mask == res.LocalClientPIDMask and len(cid.value):
                         return int(cid.value[0])
-            except Exception:  # noqa: BLE001 - the window may be gone; fall back to the property
+            except Exception:  # the window may be gone; fall back to the property
                 pass
         if net_wm_pid is None:
             return None
@@ -93,7 +93,7 @@ class FocusedWindow:
         try:
             w = self._focused()
             return self._pid_in(w) if w else None
-        except Exception:  # noqa: BLE001 - no X: unknown
+        except Exception:  # no X: unknown
             return None
 
     def pid_at(self, x: int, y: int) -> int | None:
@@ -104,7 +104,7 @@ class FocusedWindow:
             root = self._display().screen().root
             child = root.translate_coords(root, int(x), int(y)).child  # stacking-aware
             return self._pid_in(child) if child else None
-        except Exception:  # noqa: BLE001
+        except Exception:
             return None
 
     def _name(self, w) -> tuple[str | None, str | None]:
@@ -117,7 +117,7 @@ class FocusedWindow:
                 n = w.get_wm_name()
                 title = n.decode("latin-1") if isinstance(n, bytes) else n
             cls = w.get_wm_class()
-        except Exception:  # noqa: BLE001 - the window may vanish between the calls
+        except Exception:  # the window may vanish between the calls
             return None, None
         return title or None, (cls[1] if cls else None)
 
@@ -128,7 +128,7 @@ class FocusedWindow:
             return title, cls
         try:
             children = w.query_tree().children
-        except Exception:  # noqa: BLE001
+        except Exception:
             return None, None
         for c in reversed(children):
             title, cls = self._named_in(c, depth + 1)
@@ -147,7 +147,7 @@ class FocusedWindow:
                 return None, None, None
             title, cls = self._named_in(w)
             return title, cls, self._pid_in(w)
-        except Exception:  # noqa: BLE001 - no X, or a window gone: unknown, never a crash
+        except Exception:  # no X, or a window gone: unknown, never a crash
             return None, None, None
 
     def get(self) -> tuple[str | None, str | None]:
@@ -157,13 +157,13 @@ class FocusedWindow:
         try:
             w = self._focused()
             return self._named_in(w) if w else (None, None)
-        except Exception:  # noqa: BLE001 - no X, or a window gone: unknown, never a crash
+        except Exception:  # no X, or a window gone: unknown, never a crash
             return None, None
 
     def close(self) -> None:
         if self._d is not None:
             try:
                 self._d.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             self._d = None

@@ -17,11 +17,15 @@ A Decision's actions are in the schema's normalized space (0..1 of the screensho
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agent.actions import canonical_keys, is_risky, validate
 from agent.errors import TandemError
 from agent.schema import Action
+
+if TYPE_CHECKING:  # for the annotations only: the gate does not depend on policies or executors
+    from agent.executors.base import Frame
+    from agent.policies.base import Proposal
 
 GATE_MODES = ("auto", "risky", "all")
 DECISIONS = ("approve", "edit", "reject", "takeover", "stop")
@@ -71,8 +75,8 @@ class GateRequest:
 
     instruction: str
     step_index: int
-    proposal: object  # agent.policies.Proposal
-    observation: object  # agent.executors.Frame
+    proposal: Proposal | None
+    observation: Frame | None
     why: str  # "every step is reviewed", "risky: run_command", "the agent asked for help"
     episode_id: str | None = None
     platform: str = "desktop"

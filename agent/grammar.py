@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from agent import coords
 from agent.actions import REGISTRY, actions_for, canonical_keys, validate
@@ -23,7 +24,7 @@ class ParseError:
     reason: str
     raw: str = ""
 
-    def __bool__(self) -> bool:  # `if parsed:` reads as "parsed fine"
+    def __bool__(self) -> Literal[False]:  # `if parsed:` reads as "parsed fine" (and narrows the type)
         return False
 
 
@@ -36,7 +37,7 @@ class ParsedResponse:
     raw: str = ""
     space: str | None = None  # None: points are in model space; else normalized from this space
 
-    def __bool__(self) -> bool:
+    def __bool__(self) -> Literal[True]:
         return True
 
 
@@ -204,9 +205,10 @@ def _build_action(name: str, args: list[tuple[str | None, str]]) -> Action | str
                 return f"{name}: too many arguments"
             p = spec.params[pos]
         else:
-            p = spec.param(key)
-            if p is None:
+            named = spec.param(key)
+            if named is None:
                 return f"{name}: unknown argument {key!r}"
+            p = named
         if p.name in out:
             return f"{name}: argument {p.name!r} given twice"
         if p.kind == "point":

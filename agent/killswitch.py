@@ -47,7 +47,7 @@ class KillSwitch:
         for t in list(self.targets):
             try:
                 t.stop(reason) if hasattr(t, "stop") else t()
-            except Exception:  # noqa: BLE001 - one failing target must not keep the others running
+            except Exception:  # one failing target must not keep the others running
                 pass
         if self.on_trigger:
             self.on_trigger()
@@ -56,7 +56,7 @@ class KillSwitch:
         """Listen for the hotkey (needs a display on X11)."""
         try:
             from pynput import keyboard
-        except Exception as e:  # noqa: BLE001 - pynput raises ImportError or Xlib errors without a display
+        except Exception as e:  # pynput raises ImportError or Xlib errors without a display
             raise KillSwitchError(f"cannot listen for the kill-switch hotkey {self.hotkey}: {e}") from None
         try:
             self._listener = keyboard.GlobalHotKeys({self.hotkey: lambda: self.trigger(f"kill switch ({hotkey_label(self.hotkey)})")})

@@ -116,7 +116,7 @@ class AgentLoop:
             if ex is not None:
                 try:
                     ex.release()
-                except Exception:  # noqa: BLE001 - releasing is best effort; the stop flag is already set
+                except Exception:  # releasing is best effort; the stop flag is already set
                     pass
 
     def _control(self, on: bool) -> None:

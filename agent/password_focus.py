@@ -84,7 +84,7 @@ class PasswordFocus:
     def _run(self, ready: threading.Event) -> None:
         try:
             conn, rule = self._subscribe()
-        except Exception as e:  # noqa: BLE001 - any failure means "the platform does not tell"
+        except Exception as e:  # any failure means "the platform does not tell"
             if isinstance(e, KeyError) and "DBUS_SESSION_BUS_ADDRESS" in str(e):
                 self.reason = "no accessibility bus (this session has no D-Bus: DBUS_SESSION_BUS_ADDRESS is not set)"
             else:
@@ -130,7 +130,7 @@ class PasswordFocus:
                                interface="org.a11y.atspi.Registry")
         try:
             conn.send_and_get_reply(new_method_call(registry, "RegisterEvent", "sass", (FOCUS_EVENT, [], "")), timeout=3)
-        except Exception:  # noqa: BLE001 - at-spi2-core before 2.46 takes the event name alone
+        except Exception:  # at-spi2-core before 2.46 takes the event name alone
             conn.send_and_get_reply(new_method_call(registry, "RegisterEvent", "s", (FOCUS_EVENT,)), timeout=3)
         return conn, rule
 
@@ -143,7 +143,7 @@ class PasswordFocus:
         try:
             obj = DBusAddress(path, bus_name=sender, interface="org.a11y.atspi.Accessible")
             return int(conn.send_and_get_reply(new_method_call(obj, "GetRole"), timeout=1).body[0])
-        except Exception:  # noqa: BLE001 - the object may be gone already
+        except Exception:  # the object may be gone already
             return None
 
 

@@ -348,7 +348,7 @@ def adjust_logprobs(model, lay: Layout, choices: list[int], hidden, offset: int,
     lpp = torch.log_softmax(site_logits(model, lay, hidden, offset).float() / temperature, dim=-1)
     lp = lp.clone()
     ent = ent.clone() if ent is not None else None
-    for i, (s, c) in enumerate(zip(lay.sites, choices)):
+    for i, (s, c) in enumerate(zip(lay.sites, choices, strict=True)):
         first = s.digits[0] if s.digits else s.query + 1
         at = flat_of(first)
         if at is None:
@@ -392,7 +392,7 @@ def rewrite(tokenizer, lay: Layout, n_prompt: int, reply_ids: list[int], reply_l
     log-probs as this module's header defines them). Sites are in order; positions are absolute."""
     ids, lps = list(reply_ids), list(reply_lps)
     # right to left, so earlier positions stay valid
-    for s, k, klp in sorted(zip(lay.sites, choices, choice_lps), key=lambda x: -x[0].query):
+    for s, k, klp in sorted(zip(lay.sites, choices, choice_lps, strict=True), key=lambda x: -x[0].query):
         a = s.query + 1 - n_prompt  # the first digit's index in the reply
         b = a + len(s.digits)
         if k >= lay.none:  # no entry: the model's own digits, the choice's log-prob on the first

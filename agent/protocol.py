@@ -85,6 +85,9 @@ class Limits:
         return max(self.max_text, self.max_blob + BLOB_HEADER_LEN)
 
 
+DEFAULT_LIMITS = Limits()  # frozen: one shared instance is the default everywhere
+
+
 # ---------------------------------------------------------------- field checks
 def _is_hash(v) -> bool:
     return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
@@ -353,6 +356,7 @@ class Connection:
             d = decode_message(text, self.limits)
             if d.error:
                 return self._fail(*d.error, ref=d.body.get("ref"), fatal=self._fatal_in_state(d.type))
+            assert d.type is not None  # a message that decoded has its type
             sender = MESSAGES[d.type][0]
             if sender == self.side:
                 return self._fail("unknown_type", f"{d.type!r} is not a message a {self.side} accepts", ref=d.body.get("ref"))
@@ -374,11 +378,11 @@ class Connection:
             data = bytes(data)
             if self.state != "open":
                 return self._fail("bad_state", "blob frame before the handshake finished", fatal=True)
-            digest, payload = decode_blob(data, self.limits)
-            if digest is None:  # the event names the blob its header claims: whoever waits for it can stop
+            blob = decode_blob(data, self.limits)
+            if blob[0] is None:  # the event names the blob its header claims: whoever waits for it can stop
                 framed = len(data) >= BLOB_HEADER_LEN and data[:3] == BLOB_MAGIC
-                return [replace(ev, hash=data[4:BLOB_HEADER_LEN].hex() if framed else None) for ev in self._fail(*payload)]
-            return self._on_blob(digest, payload)
+                return [replace(ev, hash=data[4:BLOB_HEADER_LEN].hex() if framed else None) for ev in self._fail(*blob[1])]
+            return self._on_blob(*blob)
         except Exception as e:
             return self._fail("internal", f"could not handle the blob: {type(e).__name__}: {e}")
 
@@ -425,7 +429,7 @@ class Connection:
         """A proposal message, then its screenshot's blob frame; returns the screenshot's hash."""
         digest = hashlib.sha256(screenshot).hexdigest() if screenshot is not None else None
         self.send("proposal", run_id=run_id, proposal_id=proposal_id, step=step, screenshot=digest, sender=sender)
-        if screenshot is not None:
+        if digest is not None and screenshot is not None:  # both or neither
             self.send_blob(digest, screenshot)
         return digest
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from agent.protocol import (
     _CHECKS,
     CLOSE_POLICY,
+    DEFAULT_LIMITS,
     SUPPORTED_VERSIONS,
     Acked,
     BlobReceived,
@@ -35,7 +36,7 @@ class ServerConnection(Connection):
 
     side = "server"
 
-    def __init__(self, limits: Limits = Limits()):
+    def __init__(self, limits: Limits = DEFAULT_LIMITS):
         super().__init__(limits)
         self.user: str | None = None
         self.role: str | None = None
@@ -150,7 +151,7 @@ class ClientConnection(Connection):
 
     side = "client"
 
-    def __init__(self, token: str, client: str = "tandem", limits: Limits = Limits()):
+    def __init__(self, token: str, client: str = "tandem", limits: Limits = DEFAULT_LIMITS):
         super().__init__(limits)
         self.user: str | None = None
         self.role: str | None = None
@@ -221,6 +222,7 @@ class ClientConnection(Connection):
         digest = content_hash(episode)
         self.send("manifest", episode=episode, blobs=blobs, content_hash=digest, ref=ref)
         text = self._out[-1]  # what the server would refuse unread (and without its ref) is not sent
+        assert isinstance(text, str)  # send() queued a text frame
         problem = json_shape_problem(text, self.limits)
         if len(text.encode("utf-8")) > self.limits.max_text:
             problem = f"the manifest is {len(text.encode('utf-8'))} bytes, more than the server's {self.limits.max_text}"

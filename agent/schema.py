@@ -201,7 +201,7 @@ class Observation:
     elements_source: str | None = None
 
     def to_dict(self) -> dict:
-        d = {
+        d: dict = {
             "screenshot": self.screenshot,
             "width": self.width,
             "height": self.height,
@@ -422,7 +422,7 @@ class Episode:
             raise SchemaError(f"episode: route must be one of {ROUTES}, got {self.route!r}")
 
     def to_dict(self, with_steps: bool = True) -> dict:
-        d = {
+        d: dict = {
             "id": self.id,
             "kind": self.kind,
             "instruction": self.instruction,

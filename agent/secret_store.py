@@ -44,7 +44,7 @@ class SecretStore:
         if self._keyring is not None:
             try:
                 return self._keyring.get_password(SERVICE, self._name(key))
-            except Exception:  # noqa: BLE001 - a locked or vanished keyring: fall back to the file
+            except Exception:  # a locked or vanished keyring: fall back to the file
                 self._keyring = None
         return self._read().get(key)
 
@@ -56,7 +56,7 @@ class SecretStore:
             try:
                 self._keyring.set_password(SERVICE, self._name(key), value)
                 return
-            except Exception:  # noqa: BLE001
+            except Exception:
                 self._keyring = None
                 self.where = f"{self.path} (mode 0600)"
         data = self._read()
@@ -67,7 +67,7 @@ class SecretStore:
         if self._keyring is not None:
             try:
                 self._keyring.delete_password(SERVICE, self._name(key))
-            except Exception:  # noqa: BLE001 - not there is fine
+            except Exception:  # not there is fine
                 pass
         data = self._read()
         if data.pop(key, None) is not None:
@@ -102,7 +102,7 @@ def _usable_keyring():
         return None
     try:
         k = keyring.get_keyring()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
     if isinstance(k, fail.Keyring) or getattr(k, "priority", 0) <= 0:
         return None

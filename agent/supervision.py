@@ -79,7 +79,7 @@ def request_from_wire(step: dict, screenshot: bytes | None) -> tuple[GateRequest
     if screenshot is not None:
         try:
             frame = frame_from_image_bytes(screenshot, geometry)
-        except Exception as e:  # noqa: BLE001 - PIL raises many types for bad bytes
+        except Exception as e:  # PIL raises many types for bad bytes
             raise SupervisionError(f"proposal screenshot is not an image: {e}") from None
     elif geometry is not None:
         frame = Frame(geometry=geometry, text="")
@@ -107,7 +107,7 @@ def answer_to_wire(answer) -> tuple[str, dict | None, str | None]:
     if answer.kind == "reject":
         return "reject", extra, answer.reason
     if answer.kind == "edit":
-        step = dict(extra)
+        step: dict = dict(extra)
         if answer.thought is not None:
             step["thought"] = answer.thought
         if answer.actions is not None:

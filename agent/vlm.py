@@ -210,7 +210,7 @@ def load_vlm(model_dir, device=None, dtype=None):
 
     try:
         pointer.load_head(model, model_dir)  # the element-list pointer, when the checkpoint has one
-    except Exception as e:  # noqa: BLE001 - a damaged side file names itself
+    except Exception as e:  # a damaged side file names itself
         raise VLMError(f"{model_dir}: the pointer head did not load: {e}") from e
     model.to(dev).eval()
     return model, processor

@@ -67,7 +67,7 @@ class ImageCache:
         """Keys of `images` (PIL), running the image processor once over those not seen yet."""
         keys = [image_key(im) for im in images]
         todo = {}
-        for k, im in zip(keys, images):
+        for k, im in zip(keys, images, strict=True):
             if k in self.pixels:
                 self.pixels.move_to_end(k)
                 self.hits += 1
@@ -77,7 +77,7 @@ class ImageCache:
         if todo:
             enc = processor.image_processor(images=list(todo.values()), return_tensors="pt")
             row = 0
-            for k, thw in zip(todo, enc["image_grid_thw"]):
+            for k, thw in zip(todo, enc["image_grid_thw"], strict=True):
                 n = int(thw.prod())
                 self.pixels[k] = (enc["pixel_values"][row: row + n], thw)
                 row += n
@@ -97,7 +97,7 @@ class ImageCache:
             grid = torch.stack([self.pixels[k][1] for k in part]).to(backbone.device)
             with torch.no_grad():
                 out = backbone.get_image_features(pv, grid, return_dict=True)
-            for i, (k, f) in enumerate(zip(part, out.pooler_output)):
+            for i, (k, f) in enumerate(zip(part, out.pooler_output, strict=True)):
                 self.features[k] = f.detach()
                 layers = getattr(out, "deepstack_features", None) or []
                 self.deepstack[k] = [layer[i].detach() for layer in layers]
@@ -122,7 +122,7 @@ class ImageCache:
         of its own (negative, so never a token id): two rows agree on a stretch exactly when their
         text and screenshots do."""
         sig = row["input_ids"][0].clone()
-        for (start, end), key in zip(spans, keys):
+        for (start, end), key in zip(spans, keys, strict=True):
             sig[start:end] = -1 - self.image_ids.setdefault(key, len(self.image_ids))
         return sig
 
@@ -208,14 +208,14 @@ def build_batch_inputs(processor, chats, cache: ImageCache | None = None) -> tup
             raise VLMError(f"chat {i}: the template has {text.count(image_token)} image tokens for {len(keys)} images")
         pieces = text.split(image_token)
         out = [pieces[0]]
-        for k, rest in zip(keys, pieces[1:]):  # the processor's expansion: one token per merged patch
+        for k, rest in zip(keys, pieces[1:], strict=True):  # the processor's expansion: one token per merged patch
             out.append(image_token * (int(cache.pixels[k][1].prod()) // merge))
             out.append(rest)
         texts.append("".join(out))
         keys_per_chat.append(keys)
     enc = tok(texts, add_special_tokens=False)
     rows = []
-    for ids, keys in zip(enc["input_ids"], keys_per_chat):
+    for ids, keys in zip(enc["input_ids"], keys_per_chat, strict=True):
         t = torch.tensor([ids], dtype=torch.long)
         row = {"input_ids": t, "attention_mask": torch.ones_like(t),
                "mm_token_type_ids": (t == processor.image_token_id).long()}
@@ -247,18 +247,18 @@ def _reuse_layout(rows: list[dict], reused: list[int], layers: list, pad_id: int
 
     per_token = ("input_ids", "attention_mask", "mm_token_type_ids")
     width = max(reused)
-    own = [{k: (v[:, r:] if k in per_token else v) for k, v in row.items()} for row, r in zip(rows, reused)]
+    own = [{k: (v[:, r:] if k in per_token else v) for k, v in row.items()} for row, r in zip(rows, reused, strict=True)]
     batch = collate_inputs(own, pad_id, padding_side="left")  # every row's images, reused ones included
     for k in per_token:
         fill = pad_id if k == "input_ids" else 0
-        head = [torch.cat([row[k].new_full((1, width - r), fill), row[k][:, :r]], dim=1) for row, r in zip(rows, reused)]
+        head = [torch.cat([row[k].new_full((1, width - r), fill), row[k][:, :r]], dim=1) for row, r in zip(rows, reused, strict=True)]
         batch[k] = torch.cat([torch.cat(head), batch[k]], dim=1)
     ref = next(kv for kv in layers if kv is not None)
     data = []
     for i, (k0, v0) in enumerate(ref):
         keys = k0.new_zeros(len(rows), k0.shape[1], width, k0.shape[3])
         values = v0.new_zeros(len(rows), v0.shape[1], width, v0.shape[3])
-        for b, (r, kv) in enumerate(zip(reused, layers)):
+        for b, (r, kv) in enumerate(zip(reused, layers, strict=True)):
             if r:
                 keys[b, :, width - r:] = kv[i][0][0, :, :r]
                 values[b, :, width - r:] = kv[i][1][0, :, :r]
@@ -272,14 +272,14 @@ def image_spans(row: dict) -> list[tuple[int, int]]:
 
     mm = (row["mm_token_type_ids"][0] != 0).to(torch.int8)
     edges = torch.diff(mm, prepend=mm.new_zeros(1), append=mm.new_zeros(1)).nonzero().flatten().tolist()
-    return list(zip(edges[::2], edges[1::2]))
+    return list(zip(edges[::2], edges[1::2], strict=True))
 
 
 def _kept_per_row(cache: ImageCache, rows, keys, spans, slots, n_prefix: int, min_tokens: int = 16):
     """Per row: (tokens its slot's kept turn covers, or 0 when that is not more than the shared
     prefix; the kept per-layer KV; the row's signature). A kept stretch never ends inside an image."""
     out = []
-    for row, ks, row_spans, slot in zip(rows, keys, spans, slots):
+    for row, ks, row_spans, slot in zip(rows, keys, spans, slots, strict=True):
         sig = cache.signature(row, ks, row_spans)
         n, layers = cache.reusable(slot, sig, len(sig) - 1) if slot is not None else (0, None)  # feed >= 1 token
         for start, end in row_spans:
@@ -302,7 +302,7 @@ def _layout_cost(config, lengths: list[int], reused: list[int], steps: int) -> f
     per_token = 2 * d * heads * head_dim + 2 * d * kv + 3 * d * inter
     per_pair = 2 * heads * head_dim
     rows, past = len(lengths), max(reused)
-    new = max(n - r for n, r in zip(lengths, reused))
+    new = max(n - r for n, r in zip(lengths, reused, strict=True))
     prefill = rows * new * (per_token + (past + new) * per_pair)
     return prefill + steps * rows * (per_token + (past + new + steps / 2) * per_pair)
 
@@ -355,15 +355,15 @@ def generate_batch(model, processor, chats, *, max_new_tokens: int = 256, temper
         spans = [image_spans(r) for r in rows]
         kept = _kept_per_row(cache, rows, keys, spans, slots, n_prefix)
         if with_pointer:  # the pointer reads the current list's hidden states: never take them from a cache
-            kept = [_before_list(processor.tokenizer, row, k, n_prefix) for row, k in zip(rows, kept)]
+            kept = [_before_list(processor.tokenizer, row, k, n_prefix) for row, k in zip(rows, kept, strict=True)]
         lengths = [int(r["input_ids"].shape[1]) for r in rows]
         reused = _cheapest_reuse(model.config, lengths, [n for n, _, _ in kept], n_prefix, min(max_new_tokens, 64))
     if any(r != n_prefix for r in reused):
         prefix_layers = [(layer.keys, layer.values) for layer in prefix_kv.layers] if prefix_kv is not None else None
-        layers = [kv if r == n else prefix_layers for r, (n, kv, _) in zip(reused, kept)]
+        layers = [kv if r == n else prefix_layers for r, (n, kv, _) in zip(reused, kept, strict=True)]
         batch, kwargs["past_key_values"] = _reuse_layout(rows, reused, layers, stops[-1])
-        flat = [k for ks, row_spans, r in zip(keys, spans, reused)
-                for k, (start, _) in zip(ks, row_spans) if start >= r]
+        flat = [k for ks, row_spans, r in zip(keys, spans, reused, strict=True)
+                for k, (start, _) in zip(ks, row_spans, strict=True) if start >= r]
     else:
         batch = _layout(rows, n_prefix, stops[-1])
         flat = [k for ks in keys for k in ks]
@@ -441,7 +441,7 @@ def _keep_turns(cache: ImageCache, past, mask, width: int, gen, lengths: list[in
 
     layers = [(layer.keys, layer.values) for layer in past.layers]
     generated = layers[0][0].shape[2] - width  # the last sampled token was never fed back
-    for b, (n, sig, slot) in enumerate(zip(lengths, sigs, slots)):
+    for b, (n, sig, slot) in enumerate(zip(lengths, sigs, slots, strict=True)):
         if slot is None:
             continue
         m = min(n, generated)

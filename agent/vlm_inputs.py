@@ -274,10 +274,10 @@ def collate_inputs(items: list[dict], pad_token_id: int, padding_side: str = "ri
             continue
         if any(v is None for v in vals):
             raise VLMError(f"key {key!r} is missing from some samples")
-        if any(v.shape != it["input_ids"].shape for v, it in zip(vals, items)):
+        if any(v.shape != it["input_ids"].shape for v, it in zip(vals, items, strict=True)):
             raise VLMError(f"key {key!r} is neither per-token nor an image tensor; cannot collate it")
         fill = pad_token_id if key == "input_ids" else 0
         pads = [v.new_full((1, width - v.shape[1]), fill) for v in vals]
-        padded = [torch.cat([p, v] if padding_side == "left" else [v, p], dim=1) for v, p in zip(vals, pads)]
+        padded = [torch.cat([p, v] if padding_side == "left" else [v, p], dim=1) for v, p in zip(vals, pads, strict=True)]
         out[key] = torch.cat(padded, dim=0)
     return out

@@ -86,7 +86,7 @@ def _submit(store, window, episode_id: str) -> str:
 
         Outbox(store).submit(episode_id)
         return "queued for sync (sent when sync runs)"
-    except Exception as e:  # noqa: BLE001 - the episode is safe in the store; say why it is not queued
+    except Exception as e:  # the episode is safe in the store; say why it is not queued
         return f"not queued for sync: {e}"
 
 
@@ -147,12 +147,12 @@ class AgentRun(QObject):
             self.result = loop.run(instruction)
             self._ended.set()
             self.finished.emit(self.result)
-        except Exception as e:  # noqa: BLE001 - reported to the page; the loop already saved the episode
+        except Exception as e:  # reported to the page; the loop already saved the episode
             self._ended.set()
             self.failed.emit(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
         finally:
             if self.on_close is not None:
                 try:
                     self.on_close(loop)
-                except Exception:  # noqa: BLE001 - closing is best effort
+                except Exception:  # closing is best effort
                     pass

@@ -45,7 +45,7 @@ def place_labels(boxes: list[Rect], sizes: list[tuple[float, float]], bounds: Re
     if len(boxes) != len(sizes):
         raise ValueError(f"{len(boxes)} boxes but {len(sizes)} tag sizes")
     placed: list[Rect] = []
-    for i, (box, (w, h)) in enumerate(zip(boxes, sizes)):
+    for i, (box, (w, h)) in enumerate(zip(boxes, sizes, strict=True)):
         others = boxes[:i] + boxes[i + 1:]
         best, best_cost = None, None
         for x, y in _candidates(box, w, h, gap):

@@ -177,7 +177,7 @@ class LibraryPage(QWidget):
     def _poll_store(self) -> None:
         try:
             token = self._change_token()
-        except Exception:  # noqa: BLE001 - a closing store: nothing to follow any more
+        except Exception:  # a closing store: nothing to follow any more
             self._watch.stop()
             return
         if token != self._seen:

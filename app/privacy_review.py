@@ -138,7 +138,7 @@ class RedactionCanvas(QWidget):
             else:
                 p.setPen(QPen(QColor("#5f6368"), 1.5, Qt.DashLine))
             p.drawRect(r)
-        for b, tr in zip(self.boxes, self.label_rects()):
+        for b, tr in zip(self.boxes, self.label_rects(), strict=True):
             p.setPen(QPen(QColor("#d93025" if b["blur"] else "#5f6368"), 1))
             p.fillRect(tr, QColor(255, 255, 255, 230))
             p.drawText(tr, Qt.AlignCenter, self.fontMetrics().elidedText(self.tag(b), Qt.ElideRight, int(tr.width())))

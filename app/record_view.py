@@ -217,7 +217,7 @@ class RecordPage(QWidget):
             config = RecorderConfig(fps=self.fps.value(), audio=audio, audio_device=self.mic.currentData() if audio else None)
             self.session = RecordingSession(self.store, text, config, on_control=self._bridge.control.emit,
                                             own_windows=self._own_windows())
-        except Exception as e:  # noqa: BLE001 - RecorderError: shown, not raised
+        except Exception as e:  # RecorderError: shown, not raised
             self._error(str(e))
             return
         self._error("")
@@ -269,7 +269,7 @@ class RecordPage(QWidget):
         except NothingRecorded:  # nothing to keep: closing goes on
             self.session, self.state = None, "idle"
             return True
-        except Exception as e:  # noqa: BLE001 - the raw events are stored; closing goes on
+        except Exception as e:  # the raw events are stored; closing goes on
             print(f"tandem: stopping the recording failed: {e}", file=sys.stderr)
             self.session, self.state = None, "idle"
             return True

@@ -46,7 +46,7 @@ def sandbox_families() -> list[str]:
         from trainer.sandbox.families import FAMILIES  # names only; the sandbox itself runs in a child process
 
         return list(FAMILIES)
-    except Exception:  # noqa: BLE001 - the trainer may not be installed beside the app
+    except Exception:  # the trainer may not be installed beside the app
         return []
 
 

@@ -25,7 +25,7 @@ def _serve(conn, kw: dict) -> None:
         from trainer.sandbox.env import SandboxEnv
 
         env = SandboxEnv(**kw)
-    except Exception as e:  # noqa: BLE001 - reported to the parent as a value
+    except Exception as e:  # reported to the parent as a value
         conn.send(("error", f"the sandbox could not start: {type(e).__name__}: {e}"))
         return
     conn.send(("ok", None))
@@ -52,7 +52,7 @@ def _serve(conn, kw: dict) -> None:
                 conn.send(("ok", env.expert_action()))
             else:
                 conn.send(("error", f"unknown sandbox command {cmd!r}"))
-        except Exception as e:  # noqa: BLE001 - one bad command must not end the sandbox
+        except Exception as e:  # one bad command must not end the sandbox
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
 

@@ -294,7 +294,7 @@ class StepViewer(QWidget):
         self._show_step(self.current_step())
 
     def _update_items(self) -> None:
-        for s, i in zip(self.episode.steps, range(self.steps.topLevelItemCount())):
+        for s, i in zip(self.episode.steps, range(self.steps.topLevelItemCount()), strict=False):  # rows that exist
             item = self.steps.topLevelItem(i)
             item.setText(0, str(s.index + 1))  # people count steps from 1, as Supervise and the privacy review do
             item.setText(1, action_summary(s.action, s.observation.width, s.observation.height))

@@ -312,7 +312,7 @@ class TrainPage(QWidget):
         axes = self.curve_fig.subplots(1, len(CURVES))
         from matplotlib.ticker import MaxNLocator
 
-        for ax, key in zip(axes, CURVES):
+        for ax, key in zip(axes, CURVES, strict=True):
             pts = curves.get(key) or []
             ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1, marker="." if len(pts) < 20 else None)
             if len(pts) == 1:  # one update: a dot with room around it, not a ±0.04 axis

@@ -133,7 +133,7 @@ def walk(w: Walk, data: Path, tmp: Path) -> None:
     w.shot("library-empty")
 
     # -- Record: a terminal as the task, the app on the side
-    term = subprocess.Popen(["xterm", "-geometry", "70x12+%d+%d" % (win.frameGeometry().right() - 520, 420),
+    term = subprocess.Popen(["xterm", "-geometry", f"70x12+{win.frameGeometry().right() - 520}+420",
                              "-title", "walkthrough terminal"])
     w.wait(1500)
     record = w.page("Record")
@@ -347,7 +347,7 @@ def main(argv=None) -> int:
     w.wait(1500)
     try:
         walk(w, data, tmp)
-    except Exception as e:  # noqa: BLE001 - the report says where the walk broke
+    except Exception as e:  # the report says where the walk broke
         import traceback
 
         w.check(False, f"the walk broke: {type(e).__name__}: {e}\n{traceback.format_exc()}")

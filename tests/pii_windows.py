@@ -52,7 +52,7 @@ def fake_iban(rng: random.Random) -> str:
 
 
 def fake_phone(rng: random.Random) -> str:
-    d = lambda n: "".join(rng.choice("0123456789") for _ in range(n))  # noqa: E731
+    d = lambda n: "".join(rng.choice("0123456789") for _ in range(n))
     return rng.choice([
         f"+1 ({rng.randint(201, 989)}) 555-{d(4)}", f"+44 20 {d(4)} {d(4)}", f"+49 30 {d(7)}",
         f"({rng.randint(201, 989)}) 555-{d(4)}", f"0{rng.randint(20, 89)} {d(4)} {d(4)}", f"+33 6 {d(2)} {d(2)} {d(2)} {d(2)}",
@@ -106,7 +106,7 @@ def render_window(seed: int, size=(1920, 1080), px: int = 13, family: str = "Dej
     values = {k: [] for k in LABELS}
     kinds = list(LABELS)
     row = 0
-    for r in range(n):
+    for _ in range(n):
         vals = fake_values(rng)
         picked = rng.sample(kinds, 4)
         for c, kind in enumerate(picked):
@@ -151,7 +151,7 @@ def score(truth, found, cover: float = 0.9, size=(1920, 1080)) -> dict:
     w, h = size
     union = np.zeros((h, w), bool)
     truth_mask = np.zeros((h, w), bool)
-    px = lambda r: (int(r[0] * w), int(r[1] * h), max(int(r[0] * w) + 1, int(round(r[2] * w))), max(int(r[1] * h) + 1, int(round(r[3] * h))))  # noqa: E731
+    px = lambda r: (int(r[0] * w), int(r[1] * h), max(int(r[0] * w) + 1, int(round(r[2] * w))), max(int(r[1] * h) + 1, int(round(r[3] * h))))
     for _, rect in found:
         a, b, c, d = px(rect)
         union[b:d, a:c] = True

@@ -94,7 +94,7 @@ def test_tags_at_the_image_edges_flip_inside_and_keep_clear_of_their_box():
     boxes = [(700, 10, 800, 30), (10, 480, 200, 500), (600, 470, 800, 500), (0, 0, 120, 20), (790, 200, 800, 260)]
     tags = place_labels(boxes, [(60, 16)] * len(boxes), IMAGE)
     assert all(_inside(t) for t in tags), tags
-    assert not any(_overlap(t, b) for t, b in zip(tags, boxes)), tags  # never over the text it names
+    assert not any(_overlap(t, b) for t, b in zip(tags, boxes, strict=True)), tags  # never over the text it names
     assert not any(_overlap(a, b) for i, a in enumerate(tags) for b in tags[i + 1:]), tags
     assert tags[3][0] == 123  # room on the right: it stays beside its box, as before
 

@@ -33,4 +33,4 @@ def test_main_window_screenshot(xdisplay, tmp_path):
     # the click marker is drawn where the canvas maps the stored point
     x, y = info["click_screen"]
     near = [img.getpixel((x + dx, y + dy)) for dx in range(-2, 3) for dy in range(-2, 3)]
-    assert any(sum(abs(a - b) for a, b in zip(px, CLICK_RED)) < 60 for px in near), near
+    assert any(sum(abs(a - b) for a, b in zip(px, CLICK_RED, strict=True)) < 60 for px in near), near

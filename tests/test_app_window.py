@@ -398,7 +398,7 @@ def test_a_second_app_on_the_same_data_folder_is_refused(tmp_path):
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "XDG_CONFIG_HOME": str(tmp_path / "config"),
            "HOME": str(tmp_path), "TANDEM_DATA": str(tmp_path / "data")}
-    start = lambda: subprocess.Popen([sys.executable, str(root / "main.py")], env=env, stdout=subprocess.PIPE,  # noqa: E731
+    start = lambda: subprocess.Popen([sys.executable, str(root / "main.py")], env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
 
     def wait_open(proc):

@@ -43,7 +43,7 @@ def test_batch_inputs_equal_the_processors_own(tiny_any_dir):  # noqa: F811
     chats = _chats(4)
     cache = ImageCache()
     rows, keys = build_batch_inputs(proc, chats, cache)
-    for row, chat, ks in zip(rows, chats, keys):
+    for row, chat, ks in zip(rows, chats, keys, strict=True):
         ref = build_inputs(proc, chat, add_generation_prompt=True)
         assert set(ref) == set(row)
         for k in ref:
@@ -66,11 +66,11 @@ def test_batched_greedy_generation_matches_batch_of_one(tiny_any_dir, one_thread
     cache = ImageCache()
     for _ in range(2):  # the second pass takes every screenshot's features from the cache
         batch = generate_batch(model, proc, chats, max_new_tokens=16, cache=cache)
-        for a, b in zip(alone, batch):
+        for a, b in zip(alone, batch, strict=True):
             assert b.text == a.text
             assert b.token_ids == a.token_ids
             assert b.prompt_tokens == a.prompt_tokens
-            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
     assert cache.hits > 0 and len(cache.features) == len(cache)
 
 
@@ -86,7 +86,7 @@ def test_sampled_batch_logprobs_are_the_models_own(tiny_vlm_dir, one_thread):  #
     chats = _chats(4)
     gens = generate_batch(model, proc, chats, max_new_tokens=12, temperature=1.0, seed=3)
     stops = set(stop_token_ids(proc))
-    for chat, g in zip(chats, gens):
+    for chat, g in zip(chats, gens, strict=True):
         assert 1 <= len(g.token_ids) <= 12 and len(g.logprobs) == len(g.token_ids)
         assert not any(t in stops for t in g.token_ids[:-1])  # nothing after a stop token is kept
         full, target = extend_inputs(build_inputs(proc, chat, add_generation_prompt=True), g.token_ids)
@@ -174,15 +174,15 @@ def test_kept_turns_change_nothing_but_the_work(tiny_any_dir, one_thread):  # no
     assert full["input_ids"].shape[1] == len(sig) > turn1[0].prompt_tokens
     with torch.no_grad():
         fresh = model(**to_model(full, model), use_cache=True).past_key_values
-    for (k, v), layer in zip(kept, fresh.layers):
+    for (k, v), layer in zip(kept, fresh.layers, strict=True):
         assert torch.allclose(k, layer.keys, atol=1e-4) and torch.allclose(v, layer.values, atol=1e-4)
 
     before = cache.reused_tokens
     reused = generate_batch(model, proc, second, max_new_tokens=12, cache=cache, slots=[0, 1, 2, 3])
     plain = generate_batch(model, proc, second, max_new_tokens=12)
-    for a, b in zip(plain, reused):
+    for a, b in zip(plain, reused, strict=True):
         assert b.token_ids == a.token_ids and b.text == a.text and b.prompt_tokens == a.prompt_tokens
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
     # slot 0 reused its whole first prompt, slot 1 its prompt up to the feedback; the fresh episode
     # and the new slot start from the prompt start every row shares
     r = cache.last_reused

@@ -40,7 +40,7 @@ def a11y_bus(xdisplay, monkeypatch):
         from agent.password_focus import a11y_bus_address
 
         a11y_bus_address(enable_bridges=True)  # applications started from now on expose their trees
-    except Exception as e:  # noqa: BLE001 - the only reason to skip: no accessibility bus here
+    except Exception as e:  # the only reason to skip: no accessibility bus here
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(5)
         pytest.skip(f"the accessibility bus cannot start here: {type(e).__name__}: {e}")
@@ -185,7 +185,7 @@ def test_a_recording_stores_each_actions_list_from_before_it(window, store):
     assert "checked" in by_name(first.elements, "Dark mode").states
     assert "checked" not in by_name(second.elements, "Dark mode").states
     # each click lies inside the box of the element it hit, in the stored screenshot's pixels
-    for step, name in zip(clicks, ("Dark mode", "Save")):
+    for step, name in zip(clicks, ("Dark mode", "Save"), strict=True):
         x, y = step.action.args["start_box"]
         e = by_name(step.observation.elements, name)
         assert e.contains(x * step.observation.width, y * step.observation.height), (e, step.action)

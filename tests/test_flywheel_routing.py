@@ -81,7 +81,7 @@ def test_scripted_orm_sees_the_last_screenshots_and_the_instruction(store):
     assert len(seen) == 1
 
 
-def test_real_tiny_model_as_orm_runs_the_real_path(store, tiny_vlm_dir):
+def test_real_tiny_model_as_orm_runs_the_real_path(store, tiny_vlm_dir):  # noqa: F811
     ep = make_episode(store, 2, kind="autonomous")
     s = score_episode(ep, image_of=store.get_blob, orm=OutcomeRewardModel.local(tiny_vlm_dir, max_new_tokens=4))
     assert isinstance(s.judge_raw, str)
@@ -251,7 +251,8 @@ def test_an_episode_the_flywheel_cannot_read_is_skipped_and_named(store, tiny_vl
     from trainer.flywheel.registry import Registry
 
     torch.set_num_threads(1)
-    good = [make_episode(store, 2, width=224, height=168) for _ in range(2)]  # unjudged recordings: CT
+    for _ in range(2):
+        make_episode(store, 2, width=224, height=168)  # the good ones: unjudged recordings, CT
     bad = make_episode(store, 2, width=224, height=168)
     store.execute("UPDATE steps SET info = ? WHERE episode_id = ? AND idx = 1",
                   [json.dumps({"more_actions": [{"name": "no_such_action"}]}), bad.id])

@@ -49,7 +49,7 @@ def test_agent_does_not_import_app_or_trainer():
 
 
 def test_importing_agent_does_not_load_qt():
-    code = """
+    code = f"QT = {QT!r}\n" + """
 import importlib, json, pkgutil, sys
 import agent
 failed = {}
@@ -58,9 +58,9 @@ for m in pkgutil.walk_packages(agent.__path__, "agent."):
         importlib.import_module(m.name)
     except Exception as e:
         failed[m.name] = repr(e)
-print(json.dumps({"qt": sorted(k for k in sys.modules if k.split(".")[0] in %r), "failed": failed,
+print(json.dumps({"qt": sorted(k for k in sys.modules if k.split(".")[0] in QT), "failed": failed,
                   "n": sum(1 for k in sys.modules if k.startswith("agent."))}))
-""" % (QT,)
+"""
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])

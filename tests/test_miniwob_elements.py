@@ -51,7 +51,7 @@ def test_css_boxes_land_where_miniwobs_screenshot_draws_them(inner, ratio):
     drawn = (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)
     scale = screen_scale(inner[0], inner[1], ratio, TASK_WIDTH, TASK_HEIGHT)
     box = css_to_screen(rect, scale, TASK_WIDTH, TASK_HEIGHT)
-    assert all(abs(a - b) <= 1 for a, b in zip(box, drawn)), (box, drawn, scale)  # resampling blurs one pixel
+    assert all(abs(a - b) <= 1 for a, b in zip(box, drawn, strict=True)), (box, drawn, scale)  # resampling blurs one pixel
     if ratio in (1.0, 2.0):  # no resampling error: exactly
         assert box == drawn == (23, 97, 71, 131) and scale == (1.0, 1.0)
 

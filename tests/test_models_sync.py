@@ -103,7 +103,7 @@ def test_an_interrupted_download_resumes_with_what_it_lacks(backend, model_dir, 
     total = model_manifest(model_dir)
     assert res["resumed_chunks"] == 2 and res["hash"] == total["hash"]
     sizes = {h: n for f in check_manifest(model_manifest(model_dir, MIB))["files"]
-             for h, n in zip(f["chunks"], [min(MIB, f["size"] - k * MIB) for k in range(len(f["chunks"]))])}
+             for h, n in zip(f["chunks"], [min(MIB, f["size"] - k * MIB) for k in range(len(f["chunks"]))], strict=True)}
     assert res["fetched"] == total["bytes"] - sum(sizes[h] for h in kept[1:])
 
 
@@ -112,7 +112,7 @@ def test_a_model_changed_on_the_backend_is_refused_and_nothing_is_installed(back
     from agent.sync.session import RequestRefused
 
     bt, tokens = backend
-    bt.store  # the shelf describes the model on the first request; then its weights change on disk
+    # the shelf describes the model on the first request; then its weights change on disk
     asyncio.run(_describe(bt.url, tokens["supervisor"]))
     weights = model_dir / "model.safetensors"
     data = bytearray(weights.read_bytes())

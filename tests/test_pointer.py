@@ -88,7 +88,7 @@ def test_layout_finds_entries_and_the_click_site(model_and_processor):
     lay = pointer.layout(tok, ids, prompt["input_ids"].shape[1])
     assert [e.name for e in lay.entries] == ["Save", "Paste", "Dark mode"]
     texts = pointer.token_texts(tok, ids)
-    assert all(texts[k].strip().endswith(e.name[-1]) for k, e in zip(lay.keys, lay.entries))
+    assert all(texts[k].strip().endswith(e.name[-1]) for k, e in zip(lay.keys, lay.entries, strict=True))
     (site,) = lay.sites
     assert texts[site.query].endswith("(") and site.written == "5,7" and site.names == ["Paste"]
     assert lay.named == [0.0, 1.0, 0.0]  # the instruction "Click 'Paste'." names entry 1
@@ -151,7 +151,7 @@ def test_ppo_logprob_of_a_pointer_choice_is_the_heads_softmax(model_and_processo
     scores = []
     emb = model.get_input_embeddings().weight.detach()
     paste = emb[torch.tensor(tok("Paste", add_special_tokens=False)["input_ids"])].mean(0)
-    for key, e in zip(lay2.keys, lay2.entries):
+    for key, e in zip(lay2.keys, lay2.entries, strict=True):
         k = hidden[key] @ head.k.weight.T + head.k.bias
         name = emb[torch.tensor(tok(e.name, add_special_tokens=False)["input_ids"])].mean(0)
         cos = float(torch.dot(paste, name) / (paste.norm() * name.norm()))

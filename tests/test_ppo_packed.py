@@ -116,7 +116,7 @@ def test_packed_scoring_equals_one_turn_per_forward(tiny_any_dir, one_thread):  
     if model.config.model_type == "qwen3_vl":
         assert all("image_deepstack" in tb.inputs for tb in scored[ALL, False])
     for other in ((0, True), (ALL, False), (ALL, True)):
-        for a, b in zip(scored[0, False], scored[other]):
+        for a, b in zip(scored[0, False], scored[other], strict=True):
             for name in ("old_lp", "ref_lp", "values", "adv", "ret"):
                 x, y = getattr(a, name), getattr(b, name)
                 assert x.shape == y.shape and torch.allclose(x, y, atol=1e-5), (other, name, (x - y).abs().max())
@@ -165,7 +165,7 @@ def test_a_pack_of_turns_with_pixels_scores_like_each_turn(tiny_vlm_dir, one_thr
         packed = p.split(action_logprobs(model, p.inputs, p.target)[p.target])
         kv = prefix_kv(model, turns, share=True)  # the pixels go with the suffix: the prefix is text
         shared = p.split(pack_logprobs(model, p, prefix=kv))
-        for tb, lp, lp_shared in zip(turns, packed, shared):
+        for tb, lp, lp_shared in zip(turns, packed, shared, strict=True):
             alone = action_logprobs(model, tb.inputs, tb.target)[tb.target]
             assert torch.allclose(alone, lp, atol=1e-5), (alone - lp).abs().max()
             assert torch.allclose(alone, lp_shared, atol=1e-5), (alone - lp_shared).abs().max()
@@ -254,7 +254,7 @@ def test_turns_that_extend_one_another_share_a_row_and_score_as_alone(tiny_any_d
     assert len(chains) == len(trajs) and all(len(c.members) == 3 for c in chains)  # each episode is one row
     assert sum(len(members_of(r)) for r in rows) == len(plain)
     for other in ((0, False, True), (ALL, True, True)):
-        for a, b in zip(plain, scored[other]):
+        for a, b in zip(plain, scored[other], strict=True):
             for name in ("old_lp", "ref_lp", "values", "adv", "ret"):
                 x, y = getattr(a, name), getattr(b, name)
                 assert x.shape == y.shape and torch.allclose(x, y, atol=1e-5), (other, name, (x - y).abs().max())

@@ -75,7 +75,7 @@ def test_bundle_of_an_approved_recording_holds_no_original(qtbot, store, engine,
         blobs = {n[len("blobs/"):]: z.read(n) for n in z.namelist() if n.startswith("blobs/")}
         text = z.read(f"episodes/{ep.id}.json").decode()
     assert set(blobs) == redacted and not set(blobs) & originals  # the blurred frames only
-    for name, data in blobs.items():
+    for data in blobs.values():
         ocr = " ".join(line.text for line in engine.read(decode(data)))
         assert "Order" in ocr and find_pii(ocr) == [], ocr
     assert EMAIL not in text and CARD not in text and PHONE not in text

@@ -18,7 +18,7 @@ def msg(mtype, **fields) -> str:
     return json.dumps({"v": 1, "type": mtype, **fields})
 
 
-def server_open(limits=P.Limits()) -> P.ServerConnection:
+def server_open(limits=P.DEFAULT_LIMITS) -> P.ServerConnection:
     s = P.ServerConnection(limits)
     [ev] = s.receive_text(msg("hello", token="t"))
     assert ev == P.HelloReceived("t", None)

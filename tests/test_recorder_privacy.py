@@ -28,7 +28,7 @@ app.exec()
 
 
 @pytest.fixture
-def bank_window(xdisplay, target):
+def bank_window(xdisplay, target):  # noqa: F811
     proc = subprocess.Popen([sys.executable, "-c", BANK], env={**os.environ, "QT_QPA_PLATFORM": "xcb"},
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout.readline().strip() == "up"
@@ -59,7 +59,7 @@ def record(store, body, **cfg):
     return session.stop()
 
 
-def test_pause_hotkey_drops_everything_until_resume(target, store):
+def test_pause_hotkey_drops_everything_until_resume(target, store):  # noqa: F811
     st = json.loads(target.read_text())
     a, b, f = centre(st, "alpha"), centre(st, "beta"), centre(st, "field")
     marks = {}
@@ -94,7 +94,7 @@ def test_pause_hotkey_drops_everything_until_resume(target, store):
     assert ep.meta["recording"]["dropped_private"] >= 2 + 2 * len("private")
 
 
-def test_denied_window_drops_frames_and_keys(bank_window, target, store):
+def test_denied_window_drops_frames_and_keys(bank_window, target, store):  # noqa: F811
     from agent.recorder.privacy import FocusedWindow
 
     st = json.loads(target.read_text())
@@ -129,7 +129,7 @@ def test_denied_window_drops_frames_and_keys(bank_window, target, store):
     assert ep.meta["privacy"]["denylist_active"] is True
 
 
-def test_secret_typing_is_stored_as_a_placeholder(target, store):
+def test_secret_typing_is_stored_as_a_placeholder(target, store):  # noqa: F811
     from agent.recorder.reduce import SECRET_PLACEHOLDER
 
     st = json.loads(target.read_text())

@@ -154,7 +154,7 @@ def test_scroll_runs_merge_by_direction_time_and_place():
 
 def test_secret_keys_collapse_to_a_placeholder():
     e = Ev().type("user")
-    for c in "hunter2":
+    for _ in "hunter2":
         e.key(MASK_CHAR, secret=True)
     e.key("enter")
     acts = reduce_actions(e.events)

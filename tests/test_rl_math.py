@@ -106,7 +106,7 @@ def test_gae_matches_reference_loop(seed):
     adv, ret = G.gae(torch.tensor(r), torch.tensor(v), gamma=gamma, lam=lam, last_value=last, terminated=term)
     ref = ref_gae(r, v, gamma, lam, last, term)
     assert adv.tolist() == approx(ref)
-    assert ret.tolist() == approx([a + b for a, b in zip(ref, v)])
+    assert ret.tolist() == approx([a + b for a, b in zip(ref, v, strict=True)])
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -127,7 +127,7 @@ def test_batched_masked_gae_matches_loop_over_generated_tokens(seed):
         ref = ref_gae(rewards[b, idx].tolist(), values[b, idx].tolist(), 0.95, float(lams[b]), float(last[b]),
                       bool(term[b]))
         assert adv[b, idx].tolist() == approx(ref)
-        assert ret[b, idx].tolist() == approx([a + x for a, x in zip(ref, values[b, idx].tolist())])
+        assert ret[b, idx].tolist() == approx([a + x for a, x in zip(ref, values[b, idx].tolist(), strict=True)])
         assert (adv[b, ~mask[b]] == 0).all() and (ret[b, ~mask[b]] == 0).all()
         # the batch is exactly the rows one by one
         a1, _ = G.gae(rewards[b], values[b], mask[b], gamma=0.95, lam=float(lams[b]), last_value=float(last[b]),
@@ -217,7 +217,7 @@ def test_decoupled_gae_gives_each_sequence_its_own_lambda():
     for b, (n, lam, last, term) in enumerate([(250, 0.92, 0.0, True), (40, 0.9, 0.5, False)]):
         vb, rb = values[b, :n].tolist(), rewards[b, :n].tolist()
         assert adv[b, :n].tolist() == approx(ref_gae(rb, vb, 0.99, lam, last, term), abs=1e-4)
-        assert ret[b, :n].tolist() == approx([a + x for a, x in zip(ref_gae(rb, vb, 0.99, 1.0, last, term), vb)],
+        assert ret[b, :n].tolist() == approx([a + x for a, x in zip(ref_gae(rb, vb, 0.99, 1.0, last, term), vb, strict=True)],
                                              abs=1e-4)
 
 
@@ -255,7 +255,7 @@ def test_interleaved_layout_equals_concatenated_generated_tokens():
                            last_value=0.3, terminated=False)
     compact = G.decoupled_gae(G.place_turn_rewards(turn_r, lengths), full_values[mask], gamma=0.99, lam_policy=0.95,
                               last_value=0.3, terminated=False)
-    for a, b in zip(full, compact):
+    for a, b in zip(full, compact, strict=True):
         assert a[mask].tolist() == approx(b.tolist())
 
 

@@ -198,7 +198,7 @@ def test_ui_tars_text_and_parse_errors(env):
 
 def test_step_limit_truncates_and_finished_terminates(env):
     _, info = env.reset(seed=1, options={"family": "form"})
-    for i in range(info["max_steps"]):
+    for _ in range(info["max_steps"]):
         _, reward, term, trunc, info = env.step(Action("wait", {}))
     assert trunc and not term and reward == 0
     env.reset(seed=1, options={"family": "form"})

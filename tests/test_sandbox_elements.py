@@ -164,7 +164,7 @@ def test_a_menu_lists_its_actions_at_their_geometry(env):
     assert menu.isVisible()
     opened = [e for e in obs["elements"] if e.role == "menu_item" and e.name not in task.menus]
     assert [e.name for e in opened] == [a.text() for a in menu.actions()]
-    for e, a in zip(opened, menu.actions()):
+    for e, a in zip(opened, menu.actions(), strict=True):
         g = menu.actionGeometry(a)
         tl = menu.mapToGlobal(g.topLeft())
         assert e.box == (tl.x(), tl.y(), tl.x() + g.width(), tl.y() + g.height())

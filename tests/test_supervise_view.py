@@ -70,7 +70,7 @@ def test_approve_with_enter_executes_and_stores_an_agent_step(qtbot, page, sandb
     start(page, sandbox, [text("Click the button.", Action("click", {"start_box": target}))])
     pending = wait_for_proposal(qtbot, page)
     drawn = page.panel.canvas._action  # the proposal is drawn (through model space: within a pixel)
-    assert drawn.name == "click" and all(abs(a - b) * 320 < 1.5 for a, b in zip(drawn.args["start_box"], target))
+    assert drawn.name == "click" and all(abs(a - b) * 320 < 1.5 for a, b in zip(drawn.args["start_box"], target, strict=True))
     assert "Click the button." in page.panel.thought.toPlainText()
     qtbot.keyClick(page.panel, Qt.Key_Return)
     ep = wait_end(qtbot, page)

@@ -81,7 +81,7 @@ def test_image_bank_keeps_each_screenshot_once_and_scores_like_pixels(tiny_any_d
         assert all(len(tb.inputs["image_deepstack"]) == len(tb.images) for tb in banked if tb.images)
     critic = Critic(model)
     with torch.no_grad():
-        for a, b in zip(plain, banked):
+        for a, b in zip(plain, banked, strict=True):
             lp_pixels = action_logprobs(model, a.inputs, a.target)[a.target]
             lp_bank = action_logprobs(model, b.inputs, b.target)[b.target]
             assert torch.allclose(lp_pixels, lp_bank, atol=1e-4), (lp_pixels - lp_bank).abs().max()
@@ -123,7 +123,7 @@ def test_learner_update_trains_the_vision_tower_only_when_asked(tiny_vlm_dir, on
     assert lm_moved
     assert vis_moved == train_vision
     # the critic's vision tower stays the policy's when frozen (it shares the policy's features)
-    same = all(torch.equal(a, b) for a, b in zip(model.model.visual.parameters(), learner.critic.backbone.visual.parameters()))
+    same = all(torch.equal(a, b) for a, b in zip(model.model.visual.parameters(), learner.critic.backbone.visual.parameters(), strict=True))
     assert same != train_vision
     assert all(p.requires_grad for p in model.parameters())  # close() gives the model back trainable
 
@@ -233,7 +233,7 @@ def test_kl_coef_holds_the_policy_near_where_it_started(tiny_vlm_dir, one_thread
         learner.close()
         with torch.no_grad():
             now = [action_logprobs(m, tb.inputs, tb.target)[tb.target] for tb in prepare_turns(trajs, p, m, cfg)]
-        drift[coef] = float(torch.cat([kl_estimate(a, b) for a, b in zip(now, start_lp)]).mean())
+        drift[coef] = float(torch.cat([kl_estimate(a, b) for a, b in zip(now, start_lp, strict=True)]).mean())
     assert kl_logged[5.0][0] >= 0.0 and max(kl_logged[5.0]) > 0.0  # the penalty saw the policy move
     assert max(kl_logged[5.0]) <= KL_REF_CAP  # per token, so the mean is under the cap too
     assert drift[5.0] < 0.7 * drift[0.0], drift

@@ -215,7 +215,7 @@ def test_ppo_with_two_learner_processes_ends_with_the_one_process_weights(tiny_v
 
     one, two = ppo("one", 1), ppo("two", 2)
     assert len(one) == len(two) == 2
-    for a, b in zip(one, two):
+    for a, b in zip(one, two, strict=True):
         assert a["reward"] == b["reward"]  # the same episodes
         assert b["value_loss"] == pytest.approx(a["value_loss"], rel=1e-4, abs=1e-6)
         assert b["approx_kl"] == pytest.approx(a["approx_kl"], rel=1e-3, abs=1e-6)

@@ -273,7 +273,7 @@ def test_fsdp_ppo_updates_equal_the_one_process_updates(tiny_vlm_dir, tmp_path):
     for part in ("policy", "critic"):
         assert one[part].keys() == fsdp[part].keys()
         assert max(float((one[part][k] - fsdp[part][k]).abs().max()) for k in one[part]) < 1e-4, part
-    for a, b in zip(one["rows"], fsdp["rows"]):
+    for a, b in zip(one["rows"], fsdp["rows"], strict=True):
         assert b["value_loss"] == pytest.approx(a["value_loss"], rel=1e-4, abs=1e-6)
         assert b["approx_kl"] == pytest.approx(a["approx_kl"], rel=1e-3, abs=1e-6)
 

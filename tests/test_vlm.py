@@ -189,7 +189,7 @@ def test_assistant_mask_covers_exactly_the_assistant_turns(tiny):
     # the masked tokens are the two answers, each closed by <|im_end|>, in order, contiguous per turn
     idx = mask.nonzero().flatten().tolist()
     runs, start = [], idx[0]
-    for a, b in zip(idx, idx[1:] + [None]):
+    for a, b in zip(idx, idx[1:] + [None], strict=True):
         if b != a + 1:
             runs.append(ids[start:a + 1].tolist())
             start = b
@@ -260,7 +260,7 @@ def test_a_padded_batch_scores_like_single_samples(tiny):
         vlm.collate_inputs([batch], pad)
 
 
-def test_adamw_steps_lower_the_sft_loss(tiny_vlm_dir):
+def test_adamw_steps_lower_the_sft_loss(tiny_vlm_dir):  # noqa: F811
     """Real training: 20 AdamW steps on one (screenshot, prompt, action) sample."""
     import torch
 
@@ -325,7 +325,7 @@ def test_bad_messages_are_clear_errors(tiny):
         vlm.image_token_count(processor, 0, 10)
 
 
-def test_load_errors_name_the_directory_and_what_is_missing(tmp_path, tiny_vlm_dir):
+def test_load_errors_name_the_directory_and_what_is_missing(tmp_path, tiny_vlm_dir):  # noqa: F811
     with pytest.raises(vlm.VLMError, match="nope.*does not exist"):
         vlm.load_vlm(tmp_path / "nope")
     empty = tmp_path / "empty"
@@ -361,7 +361,7 @@ def test_load_errors_name_the_directory_and_what_is_missing(tmp_path, tiny_vlm_d
         vlm.load_vlm(broken)
 
 
-def test_ui_tars_file_layout_loads_the_same(tmp_path, tiny_vlm_dir):
+def test_ui_tars_file_layout_loads_the_same(tmp_path, tiny_vlm_dir):  # noqa: F811
     """UI-TARS-1.5-7B ships preprocessor_config.json and chat_template.json (older layout)."""
     d = tmp_path / "uitars"
     shutil.copytree(tiny_vlm_dir, d)

@@ -177,8 +177,8 @@ class EpisodeRunner:
             t2 = time.perf_counter()
             self.rounds += 1
             # every env steps at once where envs live in processes of their own (EnvProcess)
-            pending = [self._send(slot, chat, gen) for slot, chat, gen in zip(active, chats, replies)]
-            finished = [slot for slot, sent in zip(active, pending) if self._receive(slot, *sent)]
+            pending = [self._send(slot, chat, gen) for slot, chat, gen in zip(active, chats, replies, strict=True)]
+            finished = [slot for slot, sent in zip(active, pending, strict=True) if self._receive(slot, *sent)]
             done = [self._finish(slot) for slot in finished]
             for slot in finished:
                 ticket = next_ticket(False)

@@ -84,7 +84,7 @@ def plot_metrics(path, out_png, *, phase: str | None = None, keys: list[str] | N
     cols = min(3, max(1, len(keys)))
     nrows = max(1, math.ceil(len(keys) / cols))
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 2.8 * nrows), squeeze=False)
-    for ax, k in zip(axes.flat, keys):
+    for ax, k in zip(axes.flat, keys, strict=False):  # the grid's last row may have spare axes
         pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None)
         ax.set_title(k, fontsize=10)

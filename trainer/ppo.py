@@ -254,15 +254,15 @@ def shaped_turn_rewards(traj, cfg: PPOConfig) -> list[float]:
                                            step_penalty=cfg.step_penalty) for t in traj.turns]
     if cfg.progress_reward:
         gains = rl_rewards.progress_rewards([t.progress for t in traj.turns], start=traj.start_progress)
-        shaped = [r + cfg.progress_reward * g for r, g in zip(shaped, gains)]
+        shaped = [r + cfg.progress_reward * g for r, g in zip(shaped, gains, strict=True)]
     if cfg.click_reward:
         near = rl_rewards.click_rewards([t.point for t in traj.turns], [t.expert_point for t in traj.turns],
                                         cfg.click_sigma)
-        shaped = [r + cfg.click_reward * c for r, c in zip(shaped, near)]
+        shaped = [r + cfg.click_reward * c for r, c in zip(shaped, near, strict=True)]
     if cfg.no_effect_penalty:
         idle = rl_rewards.no_effect_penalties([t.changed for t in traj.turns], cfg.no_effect_penalty)
-        shaped = [r - p for r, p in zip(shaped, idle)]
-    return [r for r, t in zip(shaped, traj.turns) if t.response_ids]
+        shaped = [r - p for r, p in zip(shaped, idle, strict=True)]
+    return [r for r, t in zip(shaped, traj.turns, strict=True) if t.response_ids]
 
 
 @torch.no_grad()
@@ -293,7 +293,7 @@ def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConf
         stats["lambdas"].append(lam)
         adv_p, ret_c = rl_gae.decoupled_gae(rewards, values, gamma=cfg.gamma, lam_policy=lam, lam_critic=cfg.critic_lambda,
                                             last_value=bootstrap_value(critic, tr, processor), terminated=tr.terminated)
-        for tb, a, r in zip(mine, adv_p.split(lengths), ret_c.split(lengths)):
+        for tb, a, r in zip(mine, adv_p.split(lengths), ret_c.split(lengths), strict=True):
             tb.adv, tb.ret = a.to(dev), r.to(dev)
         stats["returns"].append(ret_c)
         stats["values"].append(values)
@@ -599,7 +599,7 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env: En
             pool = RolloutPool(spec, cfg.n_workers, mode=cfg.mode, max_staleness=cfg.max_staleness,
                                staleness_decay=cfg.staleness_decay, seed_start=cfg.seed * 100_000,
                                families=families).start(policy)
-        collect = lambda: pool.collect(cfg.batch_episodes)  # noqa: E731
+        collect = lambda: pool.collect(cfg.batch_episodes)
     else:
         from trainer.sandbox.env_process import make_envs
 

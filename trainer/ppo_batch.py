@@ -170,7 +170,7 @@ def _pointer_layout(processor, full: dict, prompt: dict, turn):
     lay = pointer.layout(processor.tokenizer, full["input_ids"][0].tolist(), int(prompt["input_ids"].shape[1]))
     if lay is None or len(lay.sites) != len(turn.pointer) or any(not 0 <= c <= lay.none for c in turn.pointer):
         return None
-    for s, c in zip(lay.sites, turn.pointer):
+    for s, c in zip(lay.sites, turn.pointer, strict=True):
         s.choice = int(c)
     return lay
 
@@ -384,7 +384,7 @@ class Pack:
 
     def scatter(self, name: str, flat: torch.Tensor) -> None:
         """Set attribute `name` of each turn to its part of `flat`."""
-        for tb, part in zip(self.turns, self.split(flat)):
+        for tb, part in zip(self.turns, self.split(flat), strict=True):
             setattr(tb, name, part)
 
     def cat(self, name: str) -> torch.Tensor:
@@ -476,7 +476,7 @@ class PrefixKV:
     def backward(self) -> None:
         """The gradient the micro-batches left on the prefix's keys and values, through its forward."""
         outs, grads = [], []
-        for (k, v), (lk, lv) in zip(self._graph, self.kv):
+        for (k, v), (lk, lv) in zip(self._graph, self.kv, strict=True):
             for t, leaf in ((k, lk), (v, lv)):
                 if leaf.grad is not None:
                     outs.append(t)
@@ -549,7 +549,7 @@ def _with_pointer(model, p, mask, hidden, offset: int, lp, ent, temperature: flo
     counts = mask.sum(1)
     starts = torch.cumsum(counts, 0) - counts  # each row's first flat index
     cols = [mask[r].nonzero().flatten().tolist() for r in range(mask.shape[0])]
-    for tb, r in zip(p.turns, p.rows or [0] * len(p.turns)):
+    for tb, r in zip(p.turns, p.rows or [0] * len(p.turns), strict=True):
         lay = tb.pointer
         if lay is None:
             continue

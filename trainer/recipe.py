@@ -493,7 +493,7 @@ def plot_summary(metrics_path, report: dict, out_png, ppo_since: float | None = 
     fig, axes = plt.subplots(1, 5, figsize=(17, 3.1))
     panels = [(sft, "loss", "SFT loss (assistant tokens)"), (ppo, "reward", "PPO reward / episode"),
               (ppo, "success_rate", "PPO rollout success rate"), (ppo, "entropy", "PPO policy entropy")]
-    for ax, (data, key, title) in zip(axes, panels):
+    for ax, (data, key, title) in zip(axes, panels, strict=False):  # axes[4] is drawn below
         xs = [r["step"] for r in data if isinstance(r.get(key), float)]
         ys = [r[key] for r in data if isinstance(r.get(key), float)]
         ax.plot(xs, ys, lw=1, alpha=0.5 if len(ys) > 20 else 1.0)

@@ -28,7 +28,7 @@ from websockets.exceptions import ConnectionClosed
 from agent import protocol as P
 from trainer.backend_store import BackendError, BackendStore, User
 from trainer.model_shelf import ModelShelf, client_info
-from trainer.ws_budget import BudgetedConnection, Budgets, ReadAhead
+from trainer.ws_budget import DEFAULT_BUDGETS, BudgetedConnection, Budgets, ReadAhead
 
 log = logging.getLogger("tandem.backend")
 SERVER_NAME = "tandem-backend/1"
@@ -86,8 +86,8 @@ class Run:
 
 
 class BackendServer:
-    def __init__(self, data_dir, host: str = "127.0.0.1", port: int = 8765, *, limits: P.Limits = P.Limits(),
-                 ssl_context=None, budgets: Budgets = Budgets(), max_queue: int = 4, models: dict | None = None):
+    def __init__(self, data_dir, host: str = "127.0.0.1", port: int = 8765, *, limits: P.Limits = P.DEFAULT_LIMITS,
+                 ssl_context=None, budgets: Budgets = DEFAULT_BUDGETS, max_queue: int = 4, models: dict | None = None):
         self.store = BackendStore(data_dir)
         self.models = ModelShelf(self.store, **(models or {}))  # readers, max_bytes, endpoint
         self._announced: str | None = None  # the latest model version the sweep has told clients about
@@ -143,10 +143,10 @@ class BackendServer:
                 continue
             try:
                 valid = await self._io(self.store.sessions_still_valid, [s.user for s in authed])
-            except Exception as e:  # noqa: BLE001 - a store hiccup must not end the sweeper
+            except Exception as e:  # a store hiccup must not end the sweeper
                 log.error("revocation sweep failed: %s", e)
                 continue
-            for s, ok in zip(authed, valid):
+            for s, ok in zip(authed, valid, strict=True):
                 if not ok:
                     self._cut(s, f"the token of user {s.user.name!r} was revoked")
 
@@ -155,7 +155,7 @@ class BackendServer:
         is pushed to the connected clients, as one announced over the wire is."""
         try:
             latest = await self._io(self.store.latest_model)
-        except Exception as e:  # noqa: BLE001 - a store hiccup must not end the sweeper
+        except Exception as e:  # a store hiccup must not end the sweeper
             log.error("model check failed: %s", e)
             return
         if latest and latest[0] != self._announced:

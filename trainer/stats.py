@@ -49,9 +49,9 @@ def paired_difference(first, second, z: float = Z95) -> dict:
     n = len(first)
     if n == 0:
         raise ValueError("paired_difference needs at least one episode")
-    a = sum(f and s for f, s in zip(first, second))
-    b = sum(f and not s for f, s in zip(first, second))  # first succeeded, second failed
-    c = sum(s and not f for f, s in zip(first, second))
+    a = sum(f and s for f, s in zip(first, second, strict=True))
+    b = sum(f and not s for f, s in zip(first, second, strict=True))  # first succeeded, second failed
+    c = sum(s and not f for f, s in zip(first, second, strict=True))
     d = n - a - b - c
     p1, p2 = (a + b) / n, (a + c) / n
     l1, u1 = wilson(a + b, n, z)

@@ -49,6 +49,9 @@ class Budgets:
     proposals_total: int = 64 * MiB  # the same, all connections together
 
 
+DEFAULT_BUDGETS = Budgets()  # frozen: one shared instance is the default
+
+
 class ReadAhead:
     """The server-wide side of the read-ahead budget: bytes admitted, connections waiting to read."""
 

@@ -80,7 +80,7 @@ def hierarchy_elements(hierarchy_xml: str, width: int, height: int, scale: float
 
     def visit(node, parent_cls: str):
         cls = (node.get("class") or "").rsplit(".", 1)[-1]
-        on = lambda k: node.get(k) == "true"  # noqa: E731
+        on = lambda k: node.get(k) == "true"
         if node.get("visible-to-user") == "false":
             return
         box = box_of(node)
@@ -157,7 +157,7 @@ class AndroidExecutor:
                 import uiautomator2 as u2
 
                 self._device = u2.connect(self.serial)
-            except Exception as e:  # noqa: BLE001 - adb/uiautomator2 raise many types; say which device failed
+            except Exception as e:  # adb/uiautomator2 raise many types; say which device failed
                 raise ExecutionError(f"cannot connect to the Android device {self.serial or '(default)'}: {e}") from None
         return self._device
 
@@ -195,7 +195,7 @@ class AndroidExecutor:
             try:
                 info = self.device.info
                 dw, dh = int(info["displayWidth"]), int(info["displayHeight"])
-            except Exception:  # noqa: BLE001 - an older server: assume full size, as uiautomator2 takes it
+            except Exception:  # an older server: assume full size, as uiautomator2 takes it
                 dw = dh = 0
             sides = {dw, dh}
             self._scales[(width, height)] = (1.0 if width in sides or height in sides or min(dw, dh) <= 0
@@ -286,5 +286,5 @@ class AndroidExecutor:
         if d is not None and hasattr(d, "stop_uiautomator"):
             try:
                 d.stop_uiautomator(wait=False)
-            except Exception:  # noqa: BLE001 - the phone may be gone already; nothing to keep
+            except Exception:  # the phone may be gone already; nothing to keep
                 pass

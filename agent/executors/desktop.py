@@ -318,7 +318,7 @@ class DesktopExecutor:
                 cur += c
             chunks.append((cur, cur_set))
             for chunk, needed in chunks:
-                bound = list(zip(spare, sorted(needed)))
+                bound = list(zip(spare, sorted(needed), strict=False))  # keycodes to spare: some stay free
                 for kc, ch in bound:
                     ks = ord(ch) if ord(ch) < 0x100 else 0x01000000 + ord(ch)  # X keysyms for Unicode
                     d.change_keyboard_mapping(kc, [(ks, ks)])
@@ -358,12 +358,12 @@ class DesktopExecutor:
         for k in ("ctrl", "alt", "shift", "win"):
             try:
                 self._pg.keyUp(k)
-            except Exception:  # noqa: BLE001 - releasing is best effort, one failure must not stop the rest
+            except Exception:  # releasing is best effort, one failure must not stop the rest
                 pass
         for b in ("left", "right", "middle"):
             try:
                 self._pg.mouseUp(button=b)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
     def close(self) -> None:
@@ -379,7 +379,7 @@ class DesktopExecutor:
         if self._sct is not None:
             try:
                 self._sct.close()
-            except Exception:  # noqa: BLE001 - closing a handle from another thread may fail; nothing is lost
+            except Exception:  # closing a handle from another thread may fail; nothing is lost
                 pass
             self._sct = None
 

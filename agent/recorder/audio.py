@@ -25,7 +25,7 @@ def _rescan(sd) -> None:
     try:
         sd._terminate()
         sd._initialize()
-    except Exception:  # noqa: BLE001 - a private API: without it the old list stays
+    except Exception:  # a private API: without it the old list stays
         pass
 
 
@@ -37,7 +37,7 @@ def input_devices() -> list[tuple[int, str]]:
 
         _rescan(sd)
         return [(i, d["name"]) for i, d in enumerate(sd.query_devices()) if d.get("max_input_channels", 0) > 0]
-    except Exception:  # noqa: BLE001 - ImportError/OSError without PortAudio, PortAudioError
+    except Exception:  # ImportError/OSError without PortAudio, PortAudioError
         return []
 
 
@@ -73,7 +73,7 @@ class AudioCapture:
             self._stream = sd.InputStream(samplerate=self.samplerate, channels=self.channels, dtype="int16",
                                           device=self.device, blocksize=self.blocksize, callback=callback)
             self._stream.start()
-        except Exception as e:  # noqa: BLE001 - PortAudioError, ValueError for a bad device
+        except Exception as e:  # PortAudioError, ValueError for a bad device
             self._stream = None
             which = "the default microphone" if self.device is None else f"microphone {self.device!r}"
             if not input_devices():

@@ -78,5 +78,5 @@ class FrameEncoder(threading.Thread):
                     while len(self._cache) > 64:
                         self._cache.popitem(last=False)
                 self.done(frame, why, blob)
-            except BaseException as e:  # noqa: BLE001 - a failed frame must not stop the recording
+            except BaseException as e:  # a failed frame must not stop the recording
                 self.error = e

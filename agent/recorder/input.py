@@ -39,7 +39,7 @@ class InputCapture:
     def start(self) -> InputCapture:
         try:
             from pynput import keyboard, mouse
-        except Exception as e:  # noqa: BLE001 - ImportError or Xlib errors without a display
+        except Exception as e:  # ImportError or Xlib errors without a display
             raise RecorderError(f"cannot hook the mouse and keyboard: {e}") from None
         put = self.events.put
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.focused_window import FocusedWindow  # noqa: F401  (re-exported: the recorder's denylist uses it)
+from agent.focused_window import FocusedWindow  # also imported from here by the recorder session
 from agent.recorder.errors import RecorderError
 
 DEFAULT_DENYLIST = (

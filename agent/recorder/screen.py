@@ -171,7 +171,7 @@ class ScreenCapture(threading.Thread):
 
             sct = mss.MSS()
             self.region, self.geometry, self.monitors = detect_screens(sct)
-        except BaseException as e:  # noqa: BLE001 - reported to start_and_wait
+        except BaseException as e:  # reported to start_and_wait
             self.error = e if isinstance(e, RecorderError) else RecorderError(f"cannot capture the screen: {e}")
             self._ready.set()
             return
@@ -209,7 +209,7 @@ class ScreenCapture(threading.Thread):
                 self.grab_seconds += t1 - t0
                 with self._frame_done:
                     self._frame_done.notify_all()
-        except BaseException as e:  # noqa: BLE001 - the session reads it and stops cleanly
+        except BaseException as e:  # the session reads it and stops cleanly
             self.error = RecorderError(f"screen capture stopped: {e}")
         finally:
             self.stopped_at = monotonic()

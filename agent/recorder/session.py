@@ -181,7 +181,7 @@ class RecordingSession:
             # nothing was recorded yet: no empty episode is left behind to look like a recording
             try:
                 self.store.delete_episode(self.episode.id)
-            except Exception:  # noqa: BLE001 - the start's own error is the one to report
+            except Exception:  # the start's own error is the one to report
                 pass
             raise
         self._emit({"t": monotonic(), "kind": "start"})
@@ -251,7 +251,7 @@ class RecordingSession:
             if part is not None:
                 try:
                     part.stop()
-                except Exception:  # noqa: BLE001 - stopping must go on
+                except Exception:  # stopping must go on
                     pass
         if self.screen is not None:
             self.screen.stop()
@@ -340,7 +340,7 @@ class RecordingSession:
                     break
             self._pick_frames(monotonic() + 10)
             self._audio_step()
-        except BaseException as e:  # noqa: BLE001 - kept for stop() and stats; raw events so far are stored
+        except BaseException as e:  # kept for stop() and stats; raw events so far are stored
             self.error = e
         finally:
             self.focus.close()
@@ -474,7 +474,7 @@ class RecordingSession:
         if self.on_control is not None:
             try:
                 self.on_control(name, t)
-            except Exception:  # noqa: BLE001 - a UI callback must not stop the recording
+            except Exception:  # a UI callback must not stop the recording
                 pass
 
     def _input_seen(self, t: float) -> None:

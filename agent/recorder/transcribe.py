@@ -26,7 +26,7 @@ def load_asr(model_path: str | Path):
         from transformers import pipeline
 
         return pipeline("automatic-speech-recognition", model=str(path), device=-1)
-    except Exception as e:  # noqa: BLE001 - a broken folder: say which and why
+    except Exception as e:  # a broken folder: say which and why
         raise RecorderError(f"cannot load a speech-recognition model from {path}: {e}") from None
 
 
@@ -58,7 +58,7 @@ def attach_spoken(steps, words: list[dict]) -> None:
     """Put each word (absolute times 't0') into the thought of the step whose window holds it.
     A step's earlier transcript (info['spoken']) is replaced; typed text in the thought is kept."""
     per_step = attach_texts([(s.t_start, s.t_end) for s in steps], [(w["t0"], w["text"]) for w in words])
-    for s, spoken_words in zip(steps, per_step):
+    for s, spoken_words in zip(steps, per_step, strict=True):
         old = s.info.get("spoken", "")
         thought = s.thought
         if old and thought.endswith(old):

@@ -69,7 +69,7 @@ class OcrEngine:
         if res is None or not getattr(res, "txts", None):
             return []
         out = []
-        for quad, text, score in zip(res.boxes, res.txts, res.scores):
+        for quad, text, score in zip(res.boxes, res.txts, res.scores, strict=True):
             xs = [float(p[0]) for p in quad]
             ys = [float(p[1]) for p in quad]
             out.append(OcrLine(str(text), (min(xs), min(ys), max(xs), max(ys)), float(score)))

@@ -129,7 +129,8 @@ def _ibans(text: str):
         if want is None or len(compact) < want:
             continue
         n, end = 0, 0
-        for end, c in enumerate(s, 1):
+        for c in s:
+            end += 1
             n += c != " "
             if n == want:
                 break

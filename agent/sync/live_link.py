@@ -66,7 +66,7 @@ class LiveLink:
             if self.on_event:
                 try:
                     self.on_event(ev)
-                except Exception:  # noqa: BLE001 - a failing listener must not stop the pump
+                except Exception:  # a failing listener must not stop the pump
                     import logging
 
                     logging.getLogger("tandem.live").exception("live event listener failed")
@@ -75,7 +75,7 @@ class LiveLink:
         if self.session is not None and self.loop.is_running():
             try:
                 self.call(self.session.close(), timeout=5)
-            except Exception:  # noqa: BLE001 - closing a dead connection
+            except Exception:  # closing a dead connection
                 pass
         self._shutdown()
 
@@ -119,7 +119,7 @@ class RunPublisher:
             self.ended = True
             try:
                 self.link.call(self.link.session.end_run(self.run_id, reason), timeout=5)
-            except Exception:  # noqa: BLE001 - the server ends the run when the connection goes anyway
+            except Exception:  # the server ends the run when the connection goes anyway
                 pass
             self.link.close()
 
@@ -160,6 +160,6 @@ class RunWatcher:
         try:
             if self.link.session is not None:
                 self.link.call(self.link.session.request("unsubscribe", run_id=self.run_id), timeout=5)
-        except Exception:  # noqa: BLE001 - the server forgets us when the connection closes anyway
+        except Exception:  # the server forgets us when the connection closes anyway
             pass
         self.link.close()

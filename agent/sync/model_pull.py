@@ -70,7 +70,7 @@ async def _pull_once(url: str, token: str, dest_root: Path, version: str | None,
             batch = missing[k:k + WINDOW]
             got = await asyncio.gather(*(session.get_model_chunk(version, h, timeout) for h in batch),
                                        return_exceptions=True)
-            for digest, data in zip(batch, got):  # what arrived is kept even when a chunk of the window did not
+            for digest, data in zip(batch, got, strict=True):  # what arrived is kept even when a chunk of the window did not
                 if not isinstance(data, BaseException):
                     dl.add(digest, data)
                     fetched += len(data)

@@ -36,7 +36,7 @@ class RequestRefused(SyncError):
     """The server answered a request with an error message."""
 
 
-async def _open_ws(url: str, ssl=None, timeout: float = 10.0, limits: P.Limits = P.Limits()):
+async def _open_ws(url: str, ssl=None, timeout: float = 10.0, limits: P.Limits = P.DEFAULT_LIMITS):
     try:
         return await connect(url, ssl=ssl, compression=None, max_size=limits.max_frame + 1024,
                              open_timeout=timeout, max_queue=16, ping_interval=20, ping_timeout=60)

@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.bench.bench_loop import start_xvfb  # noqa: E402
-from tests.bench.bench_table import print_table  # noqa: E402
+from tests.bench.bench_loop import start_xvfb
+from tests.bench.bench_table import print_table
 
 # a parent of 40 processes of 8 threads each, none of them a shell
 TREE = """

@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.bench.bench_table import print_table  # noqa: E402
+from tests.bench.bench_table import print_table
 
 GOAL_MB = 300  # every attack's peak resident memory must stay under this
 MB = 2**20
@@ -96,7 +96,7 @@ async def anonymous(url: str, tokens: dict, scale: float) -> str:
             async with connect(url, compression=None, max_size=None, open_timeout=10) as ws:
                 await asyncio.wait_for(ws.send(frame), 30)
                 await asyncio.wait_for(ws.recv(), 10)
-        except Exception as e:  # noqa: BLE001 - being cut off is the expected end
+        except Exception as e:  # being cut off is the expected end
             return type(e).__name__
         return "answered"
 
@@ -145,7 +145,7 @@ async def closed_how(ws, timeout: float) -> str:
             await asyncio.wait_for(ws.recv(), timeout)
     except TimeoutError:
         return "still open"
-    except Exception:  # noqa: BLE001 - ConnectionClosed: the close frame says why
+    except Exception:  # ConnectionClosed: the close frame says why
         return str(ws.close_code)
 
 
@@ -213,7 +213,7 @@ async def text_frames(url: str, tokens: dict, scale: float) -> str:
         ws = await raw_session(url, tokens["ann"])
         try:
             await asyncio.wait_for(ws.send(frame), 60)
-        except Exception:  # noqa: BLE001 - closed while sending
+        except Exception:  # closed while sending
             pass
         return await closed_how(ws, 30)
 
@@ -259,7 +259,7 @@ async def unrequested_blobs(url: str, tokens: dict, scale: float) -> str:
             for i in range(5):
                 data = payload[:-2] + bytes([k, i])
                 await asyncio.wait_for(ws.send(P.encode_blob(hashlib.sha256(data).hexdigest(), data)), 60)
-        except Exception:  # noqa: BLE001 - closed while sending
+        except Exception:  # closed while sending
             pass
         return await closed_how(ws, 30)
 
@@ -274,7 +274,7 @@ async def still_answers(url: str, tokens: dict) -> bool:
         ok = (await s.request("list_episodes", timeout=30)).type == "episodes"
         await s.close()
         return ok
-    except Exception:  # noqa: BLE001 - any failure means it does not answer
+    except Exception:  # any failure means it does not answer
         return False
 
 
@@ -404,7 +404,7 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 try:
                     outcome = asyncio.run(attack(url, tokens, args.scale))
-                except Exception as e:  # noqa: BLE001 - the attacker's side failing is an outcome too
+                except Exception as e:  # the attacker's side failing is an outcome too
                     outcome = f"attacker failed: {type(e).__name__}: {str(e)[:60]}"
                 seconds = time.perf_counter() - t0
                 answers = asyncio.run(still_answers(url, tokens))

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench_table import print_table  # noqa: E402
+from bench_table import print_table
 
 IMPORT_ONE = """
 import sys

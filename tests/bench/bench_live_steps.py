@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.bench.bench_table import print_table  # noqa: E402
+from tests.bench.bench_table import print_table
 
 TASKS = (("check_boxes", 11), ("tabs", 5), ("list_pick", 7))
 

@@ -100,11 +100,11 @@ def bench(args) -> int:
         for fmt in ("png", "jpeg"):
             loop = AgentLoop(ReplayPolicy(responses), ex, store=store, config=LoopConfig(max_steps=args.steps, image_format=fmt))
             ends = []
-            loop.on_step = lambda s: ends.append(time.perf_counter())
+            loop.on_step = lambda s, ends=ends: ends.append(time.perf_counter())
             t0 = time.perf_counter()
             loop.run("bench")
             starts = [t0] + ends[:-1]
-            rows[f"whole loop step ({fmt})"] = [e - s for s, e in zip(starts, ends)]
+            rows[f"whole loop step ({fmt})"] = [e - s for s, e in zip(starts, ends, strict=True)]
         store.close()
     ex.close()
     print(f"agent loop overhead without a model, {w}x{h} on Xvfb, {args.steps} steps")

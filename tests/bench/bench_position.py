@@ -60,7 +60,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_table import print_table  # noqa: E402
+from bench_table import print_table
 
 WIDTH, HEIGHT, SQUARE = 320, 240, (40, 30)
 
@@ -116,7 +116,7 @@ def words_screen(rng: random.Random, screen_text: bool = False, read: bool = Fal
         b = (x0, y0, x0 + WORD_BOX[0], y0 + WORD_BOX[1])
         if all(b[2] + 4 < o[0] or o[2] + 4 < b[0] or b[3] + 4 < o[1] or o[3] + 4 < b[1] for o in boxes):
             boxes.append(b)
-    for word, b in zip(words, boxes):
+    for word, b in zip(words, boxes, strict=True):
         d.rectangle(b, fill=(225, 228, 235), outline=(120, 120, 130))
         d.text(((b[0] + b[2]) / 2, (b[1] + b[3]) / 2), word, fill=(20, 20, 20), font=font, anchor="mm")
     frame = Frame(geometry=ScreenGeometry(WIDTH, HEIGHT, WIDTH, HEIGHT, 1.0, 0, 0), pixels=np.asarray(img), time=0.0)
@@ -125,7 +125,7 @@ def words_screen(rng: random.Random, screen_text: bool = False, read: bool = Fal
     centres = [(round((b[0] + b[2]) / 2), round((b[1] + b[3]) / 2)) for b in scaled]
     text = f"Click '{words[0]}'."
     if screen_text:
-        listed = [f"'{word}' at ({cx},{cy})" for word, (cx, cy) in zip(words, centres)]
+        listed = [f"'{word}' at ({cx},{cy})" for word, (cx, cy) in zip(words, centres, strict=True)]
         rng.shuffle(listed)
         text += " Screen text: " + "; ".join(listed) + "."
     messages = [{"role": "user", "content": [{"type": "text", "text": text}, {"type": "image", "frame": frame}]}]
@@ -134,7 +134,7 @@ def words_screen(rng: random.Random, screen_text: bool = False, read: bool = Fal
     if not read:
         return click
     # the perception sample of the same screen: every label with its centre, in reading order
-    listed = sorted(zip(words, centres), key=lambda wc: (wc[1][1], wc[1][0]))
+    listed = sorted(zip(words, centres, strict=True), key=lambda wc: (wc[1][1], wc[1][0]))
     answer = "; ".join(f"'{word}' at ({x},{y})" for word, (x, y) in listed)
     reading = [{"role": "user", "content": [{"type": "text", "text": "Read the buttons."}, {"type": "image", "frame": frame}]}]
     return click, (reading, None, f"Thought: {answer}.", None)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from bench_table import print_table  # noqa: E402
+from bench_table import print_table
 
 
 def main() -> int:

@@ -172,7 +172,7 @@ def main(argv=None) -> int:
             print(f"{r['mode']:<20} {r['episodes']:>8} {r['steps']:>6} {r['wall_s']:>7.1f} {r['episodes_per_s']:>6.2f} "
                   f"{r['steps_per_s']:>7.2f} {r['steady_steps_per_s']:>7.2f} {r['learner_tokens_per_s']:>13.0f} "
                   f"{r['learner_share']:>9.0%} {r['dropped']:>7}  {r['last_batch_lengths']}")
-        ratio = lambda k, a, b: rows[a][k] / rows[b][k]  # noqa: E731
+        ratio = lambda k, a, b, rows=rows: rows[a][k] / rows[b][k]
         print(f"async / sync throughput (steps/s): with the learner {ratio('steps_per_s', 1, 0):.2f}x "
               f"(steady state after the first update {ratio('steady_steps_per_s', 1, 0):.2f}x), "
               f"rollouts alone {ratio('steps_per_s', 3, 2):.2f}x (steady {ratio('steady_steps_per_s', 3, 2):.2f}x)")

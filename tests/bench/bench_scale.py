@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_table import print_table  # noqa: E402
+from bench_table import print_table
 
 SETTINGS = {"float32": {}, "bf16": {"bf16": True}, "checkpointing": {"grad_checkpointing": True},
             "bf16+checkpointing": {"bf16": True, "grad_checkpointing": True}, "lora 8": {"lora_r": 8},

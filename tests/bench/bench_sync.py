@@ -24,15 +24,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from websockets.asyncio.client import connect  # noqa: E402
+from websockets.asyncio.client import connect
 
-from agent import protocol as P  # noqa: E402
-from agent.schema import Action, Episode, Observation, ScreenGeometry, Step  # noqa: E402
-from agent.store import Store  # noqa: E402
-from agent.sync.client import SyncClient  # noqa: E402
-from agent.sync.outbox import Outbox  # noqa: E402
-from agent.sync.session import Session  # noqa: E402
-from trainer.backend_store import BackendStore  # noqa: E402
+from agent import protocol as P
+from agent.schema import Action, Episode, Observation, ScreenGeometry, Step
+from agent.store import Store
+from agent.sync.client import SyncClient
+from agent.sync.outbox import Outbox
+from agent.sync.session import Session
+from trainer.backend_store import BackendStore
 
 RAW_SERVER = """
 import asyncio, sys

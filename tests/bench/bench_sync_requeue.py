@@ -27,14 +27,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from factories import make_episode  # noqa: E402
+from factories import make_episode
 
-from agent.schema import Outcome  # noqa: E402
-from agent.store import Store  # noqa: E402
-from agent.sync.client import SyncClient  # noqa: E402
-from agent.sync.outbox import QUIET_S, Outbox  # noqa: E402
-from tests.bench.bench_table import print_table  # noqa: E402
-from trainer.server_thread import start_in_thread  # noqa: E402
+from agent.schema import Outcome
+from agent.store import Store
+from agent.sync.client import SyncClient
+from agent.sync.outbox import QUIET_S, Outbox
+from tests.bench.bench_table import print_table
+from trainer.server_thread import start_in_thread
 
 
 def _ms(fn, reps: int) -> tuple[float, float]:

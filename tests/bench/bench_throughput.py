@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.bench.bench_table import print_table  # noqa: E402
+from tests.bench.bench_table import print_table
 
 MODEL = Path(__file__).resolve().parents[2] / "assets" / "default_model"
 FAMILIES = ["click_button", "radio", "list_pick", "check_boxes", "dropdown", "tabs"]

@@ -263,7 +263,7 @@ def cmd_merge(args) -> int:
             metrics = evaluate_model(out, cfg.families, cfg.eval_seeds, **kw)
             result["merged"] = {**eval_summary(metrics), "families": {k: v["success"] for k, v in metrics["families"].items()}}
             result["parents"] = {}
-            for name, d in zip(args.models, dirs):
+            for name, d in zip(args.models, dirs, strict=True):
                 pm = evaluate_model(d, cfg.families, cfg.eval_seeds, **kw)
                 result["parents"][name] = {**eval_summary(pm), "families": {k: v["success"] for k, v in pm["families"].items()},
                                            "merged_minus_parent": paired_comparison(pm, metrics)}

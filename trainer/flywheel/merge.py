@@ -90,7 +90,7 @@ def merge_models(model_dirs, alphas, out_dir) -> Path:
                                 "only identical architectures can be merged")
     states = [_load(d) for d in dirs]
     names = set(states[0])
-    for d, st in zip(dirs[1:], states[1:]):
+    for d, st in zip(dirs[1:], states[1:], strict=True):
         if set(st) != names:
             diff = sorted(names ^ set(st))[:3]
             raise FlywheelError(f"{d} has different tensors from {dirs[0]} (e.g. {', '.join(diff)})")
@@ -105,7 +105,7 @@ def merge_models(model_dirs, alphas, out_dir) -> Path:
             merged[k] = ref.clone()
             continue
         acc = torch.zeros(ref.shape, dtype=torch.float32)
-        for a, st in zip(alphas, states):
+        for a, st in zip(alphas, states, strict=True):
             if a != 0.0:
                 acc += a * st[k].float()
         merged[k] = acc.to(ref.dtype).contiguous()

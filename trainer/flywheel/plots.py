@@ -65,7 +65,7 @@ def draw_growth(ax, growth) -> None:
     for route, colour in (("sft", "#2f9e44"), ("ct", "#1971c2"), ("rejected", "#868e96")):
         vals = [g.get(route, 0) for g in growth]
         ax.bar(its, vals, bottom=bottom, color=colour, label=route)
-        bottom = [b + v for b, v in zip(bottom, vals)]
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     _integer_ticks(ax)
     if len(its) < 12:
         ax.set_xticks(its)  # whole iterations, also when there is only one

@@ -235,7 +235,8 @@ def pool_samples(store, route: str, skipped: dict | None = None) -> list:
         if ep is None or not ep.steps or not all(s.observation.screenshot for s in ep.steps):
             continue
         bad = step_problems(ep)
-        out += [smp for s, smp in zip(ep.steps, samples_or_skip(store, ep, skipped)) if s.index not in bad]
+        # samples_or_skip: one sample per step, or [] for an episode it skipped
+        out += [smp for s, smp in zip(ep.steps, samples_or_skip(store, ep, skipped), strict=False) if s.index not in bad]
     return out
 
 
@@ -246,7 +247,8 @@ def correction_samples(store, episode_ids, skipped: dict | None = None) -> list:
         ep = load_or_skip(store, eid, skipped)
         fixed = {s.index for s in corrected_steps(ep)} if ep else set()
         if fixed and all(s.observation.screenshot for s in ep.steps):
-            out += [smp for s, smp in zip(ep.steps, samples_or_skip(store, ep, skipped)) if s.index in fixed]
+            # samples_or_skip: one sample per step, or [] for an episode it skipped
+            out += [smp for s, smp in zip(ep.steps, samples_or_skip(store, ep, skipped), strict=False) if s.index in fixed]
     return out
 
 

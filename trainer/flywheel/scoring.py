@@ -65,7 +65,7 @@ def _round_trip(step) -> str | None:
     if back.name != step.action.name:
         return f"parses back as {back.name!r}"
     tol = 1.5 / min(w, h)  # model space is integer pixels: a point may move by a rounding step
-    for a, b in zip(step.action.points(), back.points()):
+    for a, b in zip(step.action.points(), back.points(), strict=True):
         if abs(a[0] - b[0]) > tol or abs(a[1] - b[1]) > tol:
             return f"point {a} parses back as {b}"
     return None

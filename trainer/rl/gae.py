@@ -186,7 +186,7 @@ def turn_spans(mask: Tensor) -> list[tuple[int, int]]:
     edges = torch.diff(m, prepend=m.new_zeros(1), append=m.new_zeros(1))
     starts = (edges == 1).nonzero().flatten().tolist()
     ends = (edges == -1).nonzero().flatten().tolist()
-    return list(zip(starts, ends))
+    return list(zip(starts, ends, strict=True))
 
 
 def rewards_from_mask(turn_rewards: Sequence[float] | Tensor, mask: Tensor) -> Tensor:

@@ -55,7 +55,7 @@ def click_rewards(points, targets, sigma: float = 0.05) -> list[float]:
     if len(points) != len(targets):
         raise RewardError(f"{len(points)} clicks but {len(targets)} expert targets")
     out = []
-    for p, t in zip(points, targets):
+    for p, t in zip(points, targets, strict=True):
         if p is None or t is None:
             out.append(0.0)
             continue

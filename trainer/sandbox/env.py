@@ -267,7 +267,7 @@ class SandboxEnv(gym.Env):
         state = self.task.rng.getstate()
         try:
             _, action = self.task.expert()
-        except Exception:  # noqa: BLE001 - a task with no expert move in this state (done, failed) has no target
+        except Exception:  # a task with no expert move in this state (done, failed) has no target
             return None
         finally:
             self.task.rng.setstate(state)

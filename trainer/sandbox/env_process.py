@@ -47,7 +47,7 @@ def _serve(conn, env_kw: dict) -> None:
         env = SandboxEnv(**env_kw)
         conn.send((True, {"width": env.width, "height": env.height, "coords_space": env.coords_space,
                           "families": env.families, "split": env.split}))
-    except BaseException as e:  # noqa: BLE001 - the parent must hear why, then we are done
+    except BaseException as e:  # the parent must hear why, then we are done
         conn.send((False, f"{type(e).__name__}: {e}"))
         return
     while True:
@@ -58,7 +58,7 @@ def _serve(conn, env_kw: dict) -> None:
         try:
             result = getattr(env, name)(*args, **kwargs)
             conn.send((True, result))
-        except BaseException as e:  # noqa: BLE001 - an env error goes back to the caller, the env stays
+        except BaseException as e:  # an env error goes back to the caller, the env stays
             conn.send((False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"))
         if name == "close":
             break

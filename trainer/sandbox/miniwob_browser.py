@@ -187,7 +187,7 @@ class Browser:
         try:
             with Deadline(timeout, "closing Chromium", self.kill):
                 self.driver.quit()
-        except Exception:  # noqa: BLE001 - the browser goes either way; kill() below reaps it
+        except Exception:  # the browser goes either way; kill() below reaps it
             pass
         finally:
             self.kill()

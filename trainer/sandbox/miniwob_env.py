@@ -232,7 +232,7 @@ class MiniWoBEnv(gym.Env):
                     self._wrap(raw)
                     self._read_elements()
                 break
-            except Exception as e:  # noqa: BLE001 - a hung or crashed browser: a fresh one gets one more try
+            except Exception as e:  # a hung or crashed browser: a fresh one gets one more try
                 self._drop()
                 if attempt == 2:
                     raise MiniWoBError(f"reset of {PREFIX}{task} (seed {seed}) failed twice, Chromium killed "

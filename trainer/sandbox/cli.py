@@ -52,7 +52,8 @@ def register(sub, common) -> None:
     s.add_argument("--episode-seconds", type=float, metavar="S",
                    help="--suite miniwob: MiniWoB++'s episode clock in seconds (default: each task's own, mostly 10; "
                         "a model that thinks for seconds a step needs more)")
-    s.add_argument("--workers", type=int, default=1, help="worker processes for expert/random")
+    s.add_argument("--workers", type=int, default=1,
+                   help="expert/random: environments played together, each in a process of its own (default 1)")
     s.add_argument("--envs", type=int, default=16,
                    help="model policies: environments played together, one batched generation per round (default 16)")
     s.add_argument("--max-new-tokens", type=int, default=128, help="model policies: reply length limit (default 128)")

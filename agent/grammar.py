@@ -298,12 +298,24 @@ def parse_response(text, platform: str | None = None) -> ParsedResponse | ParseE
     )
 
 
-def to_normalized(parsed: ParsedResponse, space: str, image_width: int, image_height: int) -> ParsedResponse | ParseError:
-    """Model-space points -> normalized (0..1) points; out-of-range coordinates are an error."""
+def to_normalized(parsed: ParsedResponse, space: str, image_width: int, image_height: int,
+                  extent: tuple[int, int] | None = None) -> ParsedResponse | ParseError:
+    """Model-space points -> normalized (0..1) points; out-of-range coordinates are an error.
+    `extent`: the (width, height) the model's coordinates span when it is not the space's own for
+    this screenshot (a local model whose processor resizes with other limits)."""
+
+    def norm(p):
+        if extent is None:
+            return coords.model_to_normalized(p, space, image_width, image_height)
+        w, h = extent
+        if not (0 <= p[0] <= w and 0 <= p[1] <= h):
+            raise coords.CoordinateError(f"point ({p[0]:g}, {p[1]:g}) lies outside the model's image {w}x{h}")
+        return (p[0] / w, p[1] / h)
+
     out = []
     for a in parsed.actions:
         try:
-            out.append(a.map_points(lambda p: coords.model_to_normalized(p, space, image_width, image_height)))
+            out.append(a.map_points(norm))
         except coords.CoordinateError as e:
             return ParseError(f"{a.name}: {e}", parsed.raw)
     return ParsedResponse(parsed.thought, out, parsed.reflection, parsed.summary, parsed.raw, space)
@@ -315,6 +327,21 @@ def parse_normalized(text, space: str, image_width: int, image_height: int, plat
     if not parsed:
         return parsed
     return to_normalized(parsed, space, image_width, image_height)
+
+
+def parse_reply(text, space: str, image_width: int, image_height: int, *, platforms: tuple[str, ...] = (),
+                extent: tuple[int, int] | None = None) -> ParsedResponse | ParseError:
+    """The one parse of a model's reply, done where the reply arrives (a policy's `parse`, the
+    episode runner), whose actions are then handed on as they are: the grammar, every action
+    available on one of `platforms` (none given: any), its points normalized to the screenshot
+    (to_normalized, with the model's `extent` where it differs from the space's own)."""
+    parsed = parse_response(text)
+    if not parsed:
+        return parsed
+    for a in parsed.actions:
+        if platforms and not set(REGISTRY[a.name].platforms) & set(platforms):
+            return ParseError(f"action {a.name!r} is not available on {'/'.join(platforms)}", parsed.raw)
+    return to_normalized(parsed, space, image_width, image_height, extent)
 
 
 # ---------------------------------------------------------------- formatting

@@ -2,8 +2,9 @@
 
 Every executed step is written to the store as soon as it is done (screenshot blob first, then
 the episode), so a crash or a kill switch loses at most the step in flight. Output that does not
-parse is re-asked (the policy is told why) up to `max_reasks` times and never executed; a
-rejection re-asks with the supervisor's reason. Everything the human does is kept: an edit
+parse is re-asked (the policy is told why) up to `max_reasks` times and never executed: agent.reask's
+rule, which the trainer's episode runner follows too. A rejection re-asks with the supervisor's
+reason. Everything the human does is kept: an edit
 stores the corrected step with provenance "corrected" and the proposal beside it; rejected and
 unparseable proposals go into the next step's info (and the episode's meta if the run ends
 first); a takeover records the human's steps with provenance "human".
@@ -27,6 +28,7 @@ from agent.gate import Decision, Gate, GateRequest, Takeover
 from agent.grammar import format_normalized
 from agent.memory import Memory, MemoryStep
 from agent.policies.base import PolicyError, Proposal
+from agent.reask import ReaskRule, reask_feedback  # noqa: F401  (reask_feedback: re-exported for callers)
 from agent.schema import Action, Episode, Observation, Provenance, Step, monotonic
 from agent.wording import stop_reason
 
@@ -37,7 +39,7 @@ TOOL_ACTIONS = ("run_command", "read_file", "write_file")
 class LoopConfig:
     max_steps: int = 30
     max_seconds: float | None = None
-    max_reasks: int = 2  # re-asks after an unparseable output, per step
+    max_reasks: int = 2  # re-asks after an unparseable output, per step (agent.reask.ReaskRule)
     max_rejections: int = 5  # rejections in a row before the run ends
     # screenshots in the store: jpeg q90 (6 ms at 1920x1080) by default; png is lossless but costs
     # about 60 ms a frame at 1920x1080 with OpenCV here, more than the whole step budget of 50 ms
@@ -51,11 +53,6 @@ class RunResult:
     reason: str  # finished | call_user | step limit | time limit | stopped | unparseable | policy error: ...
     steps: int = 0
     stats: dict = field(default_factory=dict)
-
-
-def reask_feedback(reason: str) -> str:
-    return (f"Your previous output could not be used: {reason}. Answer again in the required format:\n"
-            "Thought: ...\nAction: ...")
 
 
 def reject_feedback(proposal: Proposal, reason: str, space: str) -> str:
@@ -92,6 +89,8 @@ class AgentLoop:
         self.memory = memory if memory is not None else Memory()
         self.tools = tools
         self.config = config or LoopConfig()
+        # never executed, re-asked with feedback, the run ends after max_reasks; executed steps only are counted
+        self.reask = ReaskRule(max_reasks=self.config.max_reasks, charge_step=False)
         self.on_step = on_step
         self.on_control = on_control
         self.on_event = on_event
@@ -237,9 +236,9 @@ class AgentLoop:
             if not proposal.ok:
                 failures += 1
                 pending["parse_failures"].append({"raw": proposal.raw_text, "reason": proposal.parse_error})
-                if failures > self.config.max_reasks:
+                if self.reask.gives_up(failures):
                     raise _End(f"unparseable output {failures} times in a row: {proposal.parse_error}", truncated=True)
-                feedback = reask_feedback(proposal.parse_error)
+                feedback = self.reask.feedback(proposal.parse_error)
                 continue
             why = self.gate.why_ask(proposal, frame, after_call_user=after_call_user)
             if why is None:

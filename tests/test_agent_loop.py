@@ -94,6 +94,7 @@ def test_unparseable_output_is_reasked_and_never_executed(phone, store):
     assert [f["raw"] for f in ep.meta["unexecuted"]["parse_failures"]] == responses[3:]
     calls_after = [c for c in ph.calls if c[0] not in ("takeScreenshot", "dumpWindowHierarchy", "deviceInfo")]  # reads
     assert calls_after == [("click", [270, 550])]
+    assert loop.reask.max_reasks == 2 and not loop.reask.charge_step  # agent.reask's rule, shared with the runner
 
 
 def test_reask_feedback_reaches_the_policy(phone, store):

@@ -6,8 +6,16 @@ from __future__ import annotations
 import pytest
 
 from tests.vlm_fixtures import one_thread, tiny_any_dir, tiny_qwen3_dir, tiny_vlm_dir  # noqa: F401 - fixtures
+from trainer.actor import Actor
 
 ENV = {"width": 224, "height": 168, "observation": "pixels"}  # prompts that extend one another: what kept turns reuse
+
+
+def _act(env, text: str):
+    """A reply's actions, parsed as the runner parses them (the env takes actions, not text)."""
+    from agent.grammar import parse_reply
+
+    return list(parse_reply(text, env.coords_space, env.width, env.height, platforms=(env.platform,)).actions)
 
 
 def _chats(n: int, env_kw=ENV):
@@ -25,7 +33,7 @@ def _chats(n: int, env_kw=ENV):
             mem = Memory(history_view="screenshots")  # history screenshots: what the image cache is for
             for _ in range(k % 4):
                 mem.add(MemoryStep("looking around", [], frame_of(obs)))
-                obs, *_ = env.step("Thought: try\nAction: click(start_box='(30,40)')")
+                obs, *_ = env.step(_act(env, "Thought: try\nAction: click(start_box='(30,40)')"))
             chats.append(mem.build_messages(build_prompt(info["instruction"], ("desktop",)), frame_of(obs),
                                             space=env.coords_space))
     finally:
@@ -139,7 +147,7 @@ def _second_turns(env_kw=ENV):
             first.append(mem.build_messages(prompt, frame_of(obs), space=env.coords_space))
             if k == 0:
                 mem.add(MemoryStep("I open it.", [Action("click", {"start_box": [30.0, 40.0]})], frame_of(obs)))
-                obs, *_ = env.step("Thought: I open it.\nAction: click(start_box='(30,40)')")
+                obs, *_ = env.step(_act(env, "Thought: I open it.\nAction: click(start_box='(30,40)')"))
                 second.append(mem.build_messages(prompt, frame_of(obs), space=env.coords_space))
             elif k == 1:
                 second.append(mem.build_messages(prompt, frame_of(obs), space=env.coords_space,
@@ -218,7 +226,7 @@ def test_rows_reuse_what_makes_the_padded_batch_cheapest():
 # ---------------------------------------------------------------- the runner
 
 
-class ScriptedActor:
+class ScriptedActor(Actor):
     """The model, scripted: per instruction keyword, the replies to give turn by turn."""
 
     def __init__(self, replies):
@@ -266,8 +274,9 @@ def test_runner_resets_finished_slots_and_plays_every_ticket():
 
 
 def test_runner_parse_error_rule():
-    """An unparseable reply is a turn: it counts toward the step limit and the next prompt carries
-    feedback; with end_on_parse_error the episode ends there, failed."""
+    """An unparseable reply is a turn (agent.reask's rule): it is not executed, it counts toward the
+    step limit and the next prompt carries feedback; with end_on_parse_error the episode ends
+    there, failed."""
     from trainer.episodes import EpisodeRunner
     from trainer.sandbox.env_process import make_envs
 
@@ -350,7 +359,7 @@ def test_env_process_errors_name_the_call():
         os.kill(env.proc.pid, signal.SIGKILL)
         env.proc.join(timeout=5)
         with pytest.raises(EnvProcessError, match="died during step|is gone"):
-            env.step("Thought: x\nAction: wait()")
+            env.step(_act(env, "Thought: x\nAction: wait()"))
     finally:
         env.close()
     with pytest.raises(EnvProcessError, match="start failed.*family"):

@@ -37,8 +37,9 @@ def test_default_model_acts_on_sandbox_tasks_through_the_agent_policy(one_thread
     reply parses (the model is tiny: about one step in ten does not, measured), so the test
     asserts most do, and that success is the verifier's word."""
     from agent.policies import LocalVLMPolicy
+    from trainer.actor import PolicyActor
+    from trainer.episodes import run_episode
     from trainer.sandbox.env import SandboxEnv
-    from trainer.sandbox.rollout import run_episode
     from trainer.sandbox.task import HELDOUT_START
 
     policy = LocalVLMPolicy(str(MODEL), platform="sandbox", max_new_tokens=64)
@@ -48,25 +49,24 @@ def test_default_model_acts_on_sandbox_tasks_through_the_agent_policy(one_thread
     screen = model_screen(MODEL)  # the size it was trained at
     env = SandboxEnv(screen.get("width", 320), screen.get("height", 240), coords_space=policy.space,
                      observation=observation_for(MODEL))
-    results = []
+    trajs = []
     try:
         for k, fam in enumerate(_families()):
-            results.append(run_episode(env, policy, fam, HELDOUT_START + k, record=True))
+            trajs.append(run_episode(PolicyActor(policy), env, HELDOUT_START + k, family=fam, greedy=True))
     finally:
         env.close()
         policy.close()
-    steps = [s for r in results for s in r["trajectory"]]
-    parsed = [s for s in steps if s["error"] is None]
-    assert len(parsed) >= 0.6 * len(steps), [(s["raw"], s["error"]) for s in steps if s["error"]]
+    turns = [u for t in trajs for u in t.turns]
+    parsed = [u for u in turns if u.parse_error is None]
+    assert len(parsed) >= 0.6 * len(turns), [(u.text, u.parse_error) for u in turns if u.parse_error]
     from agent.actions import validate
-    from agent.schema import Action
 
     # every parsed reply is an action of the sandbox's space; the clicks dominate and land on listed elements
-    acted = [Action.from_dict(s["actions"][0]) for s in parsed if s["actions"]]
+    acted = [u.actions[0] for u in parsed]
     assert len(acted) == len(parsed) and all(validate(a) is None for a in acted)
     assert sum(a.name == "click" for a in acted) >= 0.5 * len(acted)
-    for r in results:
-        assert r["success"] == (r["status"] == "success") and 1 <= r["steps"] == len(r["trajectory"])
+    for t in trajs:
+        assert t.success == (t.status == "success") and 1 <= len(t.turns)
 
 
 def test_sandbox_eval_with_the_default_policy_out_of_the_box(capsys, one_thread):  # noqa: F811

@@ -88,14 +88,14 @@ def test_an_iteration_that_promotes_announces_to_connected_apps(backend, store, 
 
     from agent import protocol as P
     from agent.sync.session import Session
+    from trainer.episodes import demonstrate, plan, trajectory_to_episode
     from trainer.flywheel.iteration import FlywheelConfig, run_iteration
     from trainer.flywheel.registry import Registry
-    from trainer.sandbox.rollout import plan, run_many, to_episode
 
     torch.set_num_threads(1)
     bt, admin, user = backend
-    for result in run_many(plan(6, families=["click_button"]), "expert", record=True, width=224, height=168):
-        to_episode(result, store)
+    for traj in demonstrate(plan(6, families=["click_button"]), env_kw={"width": 224, "height": 168}):
+        trajectory_to_episode(traj, store, producer="expert")
     # min_gain -1: any evaluated candidate is promoted; this test is about the announcement
     cfg = FlywheelConfig(width=224, height=168, max_steps=2, families=["click_button"], eval_episodes=2, rollouts=0,
                          ct_steps=0, sft_steps=40, sft_lr=3e-3, batch=4, ppo_updates=0, max_new_tokens=32, min_gain=-1.0)

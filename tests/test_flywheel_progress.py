@@ -9,10 +9,10 @@ from tests.test_flywheel_team import tandem
 
 
 def test_flywheel_run_prints_live_numbers_and_warns_of_one_sft_episode(store):
-    from trainer.sandbox.rollout import plan, run_many, to_episode
+    from trainer.episodes import demonstrate, plan, trajectory_to_episode
 
-    for result in run_many(plan(1, families=["click_button"]), "expert", record=True, width=224, height=168):
-        to_episode(result, store)  # one successful demonstration: SFT data once routed
+    for traj in demonstrate(plan(1, families=["click_button"]), env_kw={"width": 224, "height": 168}):
+        trajectory_to_episode(traj, store, producer="expert")  # one successful demonstration: SFT data once routed
     store.set_setting("flywheel.config", {"families": ["click_button"], "width": 224, "height": 168, "max_steps": 1,
                                           "eval_episodes": 1, "rollouts": 0, "ct_steps": 0, "sft_steps": 3,
                                           "ppo_updates": 0, "max_new_tokens": 8, "miniwob_episodes": 0})

@@ -170,11 +170,11 @@ def test_an_iteration_that_wrecks_the_model_keeps_the_current_one(store, trained
     deliberately destructive SFT learning rate."""
     from agent.schema import Action, Provenance
     from tests.factories import make_episode
+    from trainer.episodes import demonstrate, plan, trajectory_to_episode
     from trainer.flywheel.iteration import FlywheelConfig, run_iteration
-    from trainer.sandbox.rollout import plan, run_many, to_episode
 
-    for result in run_many(plan(2, families=[FAMILY]), "expert", record=True, width=ENV["width"], height=ENV["height"]):
-        to_episode(result, store)
+    for traj in demonstrate(plan(2, families=[FAMILY]), env_kw={"width": ENV["width"], "height": ENV["height"]}):
+        trajectory_to_episode(traj, store, producer="expert")
     corrected = make_episode(store, 2, kind="supervised")  # a supervisor's edit: one preference pair for DPO
     corrected.steps[0].provenance = Provenance("corrected", proposal_thought="Click the corner.",
                                                proposal_action=Action("click", {"start_box": (0.9, 0.9)}), decision="edit")

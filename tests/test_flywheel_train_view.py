@@ -74,10 +74,10 @@ def test_train_page_shows_pools_versions_and_curves(qtbot, flywheel_store):
 
 
 def test_run_iteration_button_runs_a_real_iteration_with_progress(qtbot, store):
-    from trainer.sandbox.rollout import plan, run_many, to_episode
+    from trainer.episodes import demonstrate, plan, trajectory_to_episode
 
-    for result in run_many(plan(2, families=["click_button"]), "expert", record=True, width=224, height=168):
-        to_episode(result, store)
+    for traj in demonstrate(plan(2, families=["click_button"]), env_kw={"width": 224, "height": 168}):
+        trajectory_to_episode(traj, store, producer="expert")
     store.set_setting("flywheel.config", {"families": ["click_button"], "width": 224, "height": 168, "max_steps": 1,
                                           "eval_episodes": 1, "rollouts": 1, "ct_steps": 1, "sft_steps": 2, "batch": 2,
                                           "ppo_updates": 0, "max_new_tokens": 8})
@@ -122,10 +122,10 @@ def test_live_numbers_show_on_the_page_while_the_iteration_runs(qtbot, store, tm
 
     from PySide6.QtCore import Qt
 
-    from trainer.sandbox.rollout import plan, run_many, to_episode
+    from trainer.episodes import demonstrate, plan, trajectory_to_episode
 
-    for result in run_many(plan(2, families=["click_button"]), "expert", record=True, width=224, height=168):
-        to_episode(result, store)
+    for traj in demonstrate(plan(2, families=["click_button"]), env_kw={"width": 224, "height": 168}):
+        trajectory_to_episode(traj, store, producer="expert")
     store.set_setting("flywheel.config", {"families": ["click_button"], "width": 224, "height": 168, "max_steps": 1,
                                           "eval_episodes": 1, "rollouts": 0, "ct_steps": 0, "sft_steps": 12, "batch": 2,
                                           "ppo_updates": 1, "ppo_batch": 2, "max_new_tokens": 8, "miniwob_episodes": 0})
@@ -225,10 +225,10 @@ def test_the_library_shows_the_route_the_train_page_iteration_chose(qtbot, store
 
     from app.main_window import MainWindow
     from trainer.backend_store import BackendStore
-    from trainer.sandbox.rollout import plan, run_many, to_episode
+    from trainer.episodes import demonstrate, plan, trajectory_to_episode
 
-    ids = [to_episode(r, store).id for r in run_many(plan(2, families=["click_button"]), "expert", record=True,
-                                                      width=224, height=168)]
+    ids = [trajectory_to_episode(t, store, producer="expert").id
+           for t in demonstrate(plan(2, families=["click_button"]), env_kw={"width": 224, "height": 168})]
     unjudged = make_episode(store, 2, instruction="Nobody judged this one").id
     win = MainWindow(store)
     qtbot.addWidget(win)

@@ -85,13 +85,19 @@ def by_name(elements, name: str) -> Element:
     return found[0]
 
 
-def pointer_click(env, obs, element: Element) -> str:
+def pointer_click(env, obs, element: Element) -> list[Action]:
     """A click at `element`'s centre as the pointer writes it: the entry's model-space box from the
-    list the model reads (agent.elements.format_lines), its centre in whole pixels."""
+    list the model reads (agent.elements.format_lines), its centre in whole pixels; parsed as the
+    episode runner parses a reply (the env takes actions, not text)."""
+    from agent.grammar import parse_reply
+
     h, w = obs["screenshot"].shape[:2]
     entries = parse_block(format_lines(obs["elements"], env.coords_space, w, h))
     cx, cy = entries[obs["elements"].index(element)].center
-    return f"Thought: click {element.name}\nAction: click(start_box='({cx},{cy})')"
+    parsed = parse_reply(f"Thought: click {element.name}\nAction: click(start_box='({cx},{cy})')", env.coords_space,
+                         w, h, platforms=(env.platform,))
+    assert parsed, parsed.reason
+    return list(parsed.actions)
 
 
 LAYOUT = """
@@ -225,9 +231,8 @@ def test_the_snapped_oracle_solves_what_the_oracle_solves(env, capsys):
 
 @needs_miniwob
 def test_the_list_reaches_the_policy_and_pixels_mode_has_none(env):
-    from trainer.actor import ActorOutput
+    from trainer.actor import ActorOutput, ExpertActor
     from trainer.episodes import frame_of, run_episode
-    from trainer.recipe import ExpertActor
     from trainer.sandbox.miniwob_env import MiniWoBEnv
 
     class Recording(ExpertActor):  # the oracle, keeping what it was shown
@@ -235,9 +240,9 @@ def test_the_list_reaches_the_policy_and_pixels_mode_has_none(env):
             super().__init__(env)
             self.seen = []
 
-        def generate(self, messages, *, greedy: bool = False) -> ActorOutput:
-            self.seen.append(messages)
-            return super().generate(messages, greedy=greedy)
+        def generate_batch(self, chats, *, greedy: bool = False, slots=None) -> list[ActorOutput]:
+            self.seen += chats
+            return super().generate_batch(chats, greedy=greedy, slots=slots)
 
     obs, _ = env.reset(seed=2, options={"family": "enter-text"})  # the page the episode below starts on
     listed = format_lines(obs["elements"], env.coords_space, TASK_WIDTH, TASK_HEIGHT)

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.vlm_fixtures import one_thread, tiny_any_dir, tiny_qwen3_dir, tiny_vlm_dir  # noqa: F401 - fixtures
+from trainer.actor import Actor
 
 ALL = 10**6  # a budget that puts every turn of these small batches in one micro-batch
 
@@ -33,7 +34,7 @@ def _episodes(model, proc, n=3):
     return trajs
 
 
-class _ScoredScript:
+class _ScoredScript(Actor):
     """Replies that parse (a click that misses, so episodes run to the step limit), scored by the
     model as a sampled reply would be: its token ids (the stop included) and their log-probs."""
 
@@ -348,8 +349,8 @@ def _bench(argv=None) -> None:
 
     from agent.vlm import load_vlm
     from trainer.actor import VLMActor
+    from trainer.episodes import run_episode
     from trainer.ppo import Learner, PPOConfig
-    from trainer.rollout import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     ap = argparse.ArgumentParser(prog="python -m tests.test_ppo_packed")

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from trainer.actor import Actor
+
 ENV = {"width": 224, "height": 168}
 
 
@@ -54,10 +56,11 @@ def test_without_slips_every_turn_of_every_success_is_a_sample():
 
 
 def test_slip_must_be_a_probability():
-    from trainer.recipe import ExpertActor, RecipeConfig
+    from trainer.actor import ExpertActor
+    from trainer.recipe import RecipeConfig
 
     with pytest.raises(ValueError, match="slip must be a probability"):
-        ExpertActor(env=None, slip=1.5)
+        ExpertActor(None, slip=1.5)
     with pytest.raises(ValueError, match=r"--demo-slip must be in \[0, 1\], got -0.1"):
         RecipeConfig(demo_slip=-0.1).validate()
     with pytest.raises(ValueError, match="unknown task family 'nope'"):
@@ -130,7 +133,7 @@ def test_grounding_samples_ask_for_one_element_and_click_its_centre():
         grounding_samples(["radio"], 5, seed_start=999_998, progress=False, **ENV)
 
 
-class _Scripted:
+class _Scripted(Actor):
     """Stands in for the model: answers from a lookup (screenshot, element name) -> reply."""
 
     def __init__(self, answer):
@@ -226,10 +229,9 @@ def test_eval_summary_reports_grounding_when_measured():
 def test_rollouts_record_each_click_beside_the_experts_and_asking_leaves_the_task_as_it_was():
     """What the dense grounding reward (PPOConfig.click_reward) compares: the turn's click and
     where the expert would have clicked in the same state."""
-    from trainer.actor import ActorOutput
-    from trainer.recipe import ExpertActor
+    from trainer.actor import ActorOutput, ExpertActor
+    from trainer.episodes import run_episode
     from trainer.rl.rewards import click_rewards
-    from trainer.rollout import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     env = SandboxEnv(**ENV)
@@ -244,13 +246,12 @@ def test_rollouts_record_each_click_beside_the_experts_and_asking_leaves_the_tas
 
         expert = ExpertActor(env)
         for seed in range(3):
-            expert.start_episode()
             tr = run_episode(expert, env, seed, family="click_button")
             assert tr.success and len(tr.turns) == 1
             # the expert's reply, written in the model's pixels and parsed back, lands where it asked
             assert click_rewards([tr.turns[0].point], [tr.turns[0].expert_point]) == [pytest.approx(1.0, abs=0.01)]
 
-        class Corner:  # clicks the top-left corner, then writes something that does not parse
+        class Corner(Actor):  # clicks the top-left corner, then writes something that does not parse
             def __init__(self):
                 self.n = 0
 

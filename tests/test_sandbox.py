@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from agent.schema import Action
+from trainer.actor import ExpertActor, RandomActor
+from trainer.episodes import EpisodeRunner, plan, rates, run_episode
 from trainer.sandbox.env import SandboxEnv
 from trainer.sandbox.families import FAMILIES
-from trainer.sandbox.rollout import plan, rates, run_episode
 from trainer.sandbox.task import HELDOUT_START
 
 
@@ -32,28 +33,44 @@ def test_at_least_twelve_families_of_rising_difficulty():
     assert levels == sorted(levels) and levels[0] == 1 and levels[-1] >= 5
 
 
+def _play(make, envs, tickets):
+    """The tickets played by the one episode runner, as every policy is measured."""
+    return EpisodeRunner(make(envs), envs, greedy=True).run_all(tickets)
+
+
 def test_expert_solves_500_tasks_across_all_families(env):
-    jobs = plan(400, "train") + plan(100, "heldout")
-    results = [run_episode(env, "expert", f, s) for f, s in jobs]
-    failed = [(r["family"], r["seed"], r["status"]) for r in results if not r["success"]]
+    trajs = _play(ExpertActor, [env], plan(400, "train") + plan(100, "heldout"))
+    failed = [(t.family, t.seed, t.status) for t in trajs if not t.success]
     assert not failed, failed
-    assert {r["family"] for r in results} == set(FAMILIES)
-    assert all(r["reward"] == 1.0 for r in results)
+    assert {t.family for t in trajs} == set(FAMILIES)
+    assert all(sum(u.reward for u in t.turns) == 1.0 and not any(u.parse_error for u in t.turns) for t in trajs)
 
 
 def test_random_policy_solves_few(env):
-    results = [run_episode(env, "random", f, s) for f, s in plan(160, "heldout")]
-    out = rates(results)
+    out = rates(_play(RandomActor, [env], plan(160, "heldout")))
     print("random policy success:", {k: round(v, 2) for k, v in out["families"].items()}, "overall", out["overall"])
     assert out["overall"] < 0.2
 
 
-def test_expert_records_thoughts_and_screens(env):
-    r = run_episode(env, "expert", "form", 11, record=True)
-    assert r["success"] and len(r["trajectory"]) >= 3
-    for s in r["trajectory"]:
-        assert s["png"].startswith(b"\x89PNG") and s["thought"] and s["actions"]
-    assert "form" in r["instruction"].lower() or "fill" in r["instruction"].lower()
+def test_expert_records_thoughts_and_screens(env, tmp_path):
+    from agent.store import Store
+    from trainer.episodes import trajectory_to_episode
+
+    traj = run_episode(ExpertActor(env), env, 11, family="form")
+    assert traj.success and len(traj.turns) >= 3
+    assert "form" in traj.instruction.lower() or "fill" in traj.instruction.lower()
+    store = Store(tmp_path / "data")
+    try:
+        ep = trajectory_to_episode(traj, store, producer="expert", policy_version="sandbox-expert")
+        again = store.load_episode(ep.id)
+        assert again.kind == "rollout" and again.outcome.success and again.meta["family"] == "form"
+        assert len(again.steps) == len(traj.turns) and again.steps[-1].terminated
+        for step, turn in zip(again.steps, traj.turns, strict=True):
+            assert store.get_blob(step.observation.screenshot).startswith(b"\x89PNG")
+            assert step.thought == turn.thought and step.thought and step.action == turn.actions[0]
+            assert step.raw_response == turn.text and step.observation.elements  # the sandbox's element list
+    finally:
+        store.close()
 
 
 def test_same_seed_same_pixels_and_different_seeds_differ(env):
@@ -188,12 +205,29 @@ def test_modal_dialog_blocks_the_window_behind_it(env):
 
 
 # ------------------------------------------------------------ the env's contract
-def test_ui_tars_text_and_parse_errors(env):
+def test_the_env_takes_actions_and_the_runner_parses_each_reply_once(env):
+    from agent.grammar import parse_reply
+    from trainer.actor import Actor, ActorOutput
+
     env.reset(seed=9, options={"family": "click_button"})
-    _, reward, term, trunc, info = env.step("Action: clack(start_box='(1,2)')")
-    assert "parse_error" in info and reward == 0 and not term and not trunc
-    _, reward, term, _, info = env.step(env.expert_response())
-    assert reward == 1 and term and info["success"] and info["thought"].startswith("I need to click")
+    _, reward, term, trunc, info = env.step(env.expert_response())  # text is not the env's to parse
+    assert "parse_reply" in info["action_error"] and reward == 0 and not term and not trunc
+    parsed = parse_reply(env.expert_response(), env.coords_space, env.width, env.height, platforms=(env.platform,))
+    _, reward, term, _, info = env.step(list(parsed.actions))
+    assert reward == 1 and term and info["success"] and parsed.thought.startswith("I need to click")
+
+    class Script(Actor):  # an unknown action, then the expert's reply
+        def __init__(self):
+            self.replies = ["Action: clack(start_box='(1,2)')"]
+
+        def generate(self, messages, *, greedy=False):
+            return ActorOutput(self.replies.pop(0) if self.replies else env.expert_response())
+
+    traj = run_episode(Script(), env, 9, family="click_button")
+    bad, good = traj.turns
+    assert "clack" in bad.parse_error and bad.reward == 0 and bad.changed is None and not bad.actions
+    assert "could not be used" in "".join(str(m.get("content")) for m in good.messages)  # re-asked, with feedback
+    assert good.parse_error is None and traj.success and good.actions[0].name == "click"
 
 
 def test_step_limit_truncates_and_finished_terminates(env):
@@ -232,11 +266,16 @@ def test_gymnasium_env_checker():
 
 
 def test_parallel_workers_match_in_process(env):
-    from trainer.sandbox.rollout import run_many
+    from trainer.sandbox.env_process import make_envs
 
-    jobs = plan(8, "heldout", ["dropdown", "drag_drop", "menu", "search_chain"])
-    here = sorted((r["family"], r["seed"], r["steps"], r["success"]) for r in (run_episode(env, "expert", f, s) for f, s in jobs))
-    there = sorted((r["family"], r["seed"], r["steps"], r["success"]) for r in run_many(jobs, "expert", workers=2))
+    tickets = plan(8, "heldout", ["dropdown", "drag_drop", "menu", "search_chain"])
+    here = [(t.family, t.seed, len(t.turns), t.success) for t in _play(ExpertActor, [env], tickets)]
+    envs = make_envs(2)
+    try:
+        there = [(t.family, t.seed, len(t.turns), t.success) for t in _play(ExpertActor, envs, tickets)]
+    finally:
+        for e in envs:
+            e.close()
     assert here == there and all(x[3] for x in there)
 
 

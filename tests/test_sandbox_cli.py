@@ -128,19 +128,17 @@ def test_eval_trace_shows_what_each_step_did(capsys):
 
 
 def test_trace_summary_counts_by_hand():
-    from trainer.sandbox.rollout import trace_summary
+    from trainer.episodes import Trajectory, Turn, trace_summary
 
-    def step(action, hit, changed):
-        return {"action": action, "point": None, "hit": hit, "changed": changed, "error": None}
+    def turn(action, hit, changed):
+        return Turn([], [], [], "", action=action, hit=hit, changed=changed)
 
-    results = [{"family": "radio", "trace": [step("click", "", False), step("click", "Red", True), step("", None, None)]},
-               {"family": "radio", "trace": [step("wait", None, False), step("click", "Red", None)]}]
-    got = trace_summary(results)["radio"]
-    # 3 clicks in 2 episodes, one on nothing; of the 3 steps whose effect was judged, 2 changed nothing
+    trajs = [Trajectory(0, "radio", "", [turn("click", "", False), turn("click", "Red", True), turn("", None, None)]),
+             Trajectory(1, "radio", "", [turn("wait", None, False), turn("click", "Red", None)])]
+    got = trace_summary(trajs)["radio"]
+    # 3 clicks in 2 episodes, one on nothing; of the 3 turns whose effect was judged, 2 changed nothing
     assert got == {"episodes": 2, "clicks_per_episode": 1.5, "missed": approx(1 / 3), "no_effect": approx(2 / 3),
                    "unparsed": approx(1 / 5)}
-    with pytest.raises(ValueError, match="trace=True"):
-        trace_summary([{"family": "radio", "trace": None}])
 
 
 def test_eval_trace_of_the_default_model(capsys, one_thread):  # noqa: F811

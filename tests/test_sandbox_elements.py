@@ -8,7 +8,7 @@ import pytest
 
 from agent import coords
 from agent.elements import Element, model_box, model_center
-from agent.grammar import format_response
+from agent.grammar import format_response, parse_reply
 from agent.schema import Action
 from trainer.sandbox.env import SandboxEnv
 from trainer.sandbox.families import FAMILIES
@@ -100,8 +100,10 @@ def _play(env, family, seed, snapped: bool) -> tuple[bool, list[int]]:
                 model[key] = coords.normalized_to_model(p, env.coords_space, W, H)
         if snapped and model:
             reply = format_response(thought, [Action(action.name, {**action.args, **model})])
-            obs, _, term, trunc, info = env.step(reply)
-            assert "parse_error" not in info and "action_error" not in info, info
+            parsed = parse_reply(reply, env.coords_space, W, H, platforms=(env.platform,))
+            assert parsed, parsed.reason
+            obs, _, term, trunc, info = env.step(list(parsed.actions))
+            assert "action_error" not in info, info
         else:
             obs, _, term, trunc, info = env.step(action)
         done = term or trunc

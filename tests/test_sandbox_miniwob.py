@@ -79,9 +79,9 @@ def test_tickets_spread_over_tasks_with_seeds_per_task():
 
 
 def test_miniwob_never_becomes_training_data():
+    from trainer.episodes import plan
     from trainer.flywheel import FlywheelError
     from trainer.flywheel.iteration import FlywheelConfig
-    from trainer.sandbox.rollout import plan
 
     with pytest.raises(FlywheelError, match="miniwob/click-test"):
         FlywheelConfig(families=["miniwob/click-test"])
@@ -151,7 +151,7 @@ def test_every_key_of_the_random_policy_is_pressable_and_reaches_the_page(env):
     env.step(Action("type", {"content": "x"}))
     assert _value(env, "tt") == "x"
     # a key MiniWoB++ cannot press is the agent's mistake: a value naming the key, the episode goes on
-    _, reward, term, trunc, info = env.step("Action: hotkey(key='ctrl shift t')")
+    _, reward, term, trunc, info = env.step(Action("hotkey", {"key": "ctrl shift t"}))
     assert "cannot press 'ctrl shift t'" in info["action_error"] and not (term or trunc)
     _, _, _, _, info = env.step(Action("right_single", {"start_box": (0.5, 0.5)}))
     assert info["action_error"] == "right_single: MiniWoB++ has no right click"
@@ -170,8 +170,8 @@ def test_gymnasium_env_checker(env):
 
 @needs_miniwob
 def test_the_episode_runner_plays_miniwob_with_the_oracle(env):
+    from trainer.actor import ExpertActor
     from trainer.episodes import run_episode
-    from trainer.recipe import ExpertActor
 
     traj = run_episode(ExpertActor(env), env, 3, family="miniwob/click-checkboxes", greedy=True)
     assert traj.family == "miniwob/click-checkboxes" and traj.instruction.startswith("Select ")
@@ -196,7 +196,7 @@ def test_a_wrong_answer_fails_and_a_step_limit_truncates(env):
     assert (reward, term, trunc, info["success"], info["status"]) == (0.0, True, False, False, "failed")
     env.reset(seed=0, options={"family": "click-dialog"})
     for _ in range(env.max_steps):
-        _, _, term, trunc, info = env.step("Action: wait()")
+        _, _, term, trunc, info = env.step(Action("wait", {}))
     assert (term, trunc, info["steps"]) == (False, True, env.max_steps)
 
 
@@ -243,10 +243,10 @@ def test_oracle_and_random_through_the_cli(capsys):
 
 @needs_miniwob
 def test_the_flywheel_reports_miniwob_apart():
-    from trainer.actor import ActorOutput
+    from trainer.actor import Actor, ActorOutput
     from trainer.flywheel.evaluation import MINIWOB_EPISODE_SECONDS, evaluate_on_miniwob
 
-    class Waits:  # a model that always waits
+    class Waits(Actor):  # a model that always waits
         def generate(self, messages, *, greedy=False):
             return ActorOutput("Thought: wait for it\nAction: wait()")
 

@@ -45,7 +45,7 @@ def test_two_ppo_updates_with_value_pretraining(tiny_any_dir, tmp_path, one_thre
 
 def _short_episodes(model, proc, n=2):
     from trainer.actor import VLMActor
-    from trainer.rollout import run_episode
+    from trainer.episodes import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     env = SandboxEnv(width=224, height=168)
@@ -167,8 +167,8 @@ def test_an_update_makes_the_rewarded_reply_likelier_and_the_penalised_one_less_
 
     from agent.vlm import action_logprobs, load_vlm
     from trainer.actor import VLMActor
+    from trainer.episodes import run_episode
     from trainer.ppo import Learner, PPOConfig, prepare_turns
-    from trainer.rollout import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")

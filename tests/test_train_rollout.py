@@ -7,7 +7,9 @@ import time
 
 import pytest
 
+from agent.schema import Action
 from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
+from trainer.actor import Actor
 
 ENV = {"width": 224, "height": 168, "families": ["click_button", "radio"]}
 
@@ -25,7 +27,7 @@ def test_staleness_rule():
 
 def test_run_episode_records_the_policys_tokens(tiny_vlm_dir, one_thread):  # noqa: F811
     from trainer.actor import VLMActor
-    from trainer.rollout import run_episode
+    from trainer.episodes import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     actor = VLMActor.load(tiny_vlm_dir, max_new_tokens=12)
@@ -105,14 +107,14 @@ def test_env_latency_delays_each_step_and_leaves_the_env_as_is():
         obs, info = env.reset(seed=4, options={"family": "click_button"})
         assert env.coords_space == env.env.coords_space  # attributes pass through
         t0 = time.perf_counter()
-        _, reward, terminated, truncated, info = env.step("Thought: wait.\nAction: wait()")
+        _, reward, terminated, truncated, info = env.step(Action("wait", {}))
         assert time.perf_counter() - t0 >= 0.15
         assert not terminated and info["family"] == "click_button"
     finally:
         env.close()
 
 
-class _ScriptedActor:
+class _ScriptedActor(Actor):
     """A scripted model: replies in turn from a list (the only thing a test may script)."""
 
     def __init__(self, replies):
@@ -127,7 +129,7 @@ class _ScriptedActor:
 def test_end_on_parse_error_ends_the_rollout_at_the_first_unparseable_output():
     """By default an unparseable reply gets feedback and the episode goes on (as in the agent);
     with end_on_parse_error it ends there, terminated and failed, and its progress is recorded."""
-    from trainer.rollout import run_episode
+    from trainer.episodes import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     junk, wait = "I think I should click", "Thought: wait.\nAction: wait()"
@@ -152,7 +154,7 @@ def test_run_episode_records_whether_each_action_changed_the_screen():
     episode ran no action that could be judged (None)."""
     from agent.grammar import format_normalized
     from agent.schema import Action
-    from trainer.rollout import run_episode
+    from trainer.episodes import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     env = SandboxEnv(width=320, height=240)
@@ -243,3 +245,54 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_the_runner_takes_the_agent_loops_reask_rule():
+    """agent.reask.ReaskRule is the one rule for unparsed replies: with the agent loop's own
+    (2 re-asks, executed steps counted) the runner never steps the env for junk, resets the count
+    after a reply that parses, and ends the episode at the third junk reply in a row."""
+    from agent.reask import ReaskRule
+    from trainer.episodes import EpisodeRunner
+    from trainer.sandbox.env import SandboxEnv
+
+    junk, wait = "I think I should click", "Thought: wait.\nAction: wait()"
+    env = SandboxEnv(width=224, height=168)
+    try:
+        rule = ReaskRule(max_reasks=2, charge_step=False)
+        runner = EpisodeRunner(_ScriptedActor([junk, junk, wait, junk, junk, junk, wait]), [env], max_steps=3,
+                               reask=rule)
+        (tr,) = runner.run_all([(3, "check_boxes")])
+        assert [t.parse_error is None for t in tr.turns] == [False, False, True, False, False, False]
+        assert tr.terminated and not tr.truncated and not tr.success
+        assert env._steps == 1  # only the reply that parsed reached the env
+        with pytest.raises(ValueError, match="either reask or end_on_parse_error"):
+            EpisodeRunner(_ScriptedActor([]), [env], reask=rule, end_on_parse_error=True)
+        with pytest.raises(ValueError, match="must charge a step"):
+            EpisodeRunner(_ScriptedActor([]), [env], reask=ReaskRule(max_reasks=None, charge_step=False))
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="max_reasks must be None or an integer >= 0, got -1"):
+        ReaskRule(max_reasks=-1)
+
+
+def test_each_reply_is_parsed_once_with_the_actors_extent_and_the_envs_platform():
+    """The runner parses a reply where it arrives (agent.grammar.parse_reply): points in the
+    actor's own image extent where it has one (a processor that resizes otherwise), actions the
+    env's platform lacks refused there, and only the parsed actions reach the env."""
+    from trainer.episodes import run_episode
+    from trainer.sandbox.env import SandboxEnv
+
+    class Wide(_ScriptedActor):  # a model whose image is 1000 x 500 whatever the screen
+        def model_extent(self, width, height):
+            return (1000, 500)
+
+    env = SandboxEnv(width=224, height=168)
+    try:
+        tr = run_episode(Wide(["Thought: t\nAction: run_command(command='ls')",
+                               "Thought: c\nAction: click(start_box='(250,375)')"]), env, 3, family="check_boxes",
+                         max_steps=2)
+    finally:
+        env.close()
+    refused, click = tr.turns
+    assert "not available on sandbox" in refused.parse_error and not refused.actions
+    assert click.point == pytest.approx((0.25, 0.75)) and click.actions[0].args["start_box"] == pytest.approx((0.25, 0.75))

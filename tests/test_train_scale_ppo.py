@@ -143,10 +143,10 @@ def test_the_flywheels_ppo_stage_runs_on_ray_actors(tiny_vlm_dir, tmp_path, caps
     the engine is kept in the candidate's lineage. Bad engine settings are refused by name."""
     from agent.store import Store
     from main import main
+    from trainer.episodes import demonstrate, plan, trajectory_to_episode
     from trainer.flywheel import FlywheelError
     from trainer.flywheel.iteration import FlywheelConfig, run_iteration
     from trainer.flywheel.registry import Registry
-    from trainer.sandbox.rollout import plan, run_many, to_episode
 
     with pytest.raises(FlywheelError, match="ppo_engine 'ray' needs ppo_workers of at least 1"):
         FlywheelConfig(families=["click_button"], ppo_engine="ray", ppo_workers=0)
@@ -158,8 +158,8 @@ def test_the_flywheels_ppo_stage_runs_on_ray_actors(tiny_vlm_dir, tmp_path, caps
     assert "ppo_engine 'ray' needs ppo_workers of at least 1" in capsys.readouterr().err
 
     with Store(tmp_path / "data") as store:
-        for result in run_many(plan(2, families=["click_button"]), "expert", record=True, width=224, height=168):
-            to_episode(result, store)
+        for traj in demonstrate(plan(2, families=["click_button"]), env_kw={"width": 224, "height": 168}):
+            trajectory_to_episode(traj, store, producer="expert")
         reg = Registry(store)
         v0 = reg.register(tiny_vlm_dir)
         reg.make_first(v0.version, "first model: nothing to compare with")

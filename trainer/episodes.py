@@ -1,29 +1,37 @@
 """The one episode runner: a policy plays sandbox tasks over N environments at once.
 
-PPO's rollouts, `sandbox eval`, the flywheel's rollout collection and its evaluation all play
-episodes through `EpisodeRunner`, so every number they report is measured under the same rules:
-the same prompt and hierarchical memory as the agent (agent.policies, agent.memory), the model's
-raw text handed to the env, and one rule for a reply that does not parse: the turn counts toward
-the step limit, the agent is asked again with feedback (as agent.loop does), and with
-`end_on_parse_error` the episode ends there instead (an RL policy cannot buy retries).
+The scripted expert, the random policy and every model play through `EpisodeRunner` (expert and
+random as actors, trainer.actor), and so do PPO's rollouts, `sandbox eval`, `sandbox generate`,
+the recipe's demonstrations and the flywheel's rollouts and evaluations, so every number they
+report is measured under the same rules: the same prompt and hierarchical memory as the agent
+(agent.policies, agent.memory); each reply parsed once, here, where it arrives
+(agent.grammar.parse_reply: the env's platform, the env's coordinate space or the actor's own
+extent), and the parsed actions handed to the env (`TaskEnv.send_step`), which never sees text;
+and agent.reask's rule for a reply that does not parse, the agent loop's own: it is not executed,
+the agent is asked again with feedback, and the turn counts toward the step limit
+(`ReaskRule(charge_step=True)`); with `end_on_parse_error` the episode ends there instead (an RL
+policy cannot buy retries).
 
 The runner keeps N slots, each an env playing one episode. Each round it asks the actor for the
-replies of every slot at once (`actor.generate_batch`: one batched generation), steps each env,
-and when an episode ends it hands the finished `Trajectory` out and starts the next ticket in
-that slot, so no slot idles while long episodes run. An actor without `generate_batch` (the
-scripted expert, an endpoint) is asked row by row. `run_episode` is the one-slot case.
+replies of every slot at once (`actor.generate_batch`: one batched generation for a model),
+steps each env, and when an episode ends it hands the finished `Trajectory` out and starts the
+next ticket in that slot, so no slot idles while long episodes run. `run_episode` is the
+one-slot case; `demonstrate` is the one path of expert demonstrations.
 """
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from agent.executors.base import Frame
+from agent.grammar import parse_reply
 from agent.memory import Memory, MemoryStep
 from agent.policies.base import build_prompt
-from agent.schema import monotonic
+from agent.reask import ReaskRule
+from agent.schema import Action, Episode, monotonic
+from trainer.actor import Actor
 
 
 @dataclass
@@ -51,6 +59,8 @@ class Turn:
     # order): the learner scores the turn from them without the chat (None: the actor did not say)
     prompt_ids: list[int] | None = None
     image_keys: list[str] | None = None
+    thought: str = ""  # the reply's thought and actions as parsed (once, by the runner); empty when it did not parse
+    actions: list[Action] = field(default_factory=list)
 
     @property
     def frame(self) -> Frame | None:
@@ -109,9 +119,33 @@ def frame_of(obs) -> Frame:
     return Frame(geometry=obs["geometry"], pixels=obs["screenshot"], elements=elements, elements_source=source)
 
 
+class TaskEnv(Protocol):
+    """What the runner plays: a Gymnasium-style task env (trainer.sandbox's SandboxEnv, MiniWoBEnv,
+    EnvProcess) that takes parsed actions, never text. `send_step` starts a step and `recv_step`
+    returns its (obs, reward, terminated, truncated, info), so envs in processes of their own step
+    at once. `platform`: the action platform it performs (agent.actions), what a reply is parsed for."""
+
+    width: int
+    height: int
+    coords_space: str
+    platform: str
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]: ...
+
+    def send_step(self, actions: list[Action]) -> None: ...
+
+    def recv_step(self) -> tuple: ...
+
+    def expert_click(self) -> tuple[float, float] | None: ...
+
+    def labelled_targets(self) -> list: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class _Slot:
-    env: object
+    env: TaskEnv
     index: int  # its place among the runner's slots: the key of its kept turn (trainer.actor)
     traj: Trajectory | None = None
     memory: Memory | None = None
@@ -121,6 +155,7 @@ class _Slot:
     feedback: str | None = None
     limit: int = 10
     t0: float = 0.0
+    failures: int = 0  # replies in a row that did not parse
 
 
 Ticket = tuple  # (seed, family or None)
@@ -131,21 +166,26 @@ class EpisodeRunner:
     finished Trajectory as it ends; `next_ticket(block)` returns the next ticket or None (none now;
     with block=False the runner goes on with the slots it has, with block=True None means no more).
     `before_round()`, when set, runs before each batched generation (a worker loads new weights
-    there and sets `version`)."""
+    there and sets `version`). `reask`: the rule for replies that do not parse (agent.reask; by
+    default re-asked until the step limit, each charged a step; `end_on_parse_error` is
+    ReaskRule(max_reasks=0))."""
 
-    def __init__(self, actor, envs: list, *, memory_kw: dict | None = None, platform: str = "desktop",
+    def __init__(self, actor: Actor, envs: list[TaskEnv], *, memory_kw: dict | None = None, platform: str = "desktop",
                  greedy: bool = False, max_steps: int | None = None, end_on_parse_error: bool = False,
-                 version: int = 0, worker: int = -1, trace: bool = False, batched: bool = True,
-                 before_round: Callable[[], None] | None = None, keep_turns: bool = True):
+                 reask: ReaskRule | None = None, version: int = 0, worker: int = -1, trace: bool = False,
+                 before_round: Callable[[], None] | None = None):
         if not envs:
             raise ValueError("EpisodeRunner needs at least one environment")
+        if reask is not None and end_on_parse_error:
+            raise ValueError("give EpisodeRunner either reask or end_on_parse_error, not both")
+        if reask is None:
+            reask = ReaskRule(max_reasks=0 if end_on_parse_error else None, charge_step=True)
+        if reask.max_reasks is None and not reask.charge_step:
+            raise ValueError("a ReaskRule with no max_reasks must charge a step per re-ask, or an episode may never end")
         self.actor, self.slots = actor, [_Slot(env, i) for i, env in enumerate(envs)]
         self.memory_kw, self.platform, self.greedy = dict(memory_kw or {}), platform, greedy
-        self.max_steps, self.end_on_parse_error = max_steps, end_on_parse_error
+        self.max_steps, self.reask = max_steps, reask
         self.version, self.worker, self.trace = version, worker, trace
-        self.batched = batched and hasattr(actor, "generate_batch")
-        # an actor that keeps each slot's last turn computes only a turn's new tokens
-        self.keyed = keep_turns and self.batched and "slots" in inspect.signature(actor.generate_batch).parameters
         self.before_round = before_round
         self.rounds = 0
         self._asked = 0.0
@@ -204,76 +244,70 @@ class EpisodeRunner:
         return out
 
     # -- one slot
+    def _key(self, slot: _Slot) -> tuple:
+        return (self.worker, slot.index)
+
     def _start(self, slot: _Slot, ticket: Ticket) -> None:
         seed, family = ticket
         slot.t0 = time.perf_counter()
         obs, info = slot.env.reset(seed=int(seed), options={"family": family} if family else None)
-        slot.obs, slot.info, slot.feedback = obs, info, None
+        slot.obs, slot.info, slot.feedback, slot.failures = obs, info, None, 0
         slot.traj = Trajectory(seed=int(seed), family=info["family"], instruction=info["instruction"],
                                version=self.version, worker=self.worker,
                                start_progress=float(info.get("progress", 0.0)))
         slot.memory = Memory(**self.memory_kw)
         slot.prompt = build_prompt(info["instruction"], (self.platform,))
         slot.limit = self.max_steps or info.get("max_steps") or 10
-        if hasattr(self.actor, "start_episode"):
-            self.actor.start_episode()
+        self.actor.start_episode(self._key(slot), int(seed))
 
     def _messages(self, slot: _Slot) -> list:
         return slot.memory.build_messages(slot.prompt, frame_of(slot.obs), space=slot.env.coords_space,
                                           feedback=slot.feedback)
 
     def _generate(self, chats: list, slots: list) -> list:
-        if self.keyed:
-            return self.actor.generate_batch(chats, greedy=self.greedy, slots=slots)
-        if self.batched:
-            return self.actor.generate_batch(chats, greedy=self.greedy)
-        return [self.actor.generate(c, greedy=self.greedy) for c in chats]
+        return self.actor.generate_batch(chats, greedy=self.greedy, slots=slots)
 
     def _send(self, slot: _Slot, messages: list, gen) -> tuple:
-        """Hand the reply to the slot's env (its step may run in the env's own process)."""
-        from agent.grammar import parse_normalized
-
+        """Parse the reply (the one parse) and hand its actions to the slot's env (its step may run
+        in the env's own process); a reply that does not parse is not sent (the re-ask rule)."""
         env = slot.env
         frame = frame_of(slot.obs)
-        ask = getattr(env, "expert_click", None)  # before the step: the state the reply answers
-        expert = ask() if ask else None
+        expert = env.expert_click()  # before the step: the state the reply answers
         w, h = frame.size
-        parsed = parse_normalized(gen.text, env.coords_space, w, h)
+        parsed = parse_reply(gen.text, env.coords_space, w, h, platforms=(env.platform,),
+                             extent=self.actor.model_extent(w, h))
         hit = None
-        if self.trace and parsed:
-            from trainer.sandbox.rollout import clicked_element
+        if parsed:
+            if self.trace:
+                _, hit = clicked_element(env, list(parsed.actions))
+            env.send_step(list(parsed.actions))
+        return messages, gen, frame, parsed, expert, hit
 
-            _, hit = clicked_element(env, list(parsed.actions))
-        if hasattr(env, "send_step"):
-            env.send_step(gen.text)
-            result = None
-        else:
-            result = env.step(gen.text)
-        return messages, gen, frame, parsed, expert, hit, result
-
-    def _receive(self, slot: _Slot, messages, gen, frame, parsed, expert, hit, result) -> bool:
+    def _receive(self, slot: _Slot, messages, gen, frame, parsed, expert, hit) -> bool:
         """Record the turn from the env's answer; True when the episode ended."""
         env, traj = slot.env, slot.traj
-        obs, reward, terminated, truncated, info = result if result is not None else env.recv_step()
-        turn = Turn(messages, list(gen.ids), list(gen.logprobs), gen.text, float(reward), info.get("parse_error"),
-                    float(info.get("progress", 0.0)), action_error=info.get("action_error"), expert_point=expert, changed=info.get("screen_changed"),
-                    hit=hit, version=self.version, space=env.coords_space, t=(self._asked, monotonic()),
-                    pointer=getattr(gen, "pointer", None))
+        turn = Turn(messages, list(gen.ids), list(gen.logprobs), gen.text, expert_point=expert, hit=hit,
+                    version=self.version, space=env.coords_space, pointer=gen.pointer)
+        if parsed:
+            obs, reward, terminated, truncated, info = env.recv_step()
+            slot.failures, slot.feedback = 0, None
+            first = parsed.actions[0]
+            box = first.args.get("start_box")
+            turn.reward, turn.progress, turn.changed = float(reward), float(info.get("progress", 0.0)), info.get("screen_changed")
+            turn.action_error, turn.action, turn.point = info.get("action_error"), first.name, tuple(box[:2]) if box else None
+            turn.thought, turn.actions = parsed.thought, list(parsed.actions)
+            slot.memory.add(MemoryStep(parsed.thought, list(parsed.actions), frame))
+        else:  # never executed: the env is not stepped, the agent is asked again (agent.reask)
+            obs, info, truncated = slot.obs, slot.info, False
+            slot.failures += 1
+            turn.parse_error, turn.progress = parsed.reason, float(info.get("progress", 0.0))
+            slot.feedback = self.reask.feedback(parsed.reason)
+            terminated = self.reask.gives_up(slot.failures)  # the policy ended it: nothing to bootstrap
+        turn.t = (self._asked, monotonic())
         traj.turns.append(turn)
         _carry_prompt(traj, turn, messages, gen)
-        if info.get("parse_error"):
-            if self.end_on_parse_error:
-                terminated = True
-            slot.feedback = _reask(info["parse_error"])
-        else:
-            slot.feedback = None
-            if parsed:
-                slot.memory.add(MemoryStep(parsed.thought, list(parsed.actions), frame))
-                first = parsed.actions[0] if parsed.actions else None
-                turn.action = first.name if first else ""
-                box = first.args.get("start_box") if first else None
-                turn.point = tuple(box[:2]) if box else None
-        if not (terminated or truncated) and len(traj.turns) >= slot.limit:
+        used = len(traj.turns) if self.reask.charge_step else sum(t.parse_error is None for t in traj.turns)
+        if not (terminated or truncated) and used >= slot.limit:
             truncated = True
         slot.obs, slot.info = obs, info
         if terminated or truncated:
@@ -288,8 +322,7 @@ class EpisodeRunner:
         if traj.truncated:  # a time-limit cut is bootstrapped from the value of the next state
             traj.final_messages = self._messages(slot)
         traj.seconds = time.perf_counter() - slot.t0
-        if hasattr(self.actor, "slipped"):
-            traj.slipped = list(self.actor.slipped)
+        traj.slipped = list(self.actor.slipped(self._key(slot)))
         slot.traj = slot.memory = None
         return traj
 
@@ -316,12 +349,6 @@ def _carry_prompt(traj: Trajectory, turn: Turn, messages: list, gen) -> None:
             traj.images.setdefault(key, pil)
         out.append(key)
     turn.prompt_ids, turn.image_keys = list(ids), out
-
-
-def _reask(reason: str) -> str:
-    from agent.loop import reask_feedback
-
-    return reask_feedback(reason)
 
 
 def run_episode(actor, env, seed: int, *, family: str | None = None, memory_kw: dict | None = None,
@@ -384,3 +411,118 @@ def summarize(trajs: list[Trajectory], families: list[str]) -> dict:
                format_rate=sum(turn.parse_error is None for turn in turns) / max(1, len(turns)),
                outcomes=[[t.family, t.seed, bool(t.success)] for t in trajs])
     return out
+
+
+def plan(episodes: int, split: str = "train", families: list[str] | None = None, start: int = 0) -> list[Ticket]:
+    """`episodes` (seed, family) tickets spread evenly over the families (default: all), seeds
+    from the split's range, from `start` within it."""
+    from trainer.sandbox.families import FAMILIES, family_class
+    from trainer.sandbox.task import HELDOUT_START
+
+    if episodes < 1:
+        raise ValueError(f"episodes must be at least 1, got {episodes}")
+    names = list(families or FAMILIES)
+    for n in names:
+        family_class(n)
+    base = (HELDOUT_START if split == "heldout" else 0) + start
+    return [(base + i, names[i % len(names)]) for i in range(episodes)]
+
+
+def demonstrate(tickets: list[Ticket], *, env_kw: dict | None = None, n_envs: int = 1, slip: float = 0.0,
+                seed: int = 0, memory_kw: dict | None = None,
+                progress: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+    """The one path of expert demonstrations (`sandbox generate`, the recipe's SFT data, the
+    simulated flywheel's people): the sandbox's scripted expert (trainer.actor.ExpertActor, with
+    `slip` its injected mistakes) plays `tickets` through the runner over `n_envs` sandbox envs
+    (trainer.sandbox.env_process.make_envs; env_kw go to SandboxEnv), prompted, parsed and
+    stepped exactly as a model's rollouts are. The trajectories in ticket order."""
+    from trainer.actor import ExpertActor
+    from trainer.sandbox.env_process import make_envs
+
+    envs = make_envs(max(1, min(n_envs, len(tickets))), **(env_kw or {}))
+    try:
+        return play(ExpertActor(envs, slip=slip, seed=seed), tickets, envs=envs, greedy=True, memory_kw=memory_kw,
+                    progress=progress)
+    finally:
+        for env in envs:
+            env.close()
+
+
+def clicked_element(env: TaskEnv, actions: list[Action]) -> tuple[tuple | None, str | None]:
+    """The first action's click point and the text of the labelled element under it on the screen
+    now ("" for none); (None, None) when the first action is no click."""
+    a = actions[0] if actions else None
+    box = a.args.get("start_box") if a is not None and a.name == "click" else None
+    if not box:
+        return None, None
+    x, y = box[0], box[1]
+    hit = next((text for text, _, (x0, y0, x1, y1) in env.labelled_targets() if x0 <= x <= x1 and y0 <= y <= y1), "")
+    return (x, y), hit
+
+
+def rates(trajs: list[Trajectory]) -> dict:
+    """{"overall": rate, "families": {name: rate}, "counts": {name: n}} of played trajectories."""
+    by: dict[str, list[bool]] = {}
+    for t in trajs:
+        by.setdefault(t.family, []).append(t.success)
+    fams = {k: sum(v) / len(v) for k, v in by.items()}
+    overall = sum(t.success for t in trajs) / len(trajs) if trajs else 0.0
+    return {"overall": overall, "families": fams, "counts": {k: len(v) for k, v in by.items()}}
+
+
+def trace_summary(trajs: list[Trajectory]) -> dict:
+    """Per family, from trajectories played with trace=True: clicks per episode, the share of
+    clicks on no labelled element ("missed"), the share of actions that left the screen as it was
+    ("no_effect") and of replies that did not parse ("unparsed")."""
+    by: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        by.setdefault(t.family, []).append(t)
+    out = {}
+    for fam, ts in by.items():
+        turns = [u for t in ts for u in t.turns]
+        clicks = [u for u in turns if u.hit is not None]
+        judged = [u for u in turns if u.changed is not None]
+        out[fam] = {"episodes": len(ts), "clicks_per_episode": len(clicks) / len(ts),
+                    "missed": sum(u.hit == "" for u in clicks) / len(clicks) if clicks else 0.0,
+                    "no_effect": sum(u.changed is False for u in judged) / len(judged) if judged else 0.0,
+                    "unparsed": sum(u.action == "" for u in turns) / len(turns) if turns else 0.0}
+    return out
+
+
+def trajectory_to_episode(traj: Trajectory, store, producer: str, policy_version: str | None = None) -> Episode:
+    """A played Trajectory as a stored rollout Episode (kind "rollout", outcome from the verifier):
+    each turn's screenshot as a PNG blob with its element list, the thought and actions as the
+    runner parsed them (a reply that did not parse: a wait, its error in the step's info), the
+    reply itself as the raw response."""
+    from agent.executors.base import encode_pixels
+    from agent.schema import Observation, Outcome, Provenance, ScreenGeometry, Step
+    from trainer.sandbox.task import split_of
+
+    steps = []
+    for i, turn in enumerate(traj.turns):
+        frame = turn.frame
+        w, h = frame.size
+        acts = list(turn.actions) or [Action("wait", {})]
+        listed = list(frame.elements) if frame.elements is not None else None
+        obs = Observation(screenshot=store.put_blob(encode_pixels(frame.pixels, "image/png")), width=w, height=h,
+                          geometry=ScreenGeometry.simple(w, h), time=turn.t[0], elements=listed,
+                          elements_source=frame.elements_source if listed is not None else None)
+        info: dict = {"progress": turn.progress}
+        if len(acts) > 1:
+            info["more_actions"] = [a.to_dict() for a in acts[1:]]
+        error = turn.parse_error or turn.action_error
+        if error:
+            info["error"] = error
+        last = i == len(traj.turns) - 1
+        steps.append(Step(index=i, observation=obs, thought=turn.thought, action=acts[0],
+                          provenance=Provenance(source="agent", policy_version=policy_version or producer),
+                          t_start=turn.t[0], t_end=turn.t[1], reward=turn.reward, terminated=last and traj.terminated,
+                          truncated=last and traj.truncated, raw_response=turn.text, info=info))
+    ep = Episode(instruction=traj.instruction, kind="rollout", platform="sandbox", producer=producer,
+                 policy_version=policy_version or producer,
+                 outcome=Outcome(success=traj.success, reward=sum(t.reward for t in traj.turns), source="verifier"),
+                 steps=steps,
+                 meta={"family": traj.family, "seed": traj.seed, "level": traj.level, "split": split_of(traj.seed),
+                       "progress": traj.progress, "status": traj.status})
+    store.save_episode(ep)
+    return ep

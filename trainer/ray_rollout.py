@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from trainer.actor import Actor
 from trainer.episodes import Trajectory
 from trainer.rollout import OffPolicy, RolloutError, Tickets, WorkerSpec, check_pool
 
@@ -84,6 +85,9 @@ class _Inference:
     async def generate(self, messages, greedy: bool = False):
         return (await self.generate_batch([messages], greedy))[0]
 
+    async def model_extent(self, width: int, height: int):
+        return self.actor.model_extent(width, height)
+
     async def stats(self) -> dict:
         return dict(self.counts)
 
@@ -117,17 +121,25 @@ class _Inference:
                     k += len(chats)
 
 
-class _RemotePolicy:
+class _RemotePolicy(Actor):
     """trainer.actor's interface over the shared inference actor: a rollout actor's EpisodeRunner
     plays its envs with it as with a local copy."""
 
     def __init__(self, handle):
         self.handle = handle
+        self._extents: dict = {}
 
     def generate_batch(self, chats, *, greedy: bool = False, slots: list | None = None):
         import ray
 
         return ray.get(self.handle.generate_batch.remote(chats, greedy, slots))
+
+    def model_extent(self, width: int, height: int):
+        import ray
+
+        if (width, height) not in self._extents:  # the processor's size, asked once per screen size
+            self._extents[width, height] = ray.get(self.handle.model_extent.remote(width, height))
+        return self._extents[width, height]
 
     def generate(self, messages, *, greedy: bool = False):
         import ray

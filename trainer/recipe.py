@@ -150,82 +150,28 @@ def sft_stage_config(cfg: RecipeConfig) -> dict:
     return {k: full[k] for k in SFT_STAGE_KEYS}
 
 
-class ExpertActor:
-    """The sandbox's scripted expert behind the actor interface, so demonstrations are prompted
-    exactly like the policy's own rollouts.
-
-    With `slip` > 0 each turn may, with that chance and at most once per episode, be a mistake
-    instead of the expert's answer (UI-TARS's error-correction data; DART-style noise
-    injection): a click at a random point under the expert's thought, or the expert's reply cut
-    off so it does not parse. The expert then carries on from the state the slip left (a wrong
-    option ticked, a re-ask for a readable answer), so SFT sees how to recover from the states a
-    policy's own mistakes lead to, which pure expert demonstrations never visit. The slipped turns are listed in `slipped`
-    (per episode, after `start_episode()`) and are not trained on."""
-
-    def __init__(self, env, *, slip: float = 0.0, seed: int = 0):
-        if not 0.0 <= slip <= 1.0:
-            raise ValueError(f"slip must be a probability in [0, 1], got {slip}")
-        import random
-
-        self.env, self.slip, self.rng = env, slip, random.Random(f"slip:{seed}")
-        self.turn, self.slipped = 0, []
-
-    def start_episode(self) -> None:
-        self.turn, self.slipped = 0, []
-
-    def generate(self, messages, *, greedy: bool = False):
-        from trainer.actor import ActorOutput
-
-        turn, self.turn = self.turn, self.turn + 1
-        if self.slip and not self.slipped and self.rng.random() < self.slip:
-            self.slipped.append(turn)
-            return ActorOutput(self._slip_text())
-        return ActorOutput(self.env.expert_response())
-
-    def _slip_text(self) -> str:
-        from agent.grammar import format_normalized, parse_normalized
-        from agent.schema import Action
-
-        env = self.env
-        thought, _ = env.expert_action()
-        if self.rng.random() < 0.5:  # a click at a random point, under the thought of the right one
-            point = (self.rng.uniform(0.03, 0.97), self.rng.uniform(0.03, 0.97))  # normalized, as actions hold them
-            return format_normalized(thought, [Action("click", {"start_box": point})], env.coords_space, env.width,
-                                     env.height)
-        text = env.expert_response()  # cut inside the Action, as a reply that ran out of tokens is
-        start = text.find("Action:") + len("Action:")
-        for _ in range(8):
-            cut = text[: self.rng.randrange(start, len(text) - 1)]
-            if not parse_normalized(cut, env.coords_space, env.width, env.height, platform="sandbox"):
-                return cut
-        return text[:start]  # "Action:" with nothing after it never parses
-
-
 def demonstrations(families, per_family: int, *, width: int, height: int, seed_start: int = 0, memory_kw=None,
                    progress: bool = True, slip: float = 0.0, observation: str = "elements"):
-    """Expert trajectories on training seeds, and the SFT samples they give (every expert turn of
-    the successful ones; a slipped turn, see ExpertActor, is context only)."""
+    """Expert trajectories on training seeds (trainer.episodes.demonstrate, the one path of
+    demonstrations; `slip`: trainer.actor.ExpertActor's injected mistakes), and the SFT samples they
+    give (every expert turn of the successful ones; a slipped turn is context only)."""
     from tqdm import tqdm
 
-    from trainer.rollout import run_episode
-    from trainer.sandbox.env import SandboxEnv
+    from trainer.episodes import demonstrate
     from trainer.sft import Sample
 
-    env = SandboxEnv(width=width, height=height, observation=observation)
-    expert = ExpertActor(env, slip=slip, seed=seed_start)
-    trajs, samples = [], []
+    tickets = [(seed_start + k, families[k % len(families)]) for k in range(per_family * len(families))]
+    bar = tqdm(total=len(tickets), desc="expert demos", disable=not progress or None)
     try:
-        for k in tqdm(range(per_family * len(families)), desc="expert demos", disable=not progress or None):
-            fam = families[k % len(families)]
-            expert.start_episode()
-            tr = run_episode(expert, env, seed_start + k, family=fam, memory_kw=memory_kw)
-            tr.slipped = list(expert.slipped)  # run_episode made the Trajectory; the actor knows its slips
-            trajs.append(tr)
-            if tr.success:  # only demonstrations that reached the goal are worth imitating
-                samples += [Sample(t.messages, t.text, f"{fam}:{tr.seed}#{i}") for i, t in enumerate(tr.turns)
-                            if i not in tr.slipped]
+        trajs = demonstrate(tickets, env_kw={"width": width, "height": height, "observation": observation}, slip=slip,
+                            seed=seed_start, memory_kw=memory_kw, progress=lambda _t: bar.update(1))
     finally:
-        env.close()
+        bar.close()
+    samples = []
+    for tr in trajs:
+        if tr.success:  # only demonstrations that reached the goal are worth imitating
+            samples += [Sample(t.messages, t.text, f"{tr.family}:{tr.seed}#{i}") for i, t in enumerate(tr.turns)
+                        if i not in tr.slipped]
     return trajs, samples
 
 

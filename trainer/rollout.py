@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from trainer.episodes import EpisodeRunner, Trajectory, Turn, frame_of, run_episode  # noqa: F401  (re-exported)
+from trainer.episodes import EpisodeRunner, Trajectory, Turn, frame_of  # noqa: F401  (re-exported)
 from trainer.errors import TrainerError
 from trainer.specs import ActorSpec, EnvSpec, EpisodeSpec, MemorySpec
 
@@ -272,14 +272,11 @@ class _Delayed:
 
     def send_step(self, action) -> None:
         self._sent = time.monotonic()
-        if hasattr(self.env, "send_step"):
-            self.env.send_step(action)
-        else:
-            self._result = self.env.step(action)
+        self.env.send_step(action)
 
     def recv_step(self):
         time.sleep(max(0.0, self._sent + self.latency - time.monotonic()))
-        return self.env.recv_step() if hasattr(self.env, "send_step") else self._result
+        return self.env.recv_step()
 
     def __getattr__(self, name):
         return getattr(self.env, name)

@@ -3,7 +3,7 @@
 `Policy.propose(instruction, memory, observation, feedback=None) -> Proposal`. A policy builds
 the UI-TARS prompt (agent.grammar.system_prompt) and the chat messages (agent.memory), asks its
 model for text (`generate`, the one method a back end writes), and parses the text with
-agent.grammar.parse_normalized. Bad model output is a Proposal with `parse_error` set, never an
+agent.grammar.parse_reply. Bad model output is a Proposal with `parse_error` set, never an
 exception; `PolicyError` is raised only when no text could be had at all (an endpoint that stays
 down after its retries, a replay file that ran out), which ends a run.
 """
@@ -13,9 +13,8 @@ import time
 from dataclasses import dataclass, field
 
 from agent import coords
-from agent.actions import REGISTRY
 from agent.errors import TandemError
-from agent.grammar import action_space_text, parse_normalized, system_prompt
+from agent.grammar import action_space_text, parse_reply, system_prompt
 from agent.memory import Memory
 from agent.schema import Action
 
@@ -91,13 +90,15 @@ class Policy:
             w, h = 1000, 1000
         common = {"space": self.space, "image_size": (w, h), "seconds": seconds, "policy_version": self.version}
         text = raw if isinstance(raw, str) else repr(raw)
-        parsed = parse_normalized(raw, self.space, w, h)
+        parsed = parse_reply(raw, self.space, w, h, platforms=self.platforms, extent=self.model_extent(w, h))
         if not parsed:
             return Proposal("", [], text, parse_error=parsed.reason, **common)
-        for a in parsed.actions:
-            if not set(REGISTRY[a.name].platforms) & set(self.platforms):
-                return Proposal(parsed.thought, [], text, parse_error=f"action {a.name!r} is not available on {'/'.join(self.platforms)}", **common)
         return Proposal(parsed.thought, list(parsed.actions), text, None, **common)
+
+    def model_extent(self, width: int, height: int) -> tuple[int, int] | None:
+        """The (width, height) the model's coordinates span for a width x height screenshot when
+        that is not the coordinate space's own (agent.coords.model_extent); None when it is."""
+        return None
 
     def close(self) -> None:
         pass

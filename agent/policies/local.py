@@ -13,8 +13,7 @@ model with other limits (the tiny test model), points are normalized with the pr
 from __future__ import annotations
 
 from agent import coords
-from agent.grammar import parse_response
-from agent.policies.base import Policy, PolicyError, Proposal
+from agent.policies.base import Policy, PolicyError
 
 
 class LocalVLMPolicy(Policy):
@@ -71,36 +70,20 @@ class LocalVLMPolicy(Policy):
         self.last_generation = g
         return g.text
 
-    def parse(self, raw, observation, *, seconds: float = 0.0) -> Proposal:
-        if self.space != coords.SMART_RESIZE or self.processor is None or observation is None or not observation.has_image:
-            return super().parse(raw, observation, seconds=seconds)
-        from agent.vlm import resized_image_size
-
-        w, h = observation.size
-        rw, rh = resized_image_size(self.processor, w, h)
-        if (rh, rw) == coords.smart_resize(h, w):
-            return super().parse(raw, observation, seconds=seconds)
-        common = {"space": self.space, "image_size": (w, h), "seconds": seconds, "policy_version": self.version}
-        parsed = parse_response(raw)
-        text = raw if isinstance(raw, str) else repr(raw)
-        if not parsed:
-            return Proposal("", [], text, parse_error=parsed.reason, **common)
-
-        def norm(p):
-            if not (0 <= p[0] <= rw and 0 <= p[1] <= rh):
-                raise coords.CoordinateError(f"point ({p[0]:g}, {p[1]:g}) lies outside the model's image {rw}x{rh}")
-            return (p[0] / rw, p[1] / rh)
-
-        try:
-            actions = [a.map_points(norm) for a in parsed.actions]
-        except coords.CoordinateError as e:
-            return Proposal(parsed.thought, [], text, parse_error=str(e), **common)
-        from agent.actions import REGISTRY
-
-        for a in actions:
-            if not set(REGISTRY[a.name].platforms) & set(self.platforms):
-                return Proposal(parsed.thought, [], text, parse_error=f"action {a.name!r} is not available on {'/'.join(self.platforms)}", **common)
-        return Proposal(parsed.thought, actions, text, None, **common)
+    def model_extent(self, width: int, height: int) -> tuple[int, int] | None:
+        return processor_extent(self.processor, self.space, width, height)
 
     def close(self) -> None:
         self.model = self.processor = self.cache = None
+
+
+def processor_extent(processor, space: str, width: int, height: int) -> tuple[int, int] | None:
+    """The image (width, height) `processor` makes of a width x height screenshot, where a
+    smart_resize model writes its coordinates, when that differs from agent.coords' smart_resize
+    (a processor with other min/max pixels); None when it agrees or the space is not smart_resize."""
+    if space != coords.SMART_RESIZE or processor is None:
+        return None
+    from agent.vlm import resized_image_size
+
+    rw, rh = resized_image_size(processor, width, height)
+    return None if (rh, rw) == coords.smart_resize(height, width) else (rw, rh)

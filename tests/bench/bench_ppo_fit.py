@@ -33,7 +33,7 @@ BATCH = 32
 
 
 def greedy_success(actor, env, seeds, family) -> float:
-    from trainer.rollout import run_episode
+    from trainer.episodes import run_episode
 
     actor.model.eval()
     return sum(run_episode(actor, env, s, family=family, greedy=True).success for s in seeds) / len(seeds)
@@ -45,8 +45,8 @@ def fit(model_dir: str, family: str, pool: int, updates: int, heldout: int, seed
 
     from agent.vlm import load_vlm
     from trainer.actor import VLMActor
+    from trainer.episodes import run_episode
     from trainer.ppo import Learner, PPOConfig, batch_metrics
-    from trainer.rollout import run_episode
     from trainer.sandbox.env import SandboxEnv
     from trainer.sandbox.task import HELDOUT_START
 

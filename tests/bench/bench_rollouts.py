@@ -85,8 +85,8 @@ def learner_rows(model_dir, batch: int, repeats: int, devices=("cpu",)) -> list[
     CPU with the tower trained, is the baseline)."""
     from agent.vlm import load_vlm
     from trainer.actor import VLMActor
+    from trainer.episodes import run_episode
     from trainer.ppo import Learner, PPOConfig
-    from trainer.rollout import run_episode
     from trainer.sandbox.env import SandboxEnv
     from trainer.sft import load_for_training
 

@@ -306,9 +306,8 @@ def collect_rollouts(store, model_dir, version: str, cfg: FlywheelConfig, iterat
 
     from agent.vlm import load_vlm
     from trainer.actor import VLMActor
-    from trainer.episodes import play
+    from trainer.episodes import play, trajectory_to_episode
     from trainer.sandbox.env_process import make_envs
-    from trainer.sandbox.rollout import trajectory_to_episode
 
     model, processor = load_vlm(model_dir, device="cpu")
     actor = VLMActor(model, processor, temperature=cfg.rollout_temperature, max_new_tokens=cfg.max_new_tokens)

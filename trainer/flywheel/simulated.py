@@ -26,18 +26,18 @@ def simulate(store, *, recordings: int = 0, supervised: int = 0, families=None, 
              jitter_px: float = 1.5, empty_thought_rate: float = 0.1, unmarked_rate: float = 0.0, seed: int = 0,
              seed_start: int = 700_000) -> dict:
     """Store `recordings` + `supervised` simulated human episodes; returns their ids by kind."""
+    from trainer.episodes import demonstrate, trajectory_to_episode
     from trainer.sandbox.families import FAMILIES
-    from trainer.sandbox.rollout import run_many, to_episode
 
     fams = list(families or FAMILIES)
     rng = random.Random(seed)
     n = recordings + supervised
-    jobs = [(fams[k % len(fams)], seed_start + k) for k in range(n)]
+    tickets = [(seed_start + k, fams[k % len(fams)]) for k in range(n)]
     out = {"recording": [], "supervised": []}
-    for k, result in enumerate(run_many(jobs, "expert", record=True, width=width, height=height)):
-        if not result["success"]:
+    for k, traj in enumerate(demonstrate(tickets, env_kw={"width": width, "height": height})):
+        if not traj.success:
             continue  # a person would not submit a recording of a task they did not finish
-        ep = to_episode(result, store, producer="simulated-annotator")
+        ep = trajectory_to_episode(traj, store, producer="simulated-annotator")
         kind = "recording" if k < recordings else "supervised"
         ep.kind, ep.producer, ep.policy_version = kind, "simulated-annotator", None
         if kind == "recording":

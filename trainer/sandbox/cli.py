@@ -56,7 +56,8 @@ def register(sub, common) -> None:
     s.add_argument("--episode-seconds", type=float, metavar="S",
                    help="--suite miniwob: MiniWoB++'s episode clock in seconds (default: each task's own, mostly 10; "
                         "a model that thinks for seconds a step needs more)")
-    s.add_argument("--workers", type=int, default=1, help="worker processes for expert/random")
+    s.add_argument("--workers", type=int, default=1,
+                   help="expert/random: environments played together, each in a process of its own (default 1)")
     s.add_argument("--envs", type=int, default=16,
                    help="model policies: environments played together, one batched generation per round (default 16)")
     s.add_argument("--max-new-tokens", type=int, default=128, help="model policies: reply length limit (default 128)")
@@ -192,26 +193,32 @@ def _interactive(env) -> int:
 
 
 def cmd_generate(args) -> int:
-    from trainer.sandbox.rollout import plan, run_many, to_episode
+    from trainer.episodes import demonstrate, plan, trajectory_to_episode
 
     try:
-        jobs = plan(args.episodes, args.split, _families(args), args.start)
+        tickets = plan(args.episodes, args.split, _families(args), args.start)
     except Exception as e:
         return fail(str(e))
+    if args.workers < 1:
+        return fail(f"--workers must be at least 1, got {args.workers}")
     store = open_store(args)
     resolve_screen(args)
     ok = 0
-    bar = _bar(len(jobs), "expert episodes")
+    bar = _bar(len(tickets), "expert episodes")
+
+    def keep(traj) -> None:  # stored as each episode ends
+        nonlocal ok
+        trajectory_to_episode(traj, store, producer="expert", policy_version="sandbox-expert")
+        ok += traj.success
+        bar.update(1)
+
     try:
-        for result in run_many(jobs, "expert", workers=args.workers, record=True, width=args.width, height=args.height):
-            to_episode(result, store, producer="expert", policy_version="sandbox-expert")
-            ok += result["success"]
-            bar.update(1)
+        demonstrate(tickets, env_kw={"width": args.width, "height": args.height}, n_envs=args.workers, progress=keep)
     finally:
         bar.close()
         store.close()
-    print(f"wrote {len(jobs)} expert episodes ({ok} successful) to {store.root}")
-    return 0 if ok == len(jobs) else 1
+    print(f"wrote {len(tickets)} expert episodes ({ok} successful) to {store.root}")
+    return 0 if ok == len(tickets) else 1
 
 
 def _bar(total: int, desc: str):
@@ -247,26 +254,19 @@ def make_actor(args):
     return VLMActor(model, processor, max_new_tokens=args.max_new_tokens)
 
 
-def _play_model(args, actor, jobs, bar) -> list[dict]:
-    """The jobs played by the one episode runner (trainer.episodes), as run_episode-style results."""
+def _play(args, make, tickets, n_envs: int, bar) -> list:
+    """The tickets played by the one episode runner (trainer.episodes) over `n_envs` sandbox envs;
+    `make(envs)` gives the actor (the expert and random policy answer for each env)."""
     from trainer.episodes import EpisodeRunner
     from trainer.sandbox.env_process import make_envs
 
-    envs = make_envs(min(args.envs, len(jobs)), width=args.width, height=args.height, observation=args.observation)
+    envs = make_envs(min(n_envs, len(tickets)), width=args.width, height=args.height, observation=args.observation)
     try:
-        runner = EpisodeRunner(actor, envs, greedy=True, platform="desktop", trace=args.trace)
-        trajs = runner.run_all([(seed, family) for family, seed in jobs], progress=lambda _t: bar.update(1))
+        runner = EpisodeRunner(make(envs), envs, greedy=True, platform="desktop", trace=args.trace)
+        return runner.run_all(tickets, progress=lambda _t: bar.update(1))
     finally:
         for env in envs:
             env.close()
-    return _results(trajs)
-
-
-def _results(trajs) -> list[dict]:
-    """Trajectories (trainer.episodes) as run_episode-style result dicts, with their traces."""
-    return [{"family": t.family, "seed": t.seed, "instruction": t.instruction, "success": t.success,
-             "trace": [{"action": u.action, "point": u.point if u.action == "click" else None, "hit": u.hit,
-                        "changed": u.changed, "error": u.parse_error or u.action_error} for u in t.turns]} for t in trajs]
 
 
 def _grounding(args, families) -> int:
@@ -380,11 +380,11 @@ def _eval_miniwob(args) -> int:
         return fail(str(e))
     finally:
         bar.close()
-    return _report(args, _results(trajs), {"suite": "miniwob", "episode_seconds": args.episode_seconds})
+    return _report(args, trajs, {"suite": "miniwob", "episode_seconds": args.episode_seconds})
 
 
 def cmd_eval(args) -> int:
-    from trainer.sandbox.rollout import plan, run_many
+    from trainer.episodes import plan
 
     problem = _suite_problem(args)
     if problem:
@@ -401,44 +401,45 @@ def cmd_eval(args) -> int:
             if families:
                 print(f"--policy default: the {len(families)} families it was trained on ({', '.join(families)}); "
                       "pass --families for others", file=sys.stderr)
-        jobs = plan(args.episodes, args.split, families)
+        tickets = plan(args.episodes, args.split, families)
     except Exception as e:
         return fail(str(e))
     if args.grounding:
         return _grounding(args, families)
-    results = []
-    bar = _bar(len(jobs), f"{args.policy} episodes")
+    if args.policy in ("expert", "random"):
+        from trainer.actor import ExpertActor, RandomActor
+
+        if args.workers < 1:
+            return fail(f"--workers must be at least 1, got {args.workers}")
+        n_envs, make = args.workers, (ExpertActor if args.policy == "expert" else RandomActor)
+    else:
+        try:
+            actor = make_actor(args)
+        except Exception as e:
+            return fail(str(e))
+        n_envs, make = args.envs, (lambda _envs: actor)
+    bar = _bar(len(tickets), f"{args.policy} episodes")
     try:
-        if args.policy in ("expert", "random"):
-            for r in run_many(jobs, args.policy, workers=args.workers, width=args.width, height=args.height,
-                              trace=args.trace):
-                results.append(r)
-                bar.update(1)
-        else:
-            try:
-                actor = make_actor(args)
-            except Exception as e:
-                return fail(str(e))
-            results = _play_model(args, actor, jobs, bar)
+        trajs = _play(args, make, tickets, n_envs, bar)
     finally:
         bar.close()
-    return _report(args, results)
+    return _report(args, trajs)
 
 
-def _report(args, results: list[dict], more_json: dict | None = None) -> int:
-    """Print the success rates of `results` (and with --trace, what each step did)."""
-    from trainer.sandbox.rollout import rates, trace_summary
+def _report(args, trajs: list, more_json: dict | None = None) -> int:
+    """Print the success rates of played trajectories (and with --trace, what each turn did)."""
+    from trainer.episodes import rates, trace_summary
 
-    out = rates(results)
+    out = rates(trajs)
     if not args.trace:
         rows = {k: (out["counts"][k], r) for k, r in out["families"].items()}
         _print_rates(args.json, "success", out["overall"], rows, more_json=more_json)
         return 0
     if not args.json:
-        for r in sorted(results, key=lambda r: (r["family"], r["seed"])):
-            print(f"{r['family']} {r['seed']} {'success' if r['success'] else 'failure'}: {r['instruction']}")
-            print("    " + " ; ".join(_traced(s) for s in r["trace"]))
-    summary = trace_summary(results)
+        for t in sorted(trajs, key=lambda t: (t.family, t.seed)):
+            print(f"{t.family} {t.seed} {'success' if t.success else 'failure'}: {t.instruction}")
+            print("    " + " ; ".join(_traced(u) for u in t.turns))
+    summary = trace_summary(trajs)
     _print_rates(args.json, "success", out["overall"],
                  {k: (out["counts"][k], rate, f"{summary[k]['clicks_per_episode']:.1f}", f"{summary[k]['missed']:.0%}",
                       f"{summary[k]['no_effect']:.0%}") for k, rate in out["families"].items()},
@@ -446,15 +447,15 @@ def _report(args, results: list[dict], more_json: dict | None = None) -> int:
     return 0
 
 
-def _traced(step: dict) -> str:
-    """One traced step, e.g. `click 'Save' (0.41,0.62)`, `click nothing (0.50,0.28) no effect`."""
-    if not step["action"]:
-        return f"unparsed ({step['error']})"
-    text = step["action"]
-    if step["hit"] is not None:
-        text += f" {repr(step['hit']) if step['hit'] else 'nothing'} ({step['point'][0]:.2f},{step['point'][1]:.2f})"
-    if step["changed"] is False:
+def _traced(turn) -> str:
+    """One traced turn, e.g. `click 'Save' (0.41,0.62)`, `click nothing (0.50,0.28) no effect`."""
+    if not turn.action:
+        return f"unparsed ({turn.parse_error})"
+    text = turn.action
+    if turn.hit is not None:
+        text += f" {repr(turn.hit) if turn.hit else 'nothing'} ({turn.point[0]:.2f},{turn.point[1]:.2f})"
+    if turn.changed is False:
         text += " no effect"
-    elif step["error"]:
-        text += f" ({step['error']})"
+    elif turn.action_error:
+        text += f" ({turn.action_error})"
     return text

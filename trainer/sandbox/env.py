@@ -3,7 +3,9 @@
     env = SandboxEnv()                       # or gymnasium.make("Tandem/Sandbox-v0")
     obs, info = env.reset(seed=7, options={"family": "dropdown"})
     obs, reward, terminated, truncated, info = env.step(Action("click", {"start_box": (0.5, 0.4)}))
-    obs, ... = env.step("Thought: ...\\nAction: click(start_box='(168,120)')")   # UI-TARS text
+
+An action is an Action or a list of them, with normalized points: a model's reply is parsed where
+it arrives (agent.grammar.parse_reply, as the episode runner does), never by the env.
 
 obs = {"screenshot": HxWx3 uint8 RGB, "geometry": ScreenGeometry} and, with observation="elements"
 (the default), "elements": the screen's element list (agent.elements.Element, screenshot pixels). Reward is 1 on the step the
@@ -105,8 +107,8 @@ class NoteSpace(gym.Space):
 
 
 class ActionSpace(gym.Space):
-    """Schema Actions with normalized points (or UI-TARS text). sample() is the random policy:
-    mostly clicks, some double/right clicks, drags, scrolls, typing, keys and waits."""
+    """Schema Actions with normalized points (one, or a list of them). sample() is the random
+    policy: mostly clicks, some double/right clicks, drags, scrolls, typing, keys and waits."""
 
     KINDS = ("click",) * 10 + ("left_double", "right_single", "drag", "drag", "scroll", "scroll", "type", "hotkey", "wait")
     KEYS = ("enter", "esc", "tab", "down", "up", "space", "ctrl a", "backspace")
@@ -116,10 +118,8 @@ class ActionSpace(gym.Space):
         super().__init__(None, None, seed)
 
     def contains(self, x) -> bool:
-        if isinstance(x, str):
-            return True
         if isinstance(x, (list, tuple)):
-            return bool(x) and all(self.contains(a) for a in x if not isinstance(a, str))
+            return bool(x) and all(isinstance(a, Action) and self.contains(a) for a in x)
         return isinstance(x, Action) and validate(x) is None
 
     def sample(self, mask=None, probability=None) -> Action:
@@ -145,8 +145,26 @@ class ActionSpace(gym.Space):
         return isinstance(other, ActionSpace)
 
 
-class SandboxEnv(gym.Env):
+class StepLater:
+    """`send_step(action)` / `recv_step()` for an env that steps in its own process only in name:
+    the step runs at send, its result waits for recv (trainer.episodes.TaskEnv; EnvProcess
+    overlaps real steps)."""
+
+    _sent = None
+
+    def send_step(self, action) -> None:
+        self._sent = self.step(action)
+
+    def recv_step(self):
+        if self._sent is None:
+            raise RuntimeError("recv_step() without a send_step() before it")
+        result, self._sent = self._sent, None
+        return result
+
+
+class SandboxEnv(StepLater, gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+    platform = "sandbox"  # the action platform it performs (agent.actions)
 
     def __init__(self, width: int = 320, height: int = 240, families: list[str] | None = None, split: str = "train",
                  max_steps: int | None = None, coords_space: str = coords.SMART_RESIZE, render_mode: str | None = None,
@@ -208,7 +226,7 @@ class SandboxEnv(gym.Env):
         if self.task is None:
             raise RuntimeError("call reset() before step()")
         extra: dict = {}
-        actions = self._to_actions(action, extra)
+        actions = to_actions(action, extra)
         ended_by_agent = False
         if self._done:
             extra["error"] = "the episode is over; call reset()"
@@ -287,9 +305,6 @@ class SandboxEnv(gym.Env):
         thought, action = self.expert_action()
         return format_normalized(thought, [action], self.coords_space, self.width, self.height)
 
-    def _to_actions(self, action, extra: dict) -> list[Action]:
-        return to_actions(action, extra, self.coords_space, self.width, self.height)
-
     def _observe(self) -> dict:
         obs = {"screenshot": self.screen.render(), "geometry": ScreenGeometry.simple(self.width, self.height)}
         if self.observation == "elements":
@@ -313,24 +328,16 @@ class SandboxEnv(gym.Env):
         self.screen, self.task = None, None
 
 
-def to_actions(action, extra: dict, space: str, width: int, height: int) -> list[Action]:
-    """What a step was given (an Action, a list of them, or UI-TARS text in `space` for a
-    width x height screenshot) as Actions; a reply that does not parse gives none and its reason
-    in extra["parse_error"] (the thought, when it parsed, in extra["thought"])."""
+def to_actions(action, extra: dict) -> list[Action]:
+    """What a step was given (an Action or a non-empty list of them) as a list of Actions; anything
+    else (UI-TARS text included: parse it where it arrives, agent.grammar.parse_reply) gives none
+    and says why in extra["action_error"]."""
     if isinstance(action, Action):
         return [action]
     if isinstance(action, (list, tuple)) and action and all(isinstance(a, Action) for a in action):
         return list(action)
-    if isinstance(action, str):
-        from agent.grammar import parse_normalized
-
-        parsed = parse_normalized(action, space, width, height, platform="sandbox")
-        if not parsed:
-            extra["parse_error"] = parsed.reason
-            return []
-        extra["thought"] = parsed.thought
-        return list(parsed.actions)
-    extra["action_error"] = f"an action must be an Action or UI-TARS text, got {type(action).__name__}"
+    what = "text (parse the reply first: agent.grammar.parse_reply)" if isinstance(action, str) else type(action).__name__
+    extra["action_error"] = f"an action must be an Action or a list of Actions, got {what}"
     return []
 
 

@@ -4,7 +4,8 @@ Qt keeps popups, the mouse grab and focus per application, and a process has one
 two sandboxes in one process interfere (a combo box left open in one swallows the next click in
 the other, measured: a tab click then "changed nothing"). So each environment of a vectorized
 rollout lives in its own process and is driven over a pipe. `EnvProcess` has the env's methods
-(reset, step, expert_click, labelled_targets, close) plus `send_step` / `recv_step`, so a runner
+(reset, step, expert_click, expert_action, expert_response, labelled_targets, close, the action
+space and platform) plus `send_step` / `recv_step`, so a runner
 steps all its environments at once and collects the results after: the steps run in parallel.
 
 Processes start from a fork server that has imported the sandbox already (Linux, macOS), so a new
@@ -46,7 +47,7 @@ def _serve(conn, env_kw: dict) -> None:
     try:
         env = SandboxEnv(**env_kw)
         conn.send((True, {"width": env.width, "height": env.height, "coords_space": env.coords_space,
-                          "families": env.families, "split": env.split}))
+                          "families": env.families, "split": env.split, "platform": env.platform}))
     except BaseException as e:  # the parent must hear why, then we are done
         conn.send((False, f"{type(e).__name__}: {e}"))
         return
@@ -78,6 +79,10 @@ class EnvProcess:
         attrs = self._recv("start")
         self.width, self.height = attrs["width"], attrs["height"]
         self.coords_space, self.families, self.split = attrs["coords_space"], attrs["families"], attrs["split"]
+        self.platform = attrs["platform"]
+        from trainer.sandbox.env import ActionSpace
+
+        self.action_space = ActionSpace()  # the env's (a plain sampler): the random policy draws here
 
     def _recv(self, what: str):
         try:
@@ -121,6 +126,9 @@ class EnvProcess:
 
     def expert_action(self):
         return self._call("expert_action")
+
+    def expert_response(self):
+        return self._call("expert_response")
 
     def labelled_targets(self):
         return self._call("labelled_targets")

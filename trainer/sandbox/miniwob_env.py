@@ -2,7 +2,6 @@
 
     env = MiniWoBEnv(["click-test", "click-button"])
     obs, info = env.reset(seed=0, options={"family": "miniwob/click-button"})
-    obs, reward, terminated, truncated, info = env.step("Action: click(start_box='(100,200)')")
     obs, reward, terminated, truncated, info = env.step(Action("click", {"start_box": (0.4, 0.6)}))
 
 The same contract as trainer.sandbox.env.SandboxEnv, so the one episode runner
@@ -10,11 +9,11 @@ The same contract as trainer.sandbox.env.SandboxEnv, so the one episode runner
 and, with observation="elements" (the default), "elements": the page's element list read from its
 DOM (agent.elements.Element, screenshot pixels; trainer.sandbox.miniwob_elements) and
 "elements_source": "dom", or why the list is None (the scan ran past `elements_budget` seconds,
-the page's script failed); the episode goes on either way. A step takes an Action, a list of them
-or UI-TARS text in `coords_space`; reward is 1 on the step
+the page's script failed); the episode goes on either way. A step takes an Action or a list of them
+(a model's reply parsed where it arrives, never by the env); reward is 1 on the step
 MiniWoB reports full success (raw reward 1), else 0; info has "instruction", "family"
 ("miniwob/<task>"), "success", "progress" (MiniWoB's raw reward, from 0, for partial credit),
-"status", "steps", "max_steps", and "parse_error" / "action_error" / "error" when something was
+"status", "steps", "max_steps", and "action_error" / "error" when something was
 wrong. `terminated` is a real end (MiniWoB's verdict, or finished / call_user); `truncated` is a
 time limit: the step limit, or MiniWoB's own episode clock ("timed out"), which `episode_seconds`
 lengthens (10 s in most tasks: too short for a model that thinks for seconds a step).
@@ -38,6 +37,7 @@ import numpy as np
 from agent import coords
 from agent.actions import KEY_ALIASES, validate
 from agent.schema import Action, ScreenGeometry
+from trainer.sandbox.env import StepLater
 from trainer.sandbox.miniwob_browser import Deadline, MiniWoBError, MiniWoBTimeout, check_versions, chromium_paths
 from trainer.sandbox.miniwob_elements import SOURCE
 
@@ -154,10 +154,11 @@ def _changed(before, after) -> bool:
     return int(np.count_nonzero(np.any(before != after, axis=-1))) > CARET_PIXELS
 
 
-class MiniWoBEnv(gym.Env):
-    """MiniWoB++ tasks (e.g. 'click-button') with schema Actions or UI-TARS text in, screenshots out."""
+class MiniWoBEnv(StepLater, gym.Env):
+    """MiniWoB++ tasks (e.g. 'click-button') with schema Actions in, screenshots out."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+    platform = "sandbox"  # the action platform a reply is parsed for: the sandbox's desktop actions
 
     def __init__(self, tasks: str | list[str] | None = None, *, max_steps: int = 10,
                  episode_seconds: float | None = None, reset_timeout: float = 30.0, step_timeout: float = 30.0, launch_timeout: float = 60.0,
@@ -249,7 +250,7 @@ class MiniWoBEnv(gym.Env):
         if self._raw is None:
             raise RuntimeError("call reset() before step()")
         extra: dict = {}
-        actions = to_actions(action, extra, self.coords_space, self.width, self.height)
+        actions = to_actions(action, extra)
         if self._done:
             extra["error"] = "the episode is over; call reset()"
             actions = []

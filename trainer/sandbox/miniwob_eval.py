@@ -56,9 +56,8 @@ def play(policy, tasks: list[str], episodes: int, *, envs: int = 1, env_kw: dict
     """Trajectories of `policy` ("oracle", "random" or an actor) over `episodes` episodes of
     `tasks`, in ticket order; greedy replies. env_kw go to MiniWoBEnv (max_steps, episode_seconds,
     timeouts). progress(trajectory) after each episode."""
-    from trainer.actor import RandomActor
+    from trainer.actor import ExpertActor, RandomActor
     from trainer.episodes import EpisodeRunner
-    from trainer.recipe import ExpertActor
 
     if isinstance(policy, str) and policy not in BUILTIN:
         raise ValueError(f"policy must be one of {BUILTIN} or an actor, got {policy!r}")

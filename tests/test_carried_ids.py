@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from tests.vlm_fixtures import one_thread, tiny_any_dir, tiny_qwen3_dir, tiny_vlm_dir  # noqa: F401 - fixtures
+from trainer.actor import Actor
 
 
-class _PointingActor:
+class _PointingActor(Actor):
     """Clicks through the element-list pointer on every turn (an untrained tiny model never writes
     a click): the prompt tokenized as the batched actor does it (agent.vlm_batch.build_batch_inputs:
     its ids and image keys), a click reply whose site the pointer points at entry 1 (agent.pointer.rewrite)."""
@@ -27,7 +28,7 @@ class _PointingActor:
 
         self.proc, self.cache = proc, ImageCache()
 
-    def generate_batch(self, chats, *, greedy=False):
+    def generate_batch(self, chats, *, greedy=False, slots=None):
         from agent import pointer
         from agent.vlm_batch import build_batch_inputs
         from trainer.actor import ActorOutput

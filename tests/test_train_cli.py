@@ -120,7 +120,7 @@ def test_a_recipe_config_saved_flat_still_loads():
 
 def test_the_shipped_recipe_defaults_did_not_move():
     """The shipped model's recipe, as it was before its settings nested."""
-    from trainer.recipe import RecipeConfig
+    from trainer.recipe import RecipeConfig, reproduce_command
 
     c = RecipeConfig()
     assert (c.sft.lr, c.sft.epochs, c.sft.batch_size, c.sft.warmup_steps, c.sft.schedule, c.sft.grad_clip) == (
@@ -132,6 +132,12 @@ def test_the_shipped_recipe_defaults_did_not_move():
         20, 16, 1e-4, 4, 1.0, 0.5, 48, 10.0, 0.5, 0.1, None, 1, 3, 2, 16, "local")
     assert (c.width, c.height, c.demo_episodes_per_family, c.demo_slip, c.ppo_max_steps, c.seed) == (
         336, 252, 60, 0.3, 5, 0)
+    # the shipped model's eval.json, written flat before the stages nested, holds exactly the defaults
+    from pathlib import Path
+
+    shipped = json.loads((Path(__file__).resolve().parents[1] / "assets" / "default_model" / "eval.json").read_text())
+    assert RecipeConfig.from_dict(shipped["config"]) == c
+    assert reproduce_command(shipped["config"]) == shipped["reproduce"] == "python main.py train default --out assets/default_model"
 
 
 def test_train_ppo_from_the_cli_with_the_recipe_knobs(tiny_vlm_dir, tmp_path, capsys, one_thread):  # noqa: F811

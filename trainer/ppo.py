@@ -181,10 +181,11 @@ def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConf
             tb.adv, tb.ret = a.to(dev), r.to(dev)
         stats["returns"].append(ret_c)
         stats["values"].append(values)
-    all_adv = torch.cat([tb.adv for tb in turns])
-    mean, std = all_adv.mean(), all_adv.std().clamp(min=1e-6) if all_adv.numel() > 1 else torch.ones((), device=dev)
-    for tb in turns:  # whiten over the batch
-        tb.adv = (tb.adv - mean) / std
+    if cfg.whiten_advantages:
+        all_adv = torch.cat([tb.adv for tb in turns])
+        mean, std = all_adv.mean(), all_adv.std().clamp(min=1e-6) if all_adv.numel() > 1 else torch.ones((), device=dev)
+        for tb in turns:  # whiten over the batch
+            tb.adv = (tb.adv - mean) / std
     ret, val = torch.cat(stats["returns"]), torch.cat(stats["values"])
     # the policy's lambda as used: at alpha 0.05 it sits on its floor (0.9) below 200 tokens an episode,
     # so "length-adaptive" is constant for short GUI episodes; logged so a run shows which regime it is in

@@ -34,6 +34,9 @@ class PPOConfig(ScaleConfig):
                                "copy kept)")
     gamma: float = knob(1.0, "discount per generated token")
     critic_lambda: float = knob(1.0, "GAE lambda of the critic's targets (decoupled GAE)")
+    # off: the policy loss sees GAE's advantages on the rewards' own scale, so an update's step size follows the
+    # batch's returns (a batch of near-equal outcomes moves the policy little instead of being blown up to std 1)
+    whiten_advantages: bool = knob(True, "whiten the batch's advantages (mean 0, std 1) before the policy loss")
     # length-adaptive lambda = 1 - 1/(alpha * l), clamped to [0.9, 0.9999]: at 0.05 every episode under 200
     # generated tokens gets the floor 0.9 (most GUI episodes here: see "lambda_at_floor" in the metrics);
     # 0.2 makes it vary over 50-5,000 tokens

@@ -62,10 +62,11 @@ def knob(default=MISSING, help: str = "", *, factory=MISSING, flag: str | None =
     return field(default=default, default_factory=factory, metadata=md)
 
 
-def nested(factory, help: str = "", *, prefix: str, bare=(), renamed=None, skip=(), tied=()):
-    """A field holding another config (made by `factory`, the parent's defaults for it)."""
+def nested(factory, help: str = "", *, prefix: str, bare=(), renamed=None, helps=None, skip=(), tied=()):
+    """A field holding another config (made by `factory`, the parent's defaults for it); `helps`:
+    {field: help} where the parent means more by a field than the nested config says."""
     md = {"help": help, "nested": True, "prefix": prefix, "bare": tuple(bare), "renamed": dict(renamed or {}),
-          "skip": tuple(skip), "tied": tuple(tied)}
+          "helps": dict(helps or {}), "skip": tuple(skip), "tied": tuple(tied)}
     return field(default_factory=factory, metadata=md)
 
 
@@ -93,6 +94,7 @@ class Flag:
     flag: str  # "--ppo-lr"
     cls: type  # the config class that declares the field
     f: dataclasses.Field
+    help: str
 
 
 def flags_of(cls, *, _parent: dict | None = None, _path: str = "") -> list[Flag]:
@@ -107,15 +109,16 @@ def flags_of(cls, *, _parent: dict | None = None, _path: str = "") -> list[Flag]
         if not md.get("cli", True):
             continue
         own = md.get("flag") or f.name.replace("_", "-")
-        name = f"--{own}"
+        name, help_ = f"--{own}", md.get("help") or ""
         if _parent is not None:
+            help_ = _parent["helps"].get(f.name, help_)
             if f.name in _parent["skip"] or f.name in _parent["tied"]:
                 continue
             if f.name in _parent["renamed"]:
                 name = _parent["renamed"][f.name]
             elif f.name not in _parent["bare"]:
                 name = f"--{_parent['prefix']}{own}"
-        out.append(Flag(_path + f.name, name, cls, f))
+        out.append(Flag(_path + f.name, name, cls, f, help_))
     return out
 
 
@@ -155,10 +158,9 @@ def add_flags(parser, cls, *, base=None, keep: bool = False, exclude=()) -> None
             continue
         t, optional, is_list = _kind(fl.cls, fl.f)
         default = _default(cls, fl.path) if base is None else _get(base, fl.path)
-        md = fl.f.metadata
-        help_ = md.get("help") or ""
+        md, help_ = fl.f.metadata, fl.help
         shown = ",".join(default) if is_list and default else default
-        said = t is bool or default is None or help_.endswith(")")  # a switch's state shows in its two names
+        said = t is bool or default is None or "default" in help_  # a switch says its default itself
         kw = {"dest": fl.path, "default": None if keep else default,
               "help": help_ if said else f"{help_} (default {shown})".strip()}
         if t is bool:

@@ -49,16 +49,19 @@ class FlywheelConfig:
     rollouts: int = knob(12, "on-policy episodes the current model plays per iteration")
     rollout_temperature: float = knob(1.0, "sampling temperature of those episodes")
     ct: SFTConfig = nested(lambda: SFTConfig(lr=5e-4, max_steps=15), "CT on the CT pool", prefix="ct-",
-                           renamed={"max_steps": "--ct-steps"}, skip=SCALE, tied=("seed",))
+                           renamed={"max_steps": "--ct-steps"}, helps={"max_steps": "CT optimizer steps (0: skip CT)"},
+                           skip=SCALE, tied=("seed",))
     sft: SFTConfig = nested(lambda: SFTConfig(lr=2e-3, max_steps=100, warmup_steps=5), "SFT on the SFT pool",
-                            prefix="sft-", renamed={"max_steps": "--sft-steps"}, skip=SCALE, tied=("seed",))
+                            prefix="sft-", renamed={"max_steps": "--sft-steps"},
+                            helps={"max_steps": "SFT optimizer steps (0: skip SFT)"}, skip=SCALE, tied=("seed",))
     dpo_steps: int = knob(20, "DPO steps on preference pairs from supervisors' corrections (0: skip)")
     dpo_beta: float = knob(0.1, "DPO beta")
     dpo_lr: float = knob(2e-4, "DPO learning rate")
     # PPO: rollouts in this process (workers 0) are best on 2 cores; its seed is the flywheel's plus the iteration
     ppo: PPOConfig = nested(lambda: PPOConfig(updates=3, batch_episodes=6, lr=2e-4, n_workers=0, value_pretrain_iters=1,
                                               max_new_tokens=48),
-                            "PPO on the sandbox", prefix="ppo-", bare=("ray_address",), skip=SCALE,
+                            "PPO on the sandbox", prefix="ppo-", bare=("ray_address",),
+                            helps={"updates": "PPO updates (0: skip PPO)"}, skip=SCALE,
                             tied=("seed", "max_new_tokens"))
     max_new_tokens: int = knob(48, "tokens a model may generate per turn (rollouts, PPO, evaluation)")
     max_steps: int | None = knob(None, "cap on an episode's steps (none: each family's own limit)")

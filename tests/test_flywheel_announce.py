@@ -97,8 +97,10 @@ def test_an_iteration_that_promotes_announces_to_connected_apps(backend, store, 
     for traj in demonstrate(plan(6, families=["click_button"]), env_kw={"width": 224, "height": 168}):
         trajectory_to_episode(traj, store, producer="expert")
     # min_gain -1: any evaluated candidate is promoted; this test is about the announcement
-    cfg = FlywheelConfig(width=224, height=168, max_steps=2, families=["click_button"], eval_episodes=2, rollouts=0,
-                         ct_steps=0, sft_steps=40, sft_lr=3e-3, batch=4, ppo_updates=0, max_new_tokens=32, min_gain=-1.0)
+    cfg = FlywheelConfig.from_dict({"width": 224, "height": 168, "max_steps": 2, "families": ["click_button"],
+                                    "eval_episodes": 2, "rollouts": 0, "ct": {"max_steps": 0},
+                                    "sft": {"max_steps": 40, "lr": 3e-3, "batch_size": 4}, "ppo": {"updates": 0},
+                                    "max_new_tokens": 32, "min_gain": -1.0})
     reg = Registry(store)
     v0 = reg.register(tiny_vlm_dir)
     reg.make_first(v0.version, "first model")

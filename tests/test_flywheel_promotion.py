@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.vlm_fixtures import tiny_vlm_dir  # noqa: F401 - fixture
+from trainer.config_flags import ConfigError
 from trainer.flywheel import FlywheelError
 from trainer.flywheel.registry import Registry, paired_comparison
 
@@ -179,8 +180,9 @@ def test_an_iteration_that_wrecks_the_model_keeps_the_current_one(store, trained
     corrected.steps[0].provenance = Provenance("corrected", proposal_thought="Click the corner.",
                                                proposal_action=Action("click", {"start_box": (0.9, 0.9)}), decision="edit")
     store.save_episode(corrected)
-    cfg = FlywheelConfig(width=ENV["width"], height=ENV["height"], max_steps=2, families=[FAMILY], eval_episodes=3,
-                         rollouts=1, ct_steps=0, sft_steps=3, sft_lr=5.0, batch=2, dpo_steps=2, ppo_updates=0, max_new_tokens=48)
+    cfg = FlywheelConfig.from_dict(dict(width=ENV["width"], height=ENV["height"], max_steps=2, families=[FAMILY],
+                                        eval_episodes=3, rollouts=1, ct_steps=0, sft_steps=3, sft_lr=5.0, batch=2,
+                                        dpo_steps=2, ppo_updates=0, max_new_tokens=48))
     reg = Registry(store)
     v0 = reg.register(trained_dir)
     reg.make_first(v0.version, "first model: nothing to compare with")
@@ -217,16 +219,16 @@ def test_bad_flywheel_settings_are_refused_by_name(store, capsys):
     from main import main
     from trainer.flywheel.iteration import FlywheelConfig
 
-    with pytest.raises(FlywheelError, match="unknown sandbox family 'nope'"):
+    with pytest.raises(ConfigError, match="flywheel.families has an unknown sandbox family 'nope'"):
         FlywheelConfig(families=["nope"])
     store.set_setting("flywheel.config", {"sft_stepz": 3})
-    with pytest.raises(FlywheelError, match="unknown setting.*sft_stepz"):
+    with pytest.raises(ConfigError, match="unknown setting.*sft_stepz"):
         FlywheelConfig.load(store)
     assert main(["flywheel", "run", "--data", str(store.root)]) == 2  # the saved config is named, not ignored
     assert "sft_stepz" in capsys.readouterr().err
     store.set_setting("flywheel.config", {})
     assert main(["flywheel", "run", "--sft-steps", "-1", "--data", str(store.root)]) == 2
-    assert "sft_steps must be >= 0, got -1" in capsys.readouterr().err
+    assert "--sft-steps must be >= 0, got -1" in capsys.readouterr().err
 
 
 def test_the_first_iteration_starts_from_the_shipped_default_model(store):
@@ -247,7 +249,7 @@ def test_the_first_iteration_starts_from_the_shipped_default_model(store):
     assert first_model(small) == ("a new model with random weights "
                                   "(the shipped default model is for 336x252 screens, not 224x168)")
     assert "random weights" in first_model(FlywheelConfig(families=[FAMILY], base="scratch"))
-    with pytest.raises(FlywheelError, match="base must be 'default' or 'scratch'"):
+    with pytest.raises(ConfigError, match="flywheel.base must be one of default, scratch, got 'shipped'"):
         FlywheelConfig(base="shipped")
 
 
@@ -257,6 +259,41 @@ def test_old_configs_counted_in_seeds_still_load(store):
     store.set_setting("flywheel.config", {"families": ["radio", "tabs"], "eval_seeds": 5})
     cfg = FlywheelConfig.load(store)
     assert cfg.eval_episodes == 10 and cfg.eval_seeds == 5
+
+
+def test_a_flat_config_saved_before_the_stages_nested_still_loads(store, capsys):
+    """The store's "flywheel.config" as `flywheel run --save-config` wrote it before CT, SFT and
+    PPO held their own configs; loaded, overridden by the new flags, and saved again nested."""
+    from dataclasses import asdict
+
+    from trainer.flywheel.iteration import CONFIG_KEY, FlywheelConfig
+
+    old = {"width": 224, "height": 168, "families": ["radio", "tabs"], "eval_episodes": 20, "miniwob_episodes": 0,
+           "rollouts": 4, "rollout_temperature": 1.0, "ct_steps": 5, "ct_lr": 1e-4, "sft_steps": 30, "sft_lr": 1e-3,
+           "batch": 4, "dpo_steps": 0, "dpo_beta": 0.1, "dpo_lr": 2e-4, "ppo_updates": 2, "ppo_batch": 3,
+           "ppo_lr": 5e-5, "ppo_workers": 1, "ppo_engine": "local", "ray_address": None, "max_new_tokens": 32,
+           "max_steps": 3, "min_gain": 0.01, "base": "scratch", "threads": 1, "seed": 7, "routing": {}}
+    store.set_setting(CONFIG_KEY, old)
+    cfg = FlywheelConfig.load(store)
+    assert (cfg.ct.max_steps, cfg.ct.lr, cfg.ct.batch_size, cfg.sft.max_steps, cfg.sft.lr, cfg.sft.batch_size) == (
+        5, 1e-4, 4, 30, 1e-3, 4)
+    assert (cfg.ppo.updates, cfg.ppo.batch_episodes, cfg.ppo.lr, cfg.ppo.n_workers) == (2, 3, 5e-5, 1)
+    assert (cfg.ppo.seed, cfg.ppo.max_new_tokens, cfg.ct.seed, cfg.sft.warmup_steps) == (7, 32, 7, 5)  # tied; default
+    assert FlywheelConfig.from_dict(asdict(cfg)) == cfg  # what --save-config writes now loads back the same
+    over = FlywheelConfig.load(store, **{"ppo.lr": 1e-4, "sft.max_steps": None})  # None: keep
+    assert (over.ppo.lr, over.sft.max_steps, over.ppo.batch_episodes) == (1e-4, 30, 3)
+    # the flags of `flywheel run` are the fields; --batch still sets both CT's and SFT's
+    import argparse
+
+    from trainer.config_flags import add_flags, overrides
+
+    p = argparse.ArgumentParser()
+    add_flags(p, FlywheelConfig, keep=True)
+    args = p.parse_args(["--ppo-lr", "3e-4", "--sft-steps", "12", "--ray-address", "auto", "--ppo-engine", "ray",
+                         "--no-ppo-share-prefix", "--families", "radio"])
+    assert overrides(FlywheelConfig, args) == {"families": ["radio"], "sft.max_steps": 12, "ppo.lr": 3e-4,
+                                                "ppo.engine": "ray", "ppo.ray_address": "auto",
+                                                "ppo.share_prefix": False}
 
 
 def test_the_decision_is_said_in_words():

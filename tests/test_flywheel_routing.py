@@ -258,9 +258,9 @@ def test_an_episode_the_flywheel_cannot_read_is_skipped_and_named(store, tiny_vl
                   [json.dumps({"more_actions": [{"name": "no_such_action"}]}), bad.id])
     reg = Registry(store)
     reg.make_first(reg.register(tiny_vlm_dir).version, "first model")
-    cfg = FlywheelConfig(width=224, height=168, max_steps=2, families=["click_button"], eval_episodes=1, rollouts=0,
-                         ct_steps=1, sft_steps=0, dpo_steps=0, batch=2, ppo_updates=0, max_new_tokens=8,
-                         miniwob_episodes=0)
+    cfg = FlywheelConfig.from_dict(dict(width=224, height=168, max_steps=2, families=["click_button"], eval_episodes=1,
+                                        rollouts=0, ct_steps=1, sft_steps=0, dpo_steps=0, batch=2, ppo_updates=0,
+                                        max_new_tokens=8, miniwob_episodes=0))
     rep = run_iteration(store, cfg)
     assert "error" not in rep, rep.get("error")
     assert list(rep["skipped"]) == [bad.id]

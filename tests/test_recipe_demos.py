@@ -57,14 +57,19 @@ def test_without_slips_every_turn_of_every_success_is_a_sample():
 
 def test_slip_must_be_a_probability():
     from trainer.actor import ExpertActor
+    from trainer.ppo_config import PPOConfig
     from trainer.recipe import RecipeConfig
 
     with pytest.raises(ValueError, match="slip must be a probability"):
         ExpertActor(None, slip=1.5)
-    with pytest.raises(ValueError, match=r"--demo-slip must be in \[0, 1\], got -0.1"):
-        RecipeConfig(demo_slip=-0.1).validate()
+    with pytest.raises(ValueError, match=r"recipe.demo_slip must be in \[0, 1\], got -0.1"):
+        RecipeConfig(demo_slip=-0.1)  # refused when made
     with pytest.raises(ValueError, match="unknown task family 'nope'"):
-        RecipeConfig(families=["radio", "nope"]).validate()
+        RecipeConfig(families=["radio", "nope"])
+    with pytest.raises(ValueError, match="recipe.mrope must be one of interleaved, blocks, got 'spiral'"):
+        RecipeConfig(mrope="spiral")
+    with pytest.raises(ValueError, match=r"ppo.lora_r is not a setting of RecipeConfig"):
+        RecipeConfig(ppo=PPOConfig(lora_r=4))
 
 
 def test_train_default_refuses_bad_settings_before_any_work(tmp_path, capsys):
@@ -75,9 +80,7 @@ def test_train_default_refuses_bad_settings_before_any_work(tmp_path, capsys):
                            (["--target-kl", "0"], "--target-kl must be > 0, got 0.0"),
                            (["--families", "radio,bogus"], "unknown task family 'bogus'"),
                            (["--hidden", "100"], "--hidden must be a positive multiple of 32, got 100"),
-                           (["--vision-depth", "0"], "--layers and --vision-depth must be at least 1, got (2, 0)"),
-                           (["--mrope", "spiral"], "--mrope must be one of interleaved, blocks, got spiral"),
-                           (["--arch", "llava"], "--arch must be one of qwen2_5_vl, qwen3_vl, got llava"),
+                           (["--vision-depth", "0"], "--vision-depth must be at least 1, got 0"),
                            (["--rope-theta", "0.5"], "--rope-theta must be > 1, got 0.5"),
                            (["--click-reward", "-1"], "--click-reward must be >= 0, got -1.0"),
                            (["--kl-coef", "-1"], "--kl-coef must be >= 0, got -1.0"),
@@ -88,11 +91,16 @@ def test_train_default_refuses_bad_settings_before_any_work(tmp_path, capsys):
         rc = main(["--data", str(tmp_path / "data"), "train", "default", "--out", str(tmp_path / "m"), *flags])
         assert rc == 2, flags
         assert message in capsys.readouterr().err
+    for flags, message in ((["--mrope", "spiral"], "argument --mrope: invalid choice: 'spiral'"),
+                           (["--arch", "llava"], "argument --arch: invalid choice: 'llava'")):
+        with pytest.raises(SystemExit) as e:  # a field's choices are the flag's
+            main(["--data", str(tmp_path / "data"), "train", "default", "--out", str(tmp_path / "m"), *flags])
+        assert e.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "m").exists() and not (tmp_path / "m-work").exists()
 
 
 def test_resume_refuses_an_sft_stage_made_with_other_settings(tmp_path, capsys):
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from trainer.recipe import SFT_STAGE_KEYS, RecipeConfig, run_recipe
 
@@ -103,15 +111,20 @@ def test_resume_refuses_an_sft_stage_made_with_other_settings(tmp_path, capsys):
     stage = {"demos": {}, "params": 1, "sft": {}, "eval_sft": {},
              "config": {k: asdict(old)[k] for k in SFT_STAGE_KEYS}}
     (work / "stage_sft.json").write_text(json.dumps(stage))
-    with pytest.raises(ValueError, match=r"made with other settings \(demo_slip=0.2, sft_epochs=5.0\)"):
-        run_recipe(tmp_path / "out", RecipeConfig(demo_slip=0.0, sft_epochs=3.0), work_dir=work, resume=True,
-                   progress=False)
+    new = RecipeConfig(demo_slip=0.0, sft=replace(RecipeConfig().sft, epochs=3.0))
+    with pytest.raises(ValueError, match=r"made with other settings \(demo_slip=0.2, sft.epochs=5.0\)"):
+        run_recipe(tmp_path / "out", new, work_dir=work, resume=True, progress=False)
+    # a stage recorded before the settings nested (flat sft_* keys) is read as such
+    stage["config"] = {"demo_slip": 0.2, "sft_epochs": 5.0, "sft_batch": 8, "seed": 0}
+    (work / "stage_sft.json").write_text(json.dumps(stage))
+    with pytest.raises(ValueError, match=r"made with other settings \(demo_slip=0.2, sft.epochs=5.0\)"):
+        run_recipe(tmp_path / "out", new, work_dir=work, resume=True, progress=False)
     # from the command line: one clear line, no traceback, nothing written
     from main import main
 
     assert main(["--data", str(tmp_path / "data"), "train", "default", "--out", str(tmp_path / "out"), "--work",
                  str(work), "--resume", "--demo-slip", "0", "--sft-epochs", "3"]) == 2
-    assert "made with other settings (demo_slip=0.2, sft_epochs=5.0)" in capsys.readouterr().err
+    assert "made with other settings (demo_slip=0.2, sft.epochs=5.0)" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

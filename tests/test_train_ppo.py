@@ -268,3 +268,41 @@ def test_dual_clip_bounds_the_loss_of_a_bad_token_whose_ratio_ran_away(tiny_vlm_
     assert results[None][1] > 0 and "clipfrac_dual" not in results[None][0]
     assert results[3.0][1] == 0.0
     assert results[3.0][0]["clipfrac_dual"] == 1.0
+
+
+def test_whitening_the_advantages_can_be_turned_off(tiny_vlm_dir, one_thread):  # noqa: F811
+    """PPOConfig.whiten_advantages (a flag of `train ppo` by its field alone): on, the batch's
+    advantages have mean 0 and std 1; off, they are GAE's own, of which the whitened are the
+    affine image, so only their scale and offset differ."""
+    import torch
+
+    import main
+    from agent.vlm import load_vlm
+    from trainer.actor import VLMActor
+    from trainer.config_flags import from_args
+    from trainer.ppo import Critic, PPOConfig, prepare_turns, score
+    from trainer.rollout import run_episode
+    from trainer.sandbox.env import SandboxEnv
+
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    torch.manual_seed(0)
+    env = SandboxEnv(width=224, height=168)
+    try:
+        actor = VLMActor(model, proc, max_new_tokens=10)
+        trajs = [run_episode(actor, env, s, family="click_button", max_steps=2) for s in (1, 2, 3)]
+    finally:
+        env.close()
+    trajs[0].turns[-1].reward = 1.0  # one success among failures: advantages of both signs
+    critic = Critic(model)
+    adv = {}
+    for whiten in (True, False):
+        cfg = PPOConfig(whiten_advantages=whiten, format_penalty=0.0)
+        turns = prepare_turns(trajs, proc, model, cfg)
+        score(model, critic, trajs, turns, proc, cfg)
+        adv[whiten] = torch.cat([tb.adv for tb in turns])
+    on, off = adv[True], adv[False]
+    assert abs(float(on.mean())) < 1e-5 and abs(float(on.std()) - 1.0) < 1e-4
+    assert not torch.allclose(on, off, atol=1e-3)
+    assert torch.allclose((off - off.mean()) / off.std(), on, atol=1e-4)
+    args = main.build_parser().parse_args(["train", "ppo", "--model", "m", "--out", "o", "--no-whiten-advantages"])
+    assert from_args(PPOConfig, args).whiten_advantages is False

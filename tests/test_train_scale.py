@@ -165,7 +165,7 @@ def test_train_plan_for_qwen25_vl_7b_without_downloads(capsys):
     (["train", "plan", "--model", "qwen2.5-vl-7b", "--gpu", "big"], "--gpu 'big'"),
     (["train", "plan", "--model", "qwen2.5-vl-7b", "--seq", "10", "--image-tokens", "20"], "image_tokens"),
     (["train", "sft", "--model", "m", "--out", "o", "--nproc", "0"], "--nproc must be at least 1, got 0"),
-    (["train", "sft", "--model", "m", "--out", "o", "--lora", "0"], "--lora rank must be at least 1, got 0"),
+    (["train", "sft", "--model", "m", "--out", "o", "--lora", "0"], "--lora must be at least 1, got 0"),
 ])
 def test_bad_scale_settings_are_named(argv, message, capsys):
     from main import main
@@ -249,9 +249,9 @@ def test_ray_flags_are_checked_by_name(tiny_vlm_dir, tmp_path, capsys):  # noqa:
 
     argv = ["train", "ppo", "--model", "m", "--out", "o"]
     assert main(argv + ["--engine", "ray", "--workers", "0"]) == 2
-    assert "--engine ray needs --workers of at least 1" in capsys.readouterr().err
+    assert "--workers must be at least 1 with engine 'ray' (Ray actors), got 0" in capsys.readouterr().err
     assert main(argv + ["--ray-address", "auto"]) == 2
-    assert "--ray-address is for --engine ray" in capsys.readouterr().err
+    assert "--ray-address is for engine 'ray', got 'auto'" in capsys.readouterr().err
     # a cluster address where nothing listens: named at once (Ray itself retries for minutes)
     assert main(["--data", str(tmp_path / "data"), "train", "ppo", "--model", str(tiny_vlm_dir), "--out",
                  str(tmp_path / "o"), "--engine", "ray", "--workers", "1", "--ray-address", "127.0.0.1:1"]) == 2
@@ -325,16 +325,16 @@ def test_train_default_passes_the_rollout_engine_to_its_ppo_stage():
 
     import main
     from trainer.cli_train import recipe_config
-    from trainer.recipe import RecipeError, reproduce_command
+    from trainer.config_flags import ConfigError
+    from trainer.recipe import reproduce_command
 
     args = main.build_parser().parse_args(["train", "default", "--engine", "ray", "--ray-address", "auto"])
     cfg = recipe_config(args)
-    assert (cfg.ppo_engine, cfg.ray_address) == ("ray", "auto")
-    cfg.validate()
+    assert (cfg.ppo.engine, cfg.ppo.ray_address) == ("ray", "auto")
     assert reproduce_command(asdict(cfg)).endswith("--engine ray --ray-address auto")
-    cfg.n_workers = 0
-    with pytest.raises(RecipeError, match="--engine ray needs --workers of at least 1"):
-        cfg.validate()
+    args = main.build_parser().parse_args(["train", "default", "--engine", "ray", "--workers", "0"])
+    with pytest.raises(ConfigError, match="ppo.n_workers must be at least 1 with engine 'ray'"):
+        recipe_config(args)
 
 
 def test_a_torchrun_launch_joins_torchruns_process_group(tiny_vlm_dir, train_jsonl, tmp_path, capsys, monkeypatch):  # noqa: F811

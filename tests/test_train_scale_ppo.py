@@ -131,7 +131,7 @@ def test_ppo_memory_flags_are_checked_by_name(tmp_path, capsys):
 
     argv = ["train", "ppo", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]
     assert main(argv + ["--lora", "0"]) == 2
-    assert "--lora rank must be at least 1, got 0" in capsys.readouterr().err
+    assert "--lora must be at least 1, got 0" in capsys.readouterr().err
     assert main(argv + ["--lora", "4"]) == 2
     assert "--lora needs --model to be a model directory" in capsys.readouterr().err
     assert main(argv + ["--lora", "4", "--lora-alpha", "-1"]) == 2
@@ -143,19 +143,20 @@ def test_the_flywheels_ppo_stage_runs_on_ray_actors(tiny_vlm_dir, tmp_path, caps
     the engine is kept in the candidate's lineage. Bad engine settings are refused by name."""
     from agent.store import Store
     from main import main
+    from trainer.config_flags import ConfigError
     from trainer.episodes import demonstrate, plan, trajectory_to_episode
-    from trainer.flywheel import FlywheelError
     from trainer.flywheel.iteration import FlywheelConfig, run_iteration
     from trainer.flywheel.registry import Registry
+    from trainer.ppo_config import PPOConfig
 
-    with pytest.raises(FlywheelError, match="ppo_engine 'ray' needs ppo_workers of at least 1"):
-        FlywheelConfig(families=["click_button"], ppo_engine="ray", ppo_workers=0)
-    with pytest.raises(FlywheelError, match="ppo_engine must be 'local' or 'ray', got 'slurm'"):
-        FlywheelConfig(families=["click_button"], ppo_engine="slurm")
-    with pytest.raises(FlywheelError, match="ray_address is for ppo_engine 'ray'"):
-        FlywheelConfig(families=["click_button"], ray_address="auto")
+    with pytest.raises(ConfigError, match="ppo.n_workers must be at least 1 with engine 'ray'"):
+        FlywheelConfig.from_dict({"families": ["click_button"], "ppo_engine": "ray", "ppo_workers": 0})
+    with pytest.raises(ConfigError, match="ppo.engine must be one of local, ray, got 'slurm'"):
+        FlywheelConfig.from_dict({"families": ["click_button"], "ppo_engine": "slurm"})
+    with pytest.raises(ConfigError, match="ppo.ray_address is for engine 'ray'"):
+        FlywheelConfig(families=["click_button"], ppo=PPOConfig(ray_address="auto"))
     assert main(["flywheel", "run", "--data", str(tmp_path / "cli"), "--ppo-engine", "ray", "--ppo-workers", "0"]) == 2
-    assert "ppo_engine 'ray' needs ppo_workers of at least 1" in capsys.readouterr().err
+    assert "--ppo-workers must be at least 1 with engine 'ray' (Ray actors), got 0" in capsys.readouterr().err
 
     with Store(tmp_path / "data") as store:
         for traj in demonstrate(plan(2, families=["click_button"]), env_kw={"width": 224, "height": 168}):
@@ -163,9 +164,10 @@ def test_the_flywheels_ppo_stage_runs_on_ray_actors(tiny_vlm_dir, tmp_path, caps
         reg = Registry(store)
         v0 = reg.register(tiny_vlm_dir)
         reg.make_first(v0.version, "first model: nothing to compare with")
-        cfg = FlywheelConfig(width=224, height=168, max_steps=2, families=["click_button"], eval_episodes=1,
-                             miniwob_episodes=0, rollouts=0, ct_steps=0, sft_steps=1, batch=2, dpo_steps=0,
-                             ppo_updates=1, ppo_batch=2, ppo_workers=1, ppo_engine="ray", max_new_tokens=12)
+        cfg = FlywheelConfig.from_dict(dict(width=224, height=168, max_steps=2, families=["click_button"], eval_episodes=1,
+                                            miniwob_episodes=0, rollouts=0, ct_steps=0, sft_steps=1, batch=2, dpo_steps=0,
+                                            ppo_updates=1, ppo_batch=2, ppo_workers=1, ppo_engine="ray",
+                                            max_new_tokens=12))
         rep = run_iteration(store, cfg)
         stages = {s["phase"]: s for s in reg.get(rep["candidate"]).lineage["stages"]}
     assert stages["ppo"]["engine"] == "ray" and stages["ppo"]["updates"] == 1
@@ -352,9 +354,11 @@ def test_ray_rollout_actors_share_one_inference_actor(tiny_vlm_dir, tmp_path, ca
 
     argv = ["train", "ppo", "--model", str(tiny_vlm_dir), "--out", str(tmp_path / "x")]
     assert main(argv + ["--inference", "shared"]) == 2
-    assert "--inference shared is for --engine ray" in capsys.readouterr().err
+    assert "--inference 'shared' is for engine 'ray'" in capsys.readouterr().err
     assert main(argv + ["--engine", "ray", "--inference-gpus", "1"]) == 2
-    assert "--inference-gpus must be >= 0 and is for --inference shared" in capsys.readouterr().err
+    assert "--inference-gpus is for inference 'shared', got 1.0" in capsys.readouterr().err
+    assert main(argv + ["--engine", "ray", "--inference", "shared", "--inference-gpus", "-1"]) == 2
+    assert "--inference-gpus must be >= 0, got -1.0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("settings", [{}, {"lora_r": 4}, {"kl_coef": 0.1}])

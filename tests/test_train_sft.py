@@ -205,8 +205,9 @@ def test_lr_factor_warms_up_then_decays_or_holds():
 
 def test_the_schedule_and_clipping_reach_the_optimizer(store, tiny_vlm_dir, tmp_path, one_thread):  # noqa: F811
     from agent.vlm import load_vlm
+    from trainer.config_flags import ConfigError
     from trainer.metrics import MetricsLog, read_metrics
-    from trainer.sft import SFTConfig, SFTError, train_sft
+    from trainer.sft import SFTConfig, train_sft
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     samples = _samples(store, 1)
@@ -218,5 +219,5 @@ def test_the_schedule_and_clipping_reach_the_optimizer(store, tiny_vlm_dir, tmp_
         lrs[schedule] = [r["lr"] for r in read_metrics(log.path)]
     assert lrs["constant"] == pytest.approx([1e-3] * 4)
     assert lrs["linear"] == pytest.approx([1e-3 * (0.1 + 0.9 * (1 - s / 4)) for s in range(1, 5)])
-    with pytest.raises(SFTError, match="schedule must be one of linear, constant, got 'cosine'"):
-        train_sft(model, proc, samples, SFTConfig(schedule="cosine"), progress=False)
+    with pytest.raises(ConfigError, match="sft.schedule must be one of linear, constant, got 'cosine'"):
+        SFTConfig(schedule="cosine")  # refused when made, before any work

@@ -16,11 +16,19 @@ from agent.cli_common import open_store
 
 
 def register(sub, common) -> None:
+    # the settings' flags come from their configs' fields (trainer.config_flags): declared once, there
+    from trainer.config_flags import add_flags
+    from trainer.ppo_config import PPOConfig
+    from trainer.recipe import RecipeConfig
+    from trainer.sft import ScaleConfig, SFTConfig
+
     p = sub.add_parser("train", help="train a policy: sft, ct, ppo, or the default model's whole recipe",
                        description="Training (SFT, CT, PPO) of Qwen2.5-VL-class policies; see trainer/.")
     ts = p.add_subparsers(dest="train_command", metavar="KIND", required=True)
-    for kind, help_ in (("sft", "supervised fine-tuning on the high-quality pool (route 'sft')"),
-                        ("ct", "continual pre-training on the lower-quality pool (route 'ct'): same loss, other data")):
+    for kind, help_, base in (
+            ("sft", "supervised fine-tuning on the high-quality pool (route 'sft')", SFTConfig(epochs=3.0)),
+            ("ct", "continual pre-training on the lower-quality pool (route 'ct'): same loss, other data",
+             SFTConfig(epochs=1.0, lr=5e-4))):
         s = ts.add_parser(kind, parents=[common], help=help_)
         s.add_argument("--model", required=True, help="checkpoint directory to start from")
         s.add_argument("--out", required=True, help="output checkpoint directory (metrics and curves go beside it)")
@@ -28,58 +36,19 @@ def register(sub, common) -> None:
         s.add_argument("--route", default=kind, help=f"store route to read (default {kind})")
         s.add_argument("--format", choices=("runtime", "export"), default="runtime",
                        help="prompt layout for store episodes: the agent's own (default) or agent.export's")
-        s.add_argument("--epochs", type=float, default=1.0 if kind == "ct" else 3.0)
-        s.add_argument("--lr", type=float, default=5e-4 if kind == "ct" else 1e-3)
-        s.add_argument("--batch", type=int, default=8, help="samples per optimizer step (gradient accumulation)")
-        s.add_argument("--max-steps", type=int)
-        _add_sft_schedule_args(s, recipe=False)
-        s.add_argument("--seed", type=int, default=0)
-        _add_device_arg(s)
-        _add_scale_args(s)
+        add_flags(s, SFTConfig, base=base)
+        _add_launch_args(s)
         s.set_defaults(func=cmd_sft, phase=kind)
 
     s = ts.add_parser("ppo", parents=[common], help="multi-turn PPO on the sandbox (critic, value pretraining)")
     s.add_argument("--model", required=True)
     s.add_argument("--out", required=True)
-    s.add_argument("--updates", type=int, default=10)
-    s.add_argument("--batch", type=int, default=8, help="episodes per update")
-    s.add_argument("--workers", type=int, default=2, help="rollout worker processes (0: in the learner's process)")
-    s.add_argument("--envs", type=int, default=16,
-                   help="sandbox environments per rollout worker, played together with one batched generation per "
-                        "round (default 16)")
-    s.add_argument("--mode", choices=("async", "sync"), default="async")
-    s.add_argument("--engine", choices=("local", "ray"), default="local",
-                   help="rollout workers: local processes (default) or Ray actors, here or on a cluster (--ray-address)")
-    s.add_argument("--ray-address", help="with --engine ray: the cluster to join (auto, or HEAD:6379 after `ray start "
-                                         "--head`); default: start a local Ray")
-    s.add_argument("--inference", choices=("own", "shared"), default="own",
-                   help="with --engine ray: each rollout actor generates with its own policy copy (own), or one "
-                        "inference actor generates for all of them while they step sandboxes (shared)")
-    s.add_argument("--inference-gpus", type=float, default=0.0,
-                   help="with --inference shared: GPUs the inference actor asks Ray for (default 0: a CPU)")
-    s.add_argument("--max-staleness", type=int, default=1)
-    s.add_argument("--staleness-decay", type=float, default=1.0)
-    s.add_argument("--value-pretrain", type=int, default=2, metavar="K", help="critic-only iterations before PPO")
-    s.add_argument("--lr", type=float, default=2e-4)
-    s.add_argument("--epochs", type=int, default=2, help="passes over each batch")
-    s.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rollouts")
-    s.add_argument("--max-new-tokens", type=int, default=64, help="tokens the policy may generate per turn")
+    add_flags(s, PPOConfig)
     s.add_argument("--max-steps", type=int, help="cap on an episode's steps (default: each family's own limit)")
-    s.add_argument("--policy-alpha", type=float, default=0.05, help="length-adaptive lambda = 1 - 1/(alpha * l)")
-    s.add_argument("--minutes", type=float, help="wall-clock budget (stops after the update that crosses it)")
-    _add_ppo_shaping_args(s, recipe=False)
     s.add_argument("--families", help="comma-separated sandbox families (default: all)")
     s.add_argument("--width", type=int, default=320)
     s.add_argument("--height", type=int, default=240)
-    s.add_argument("--seed", type=int, default=0)
-    _add_device_arg(s)
-    s.add_argument("--nproc", type=int, default=1,
-                   help="learner processes (torch.distributed, gloo on the CPU, NCCL with one GPU each): rank 0 runs "
-                        "the rollouts, every rank a share of each minibatch, gradients summed")
-    s.add_argument("--shard", choices=("ddp", "fsdp"), default="ddp",
-                   help="with --nproc > 1: ddp (a replica per process) or fsdp (FSDP2: policy, critic and optimizer "
-                        "states sharded per decoder layer; needs --workers >= 1)")
-    _add_memory_args(s)
+    _add_launch_args(s)
     s.set_defaults(func=cmd_ppo)
 
     s = ts.add_parser("plan", parents=[common], help="memory per learner process of a model and settings, and whether it fits a GPU",
@@ -89,11 +58,8 @@ def register(sub, common) -> None:
     s.add_argument("--model", required=True,
                    help="a known configuration (qwen2.5-vl-3b, qwen2.5-vl-7b, qwen2.5-vl-32b, qwen2.5-vl-72b, "
                         "ui-tars-1.5-7b), a model directory or a config.json")
-    s.add_argument("--nproc", type=int, default=1, help="learner processes (FSDP shards weights and states across them)")
-    s.add_argument("--shard", choices=("ddp", "fsdp"), default="ddp")
-    s.add_argument("--lora", type=int, metavar="R", help="LoRA rank (adapters only are trained)")
-    s.add_argument("--bf16", action="store_true", help="bf16 autocast (with --lora: a bf16 frozen base)")
-    s.add_argument("--grad-checkpointing", action="store_true")
+    _add_nproc_arg(s)
+    add_flags(s, ScaleConfig, exclude=("lora_alpha", "lora_save"))
     s.add_argument("--seq", type=int, default=4096, help="tokens of one sample (default 4096)")
     s.add_argument("--image-tokens", type=int, default=1024,
                    help="of which image tokens (default 1024: about one 1920x1080 screenshot at UI-TARS's size)")
@@ -109,68 +75,22 @@ def register(sub, common) -> None:
     s = ts.add_parser("default", parents=[common], help="build the small default model: tiny VLM, SFT on expert demos, PPO")
     s.add_argument("--out", default="assets/default_model")
     s.add_argument("--work", help="folder for intermediate checkpoints, metrics and plots (default: OUT-work)")
-    s.add_argument("--families", help="comma-separated sandbox families")
-    s.add_argument("--demos", type=int, help="expert episodes per family")
-    s.add_argument("--grounding", type=int, metavar="N",
-                   help="screens per family of single-step 'click on X' samples added to SFT (UI-TARS grounding data)")
-    s.add_argument("--demo-slip", type=float, metavar="P",
-                   help="chance at each demonstration turn (at most once per episode) that it is a mistake - a "
-                        "random click or a cut-off reply - the expert then recovers from (not trained on)")
-    s.add_argument("--eval-seeds", type=int, help="held-out seeds per family")
-    s.add_argument("--updates", type=int, help="PPO updates")
-    s.add_argument("--workers", type=int, help="rollout worker processes")
-    s.add_argument("--engine", choices=("local", "ray"), help="PPO's rollout workers: local processes or Ray actors")
-    s.add_argument("--ray-address", help="with --engine ray: the cluster to join (default: a local Ray)")
-    s.add_argument("--envs", type=int, help="sandbox environments per rollout worker (one batched generation per round)")
-    s.add_argument("--sft-epochs", type=float, help="SFT epochs over the demonstrations")
-    s.add_argument("--sft-lr", type=float, help="SFT learning rate (default 2e-3)")
-    _add_sft_schedule_args(s, recipe=True)
-    s.add_argument("--ppo-minutes", type=float, help="wall-clock budget of the PPO phase (stops after that update)")
-    s.add_argument("--ppo-lr", type=float, help="PPO learning rate")
-    s.add_argument("--ppo-batch", type=int, help="episodes per PPO update")
-    s.add_argument("--ppo-epochs", type=int, help="PPO passes over each batch")
-    s.add_argument("--temperature", type=float, help="sampling temperature of the PPO rollouts")
-    s.add_argument("--policy-alpha", type=float, help="alpha of the length-adaptive policy lambda 1 - 1/(alpha*l)")
-    s.add_argument("--observation", choices=("elements", "pixels"),
-                   help="what the model sees: elements (default: the screenshot and the screen's element list, clicks "
-                        "chosen by a pointer over its entries) or pixels (the screenshot alone, clicks written as digits)")
-    s.add_argument("--width", type=int, help="sandbox screen width (default 336: pixel-exact for the model)")
-    s.add_argument("--height", type=int, help="sandbox screen height (default 252)")
-    s.add_argument("--arch", help="the model class: qwen2_5_vl (default) or qwen3_vl (learned absolute vision positions)")
-    s.add_argument("--hidden", type=int, help="width of the model's language and vision layers (a multiple of 32)")
-    s.add_argument("--layers", type=int, help="language model layers")
-    s.add_argument("--vision-depth", type=int, help="vision tower layers")
-    s.add_argument("--rope-theta", type=float, help="rotary base of the language model (default 10000)")
-    s.add_argument("--mrope", help="rotary frequencies per image axis: interleaved (default) or blocks "
-                                   "(Qwen2.5-VL's stock split, which vLLM and SGLang serve)")
-    _add_ppo_shaping_args(s, recipe=True)
+    add_flags(s, RecipeConfig)
     s.add_argument("--resume", action="store_true", help="reuse a finished SFT stage (checkpoint + eval) in the work folder")
-    s.add_argument("--seed", type=int, default=0)
     _add_device_arg(s)
     s.set_defaults(func=cmd_default)
 
 
-def _add_scale_args(s) -> None:
-    """The flags of README "Scaling out": learner processes and memory for real-sized models."""
+def _add_nproc_arg(s) -> None:
     s.add_argument("--nproc", type=int, default=1,
                    help="learner processes (torch.distributed: gloo on the CPU, NCCL with one GPU each); the global "
-                        "batch and the result do not depend on it")
-    s.add_argument("--shard", choices=("ddp", "fsdp"), default="ddp",
-                   help="with --nproc > 1: ddp (a replica per process) or fsdp (FSDP2: weights, gradients and "
-                        "optimizer states sharded across processes)")
-    _add_memory_args(s)
+                        "batch and the result do not depend on it (`train ppo`: rank 0 runs the rollouts)")
 
 
-def _add_memory_args(s) -> None:
-    """bf16, gradient checkpointing and LoRA: `train sft|ct` and `train ppo` share them."""
-    s.add_argument("--bf16", action="store_true",
-                   help="bf16 autocast (float32 master weights and AdamW states); with --lora the frozen base is bf16")
-    s.add_argument("--grad-checkpointing", action="store_true",
-                   help="recompute each decoder layer in backward instead of keeping its activations")
-    s.add_argument("--lora", type=int, metavar="R", help="train rank-R LoRA adapters (peft) instead of every weight")
-    s.add_argument("--lora-alpha", type=float, help="LoRA alpha (default 2R)")
-    s.add_argument("--lora-save", choices=("adapter", "merged"), default="adapter",
-                   help="a LoRA run saves its adapter (default) or the weights with it merged in")
+def _add_launch_args(s) -> None:
+    """Where the learner runs: --device and --nproc (the memory flags are ScaleConfig's fields)."""
+    _add_nproc_arg(s)
+    _add_device_arg(s)
 
 
 def _add_device_arg(s) -> None:
@@ -180,41 +100,6 @@ def _add_device_arg(s) -> None:
                    help=f"where the learner trains and evaluates: {DEVICES_HELP}; rollout workers stay on the CPU")
 
 
-def _add_sft_schedule_args(s, *, recipe: bool) -> None:
-    """The learning-rate schedule and clipping flags of SFT, for `train sft|ct` and (prefixed
-    --sft-, no defaults so the recipe's values stand) `train default`."""
-    pre = "--sft-" if recipe else "--"
-    s.add_argument(f"{pre}schedule", choices=("linear", "constant"), default=None if recipe else "linear",
-                   help="linear: decay the rate to a tenth by the last step; constant: hold it after warmup")
-    s.add_argument(f"{pre}clip", type=float, default=None if recipe else 1.0,
-                   help="max gradient norm of a step (0: no clipping)")
-
-
-def _add_ppo_shaping_args(s, *, recipe: bool) -> None:
-    """PPO's stability and reward-shaping flags, one definition for `train ppo` and `train
-    default` (where a flag left out keeps the recipe's value, hence no defaults there)."""
-    def default(value):
-        return None if recipe else value
-
-    s.add_argument("--train-vision", action="store_true", default=default(False),
-                   help="train the vision tower too (default: frozen, each screenshot encoded once per batch)")
-    s.add_argument("--format-penalty", type=float, default=default(0.5),
-                   help="reward subtracted for a turn whose output does not parse (must outweigh a retry's chance)")
-    s.add_argument("--target-kl", type=float, help="stop an update's policy passes once a minibatch's approx_kl exceeds this")
-    s.add_argument("--dual-clip", type=float, metavar="C",
-                   help="dual-clip PPO: bound a negative-advantage token's loss at -A*C (C > 1, e.g. 3; default off)")
-    s.add_argument("--end-on-parse-error", action="store_true", default=default(False),
-                   help="a rollout ends at an output that does not parse (default: the agent is asked again)")
-    s.add_argument("--progress-reward", type=float, default=default(0.0),
-                   help="weight of shaping by the verifier's partial progress (each subgoal met earns its share)")
-    s.add_argument("--click-reward", type=float, default=default(0.0),
-                   help="weight of a dense grounding reward: each click earns exp(-d^2/2s^2) for its distance d to "
-                        "where the task's expert would click (s = 0.05 of the screen)")
-    s.add_argument("--kl-coef", type=float, default=default(0.0),
-                   help="weight of a per-token KL penalty (k3) to the policy PPO started from (0: none, no copy kept)")
-    s.add_argument("--no-effect-penalty", type=float, default=default(0.0),
-                   help="reward subtracted for a turn whose action left the screen exactly as it was (a click on "
-                        "nothing, a re-click of what is selected)")
 
 
 def _plot(log, out_dir, phase, keys):
@@ -226,16 +111,28 @@ def _plot(log, out_dir, phase, keys):
         return None
 
 
-def cmd_sft(args) -> int:
-    from trainer.distributed import DistributedError, check_nproc
-    from trainer.lora import LoRAError, check_lora
+def _config(cls, args):
+    """(the config the flags ask for, None) or (None, the error naming the flag)."""
+    from trainer.config_flags import ConfigError, describe, from_args
 
     try:
+        return from_args(cls, args), None
+    except ConfigError as e:
+        return None, describe(e, cls)
+
+
+def cmd_sft(args) -> int:
+    from trainer.distributed import DistributedError, check_nproc
+    from trainer.sft import SFTConfig
+
+    cfg, error = _config(SFTConfig, args)
+    if error:
+        return _fail(error)
+    try:
         check_nproc(args.nproc, args.device)
-        check_lora(args.lora, args.lora_alpha, args.lora_save)
-    except (DistributedError, LoRAError) as e:
+    except DistributedError as e:
         return _fail(str(e))
-    res = _run_job(sft_job, args)
+    res = _run_job(sft_job, args, cfg)
     if "error" in res:
         return _fail(res["error"])
     print(json.dumps(res, indent=2))
@@ -273,7 +170,7 @@ def cmd_plan(args) -> int:
     kw = {"kl": args.kl} if args.ppo else {}
     try:
         plan = (plan_ppo if args.ppo else plan_memory)(
-            args.model, nproc=args.nproc, shard=args.shard, bf16=args.bf16, lora=args.lora,
+            args.model, nproc=args.nproc, shard=args.shard, bf16=args.bf16, lora=args.lora_r,
             grad_checkpointing=args.grad_checkpointing, seq_len=args.seq, image_tokens=args.image_tokens,
             target_tokens=args.target_tokens, gpu=args.gpu, **kw)
     except PlanError as e:
@@ -282,7 +179,7 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def sft_job(rank: int, world: int, job: dict, result_path: str) -> None:
+def sft_job(rank: int, world: int, job: dict, result_path: str, cfg) -> None:
     """One learner process of `train sft|ct` (all of them when --nproc is 1): load, train its
     share, and (rank 0) log, save and write the result (or {"error": ...}) to result_path."""
     import argparse
@@ -291,7 +188,7 @@ def sft_job(rank: int, world: int, job: dict, result_path: str) -> None:
     from agent.vlm import VLMError
     from trainer.distributed import rank_device
     from trainer.metrics import MetricsLog
-    from trainer.sft import SFTConfig, SFTError, jsonl_samples, load_for_training, store_samples, train_sft
+    from trainer.sft import SFTError, jsonl_samples, load_for_training, store_samples, train_sft
 
     args = argparse.Namespace(**job)
     try:
@@ -306,10 +203,6 @@ def sft_job(rank: int, world: int, job: dict, result_path: str) -> None:
                            else f"{args.jsonl} holds no samples")
         out = Path(args.out)
         log = MetricsLog(out.parent / (out.name + "-logs")) if rank == 0 else None
-        cfg = SFTConfig(lr=args.lr, epochs=args.epochs, batch_size=args.batch, max_steps=args.max_steps,
-                        schedule=args.schedule, grad_clip=args.clip, seed=args.seed, bf16=args.bf16,
-                        grad_checkpointing=args.grad_checkpointing, lora_r=args.lora, lora_alpha=args.lora_alpha,
-                        lora_save=args.lora_save, shard=args.shard)
         res = train_sft(model, processor, samples, cfg, out, log=log, phase=args.phase)
         if log is not None:
             log.close()
@@ -322,7 +215,7 @@ def sft_job(rank: int, world: int, job: dict, result_path: str) -> None:
 
 def cmd_ppo(args) -> int:
     from trainer.distributed import DistributedError, check_nproc
-    from trainer.ppo import shaping_checks
+    from trainer.ppo_config import PPOConfig, check_fsdp
     from trainer.sandbox.families import parse_families
     from trainer.sandbox.screen import SandboxError
 
@@ -330,52 +223,35 @@ def cmd_ppo(args) -> int:
         families = parse_families(args.families)
     except SandboxError as e:
         return _fail(str(e))
-    if args.temperature <= 0 or args.max_new_tokens < 1 or args.updates < 1:
-        return _fail("--temperature must be > 0, --max-new-tokens and --updates at least 1")
-    if args.envs < 1:
-        return _fail(f"--envs must be at least 1, got {args.envs}")
-    for ok, msg, value in shaping_checks(format_penalty=args.format_penalty, click_reward=args.click_reward,
-                                         kl_coef=args.kl_coef, no_effect_penalty=args.no_effect_penalty,
-                                         target_kl=args.target_kl, dual_clip=args.dual_clip):
-        if not ok:
-            return _fail(f"{msg}, got {value}")
-    from trainer.lora import LoRAError, check_lora
-
+    cfg, error = _config(PPOConfig, args)
+    if error:
+        return _fail(error)
     try:
         check_nproc(args.nproc, args.device)
-        check_lora(args.lora, args.lora_alpha, args.lora_save)
-    except (DistributedError, LoRAError) as e:
+    except DistributedError as e:
         return _fail(str(e))
     from pathlib import Path
 
-    if args.lora and not Path(args.model).is_dir():
+    if cfg.lora_r and not Path(args.model).is_dir():
         return _fail(f"--lora needs --model to be a model directory (the adapter names its base), got {args.model!r}")
-    if args.shard == "fsdp" and args.nproc > 1:
-        from trainer.ppo import PPOConfig, check_fsdp
-
+    if cfg.shard == "fsdp" and args.nproc > 1:
         try:
-            check_fsdp(PPOConfig(lora_r=args.lora, n_workers=args.workers, train_vision=args.train_vision))
+            check_fsdp(cfg)
         except ValueError as e:
             return _fail(str(e))
-    if args.engine == "ray":
-        if args.workers < 1:
-            return _fail(f"--engine ray needs --workers of at least 1 (Ray actors), got {args.workers}")
+    if cfg.engine == "ray":
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
             return _fail("--engine ray needs Ray: pip install 'ray==2.60.0' (the [scale] extra)")
-    elif args.ray_address or args.inference != "own":
-        return _fail(f"{'--ray-address' if args.ray_address else '--inference shared'} is for --engine ray")
-    if args.inference_gpus < 0 or (args.inference_gpus and args.inference != "shared"):
-        return _fail(f"--inference-gpus must be >= 0 and is for --inference shared, got {args.inference_gpus}")
-    res = _run_job(ppo_job, args, families)
+    res = _run_job(ppo_job, args, families, cfg)
     if "error" in res:
         return _fail(res["error"])
     print(json.dumps(res, indent=2, default=str))
     return 0
 
 
-def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> None:
+def ppo_job(rank: int, world: int, job: dict, result_path: str, families, cfg) -> None:
     """One learner process of `train ppo` (the only one with --nproc 1); rank 0 runs the
     rollouts, logs, saves and writes the summary (or {"error": ...}) to result_path."""
     import argparse
@@ -384,7 +260,7 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
     from agent.vlm import VLMError
     from trainer.distributed import rank_device
     from trainer.metrics import MetricsLog
-    from trainer.ppo import PPOConfig, train_ppo
+    from trainer.ppo import train_ppo
     from trainer.rollout import RolloutError
     from trainer.sft import load_for_training, save_checkpoint
 
@@ -398,18 +274,6 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
     out = Path(args.out)
     work = out.parent / (out.name + "-logs")
     log = MetricsLog(work) if rank == 0 else None
-    cfg = PPOConfig(updates=args.updates, batch_episodes=args.batch, n_workers=args.workers, n_envs=args.envs, mode=args.mode,
-                    max_staleness=args.max_staleness, staleness_decay=args.staleness_decay,
-                    value_pretrain_iters=args.value_pretrain, lr=args.lr, epochs=args.epochs,
-                    temperature=args.temperature, max_new_tokens=args.max_new_tokens, policy_alpha=args.policy_alpha,
-                    seed=args.seed, max_seconds=args.minutes * 60 if args.minutes else None,
-                    train_vision=args.train_vision, format_penalty=args.format_penalty,
-                    target_kl=args.target_kl, dual_clip=args.dual_clip, progress_reward=args.progress_reward,
-                    click_reward=args.click_reward,
-                    kl_coef=args.kl_coef, end_on_parse_error=args.end_on_parse_error,
-                    no_effect_penalty=args.no_effect_penalty, engine=args.engine, ray_address=args.ray_address,
-                    inference=args.inference, inference_gpus=args.inference_gpus, bf16=args.bf16, grad_checkpointing=args.grad_checkpointing, lora_r=args.lora,
-                    lora_alpha=args.lora_alpha, shard=args.shard)
     from trainer.sandbox.env import observation_for
     from trainer.specs import EnvSpec
 
@@ -426,7 +290,7 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
         return
     from trainer.distributed import full_state_dict
 
-    state, critic_state = full_state_dict(model, args.shard), full_state_dict(res["critic"], args.shard)  # FSDP2: every rank
+    state, critic_state = full_state_dict(model, cfg.shard), full_state_dict(res["critic"], cfg.shard)  # FSDP2: every rank
     if rank > 0:
         return
     log.close()
@@ -436,7 +300,7 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
 
         # a gathered state is the adapted model's own; peft's keys carry its wrapper's prefix
         whole = None if state is None else {f"base_model.model.{k}": v for k, v in state.items()}
-        save_lora(res["peft"], processor, out, args.model, args.lora_save, extra, state_dict=whole)
+        save_lora(res["peft"], processor, out, args.model, cfg.lora_save, extra, state_dict=whole)
     else:
         save_checkpoint(model, processor, out, extra, state_dict=state)
     res["critic"].save(work / "critic", critic_state)
@@ -450,38 +314,20 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families) -> Non
 
 
 def recipe_config(args):
-    """The RecipeConfig that `train default`'s flags ask for."""
+    """The RecipeConfig that `train default`'s flags ask for (config_flags.ConfigError names a bad one)."""
+    from trainer.config_flags import from_args
     from trainer.recipe import RecipeConfig
 
-    cfg = RecipeConfig(seed=args.seed)
-    if args.families:
-        cfg.families = [f.strip() for f in args.families.split(",")]
-    for arg, attr in (("demos", "demo_episodes_per_family"), ("demo_slip", "demo_slip"),
-                      ("grounding", "grounding_screens_per_family"), ("eval_seeds", "eval_seeds_per_family"),
-                      ("updates", "ppo_updates"), ("workers", "n_workers"), ("envs", "n_envs"), ("sft_epochs", "sft_epochs"),
-                      ("sft_lr", "sft_lr"), ("sft_schedule", "sft_schedule"),
-                      ("sft_clip", "sft_grad_clip"), ("ppo_minutes", "ppo_max_minutes"), ("ppo_lr", "ppo_lr"), ("ppo_batch", "ppo_batch"),
-                      ("ppo_epochs", "ppo_epochs"), ("temperature", "ppo_temperature"),
-                      ("policy_alpha", "ppo_policy_alpha"), ("train_vision", "ppo_train_vision"),
-                      ("format_penalty", "ppo_format_penalty"), ("target_kl", "ppo_target_kl"), ("dual_clip", "ppo_dual_clip"),
-                      ("progress_reward", "ppo_progress_reward"), ("end_on_parse_error", "ppo_end_on_parse_error"),
-                      ("click_reward", "ppo_click_reward"), ("kl_coef", "ppo_kl_coef"),
-                      ("no_effect_penalty", "ppo_no_effect_penalty"),
-                      ("observation", "observation"), ("width", "width"), ("height", "height"),
-                      ("arch", "arch"), ("hidden", "hidden"), ("layers", "layers"), ("vision_depth", "vision_depth"),
-                      ("rope_theta", "rope_theta"), ("mrope", "mrope"), ("engine", "ppo_engine"),
-                      ("ray_address", "ray_address")):
-        if getattr(args, arg) is not None:
-            setattr(cfg, attr, getattr(args, arg))
-    return cfg
+    return from_args(RecipeConfig, args)
 
 
 def cmd_default(args) -> int:
-    from trainer.recipe import RecipeError, run_recipe
+    from trainer.recipe import RecipeConfig, RecipeError, run_recipe
 
-    cfg = recipe_config(args)
+    cfg, error = _config(RecipeConfig, args)
+    if error:
+        return _fail(error)
     try:
-        cfg.validate()
         report = run_recipe(args.out, cfg, work_dir=args.work, resume=args.resume, device=args.device)
     except RecipeError as e:
         return _fail(str(e))

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -57,128 +57,13 @@ from trainer.ppo_batch import (  # noqa: F401  (TurnBatch, ImageBank, build_turn
     prepare_turns,
     suffix_target,
 )
+from trainer.ppo_config import PPOConfig, check_fsdp
 from trainer.rl import gae as rl_gae
 from trainer.rl import losses as rl_losses
 from trainer.rl import rewards as rl_rewards
 from trainer.specs import ActorSpec, EnvSpec, EpisodeSpec, MemorySpec
 
-
-@dataclass
-class PPOConfig:
-    updates: int = 10
-    batch_episodes: int = 8
-    epochs: int = 2  # passes over each batch
-    minibatch_turns: int = 8
-    lr: float = 2e-4
-    critic_lr: float = 1e-3
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    # dual clip (rl.losses.ppo_policy_loss's clip_ratio_c, > 1, e.g. 3): a negative-advantage token's loss is
-    # bounded by -A * c, so one token whose ratio ran away cannot dominate the batch; None: off
-    dual_clip: float | None = None
-    value_clip: float | None = 0.5
-    ent_coef: float = 0.0
-    kl_coef: float = 0.0  # k3 KL penalty to the frozen start policy, per token; 0 turns it off (no reference kept)
-    gamma: float = 1.0
-    critic_lambda: float = 1.0
-    # length-adaptive lambda = 1 - 1/(alpha * l), clamped to [0.9, 0.9999]: at 0.05 every episode under 200
-    # generated tokens gets the floor 0.9 (most GUI episodes here: see "lambda_at_floor" in the metrics);
-    # 0.2 makes it vary over 50-5,000 tokens
-    policy_alpha: float = 0.05
-    value_pretrain_iters: int = 2
-    value_pretrain_epochs: int = 4
-    temperature: float = 1.0
-    max_new_tokens: int = 64
-    # an unparseable turn costs this. It does not end the episode (the agent is asked again)
-    # while a wrong click may, so the penalty must outweigh what a retry can still win, or the
-    # policy is paid to stall. On the default model, at 0.1 the share of unparseable turns climbed
-    # from 0.33 to 0.69 in 12 updates; at 0.5 with target_kl 0.1 it stayed at 0.23-0.44 over 10,
-    # though it still climbed in runs whose replies grew longer (policy_alpha 1.0 kept them flat).
-    format_penalty: float = 0.5
-    step_penalty: float = 0.0
-    progress_reward: float = 0.0  # weight of potential-based shaping from the verifier's partial progress
-    click_reward: float = 0.0  # weight of the dense grounding reward (rl.rewards.click_rewards) per turn
-    click_sigma: float = 0.05  # its width, a fraction of the screenshot
-    # subtracted for a turn whose action left the screen exactly as it was (rl.rewards.no_effect_penalties)
-    no_effect_penalty: float = 0.0
-    end_on_parse_error: bool = False  # rollouts end at an unparseable output (no retries to stall for)
-    max_grad_norm: float = 1.0
-    n_workers: int = 2  # 0: rollouts in the learner's process
-    engine: str = "local"  # rollout workers: "local" processes (trainer.rollout) or "ray" actors (trainer.ray_rollout)
-    ray_address: str | None = None  # with engine "ray": a cluster's address ("auto", "HOST:6379"); None: a local Ray
-    # with engine "ray": each rollout actor generates with its own policy copy ("own"), or one inference actor
-    # does for all of them ("shared", with inference_gpus GPUs from Ray) - trainer.ray_rollout
-    inference: str = "own"
-    inference_gpus: float = 0.0
-    # sandbox envs per rollout worker (or in the learner's process), each in a process of its own,
-    # stepped together with one batched generation per round (trainer.episodes.EpisodeRunner)
-    n_envs: int = 16
-    mode: str = "async"
-    max_staleness: int = 1
-    staleness_decay: float = 1.0
-    seed: int = 0
-    max_seconds: float | None = None  # stop after the update that crosses this wall-clock budget
-    train_vision: bool = False  # False: the vision tower is frozen and each screenshot encoded once per batch
-    # stop an update's policy passes at the first minibatch whose approx_kl to the batch's policy
-    # exceeds this (None: never); one update of the default model once jumped to 3.7 without it
-    target_kl: float | None = None
-    # turns per forward: padded micro-batches of at most this many tokens (rows x longest row, prompt
-    # included; trainer.ppo_batch), gradients accumulated up to each minibatch's optimizer step.
-    # 0: one turn per forward (the sequential path). Results do not depend on it (up to float sums).
-    # None: by device (ppo_batch.budget_for): 2048 on a CPU (1.5x with share_prefix, measured), 8192 on a GPU
-    micro_batch_tokens: int | None = None
-    # the prompt start all turns of a pass share (system message + UI-TARS prompt, ~300 tokens) is forwarded
-    # once per model and pass (score: the batch; policy/critic steps: each minibatch) and its keys and values
-    # reused by every micro-batch (trainer.ppo_batch.PrefixKV); exact, gradients included. Off, or when the
-    # turns share fewer than ppo_batch.MIN_SHARED_PREFIX tokens: every row forwards its whole prompt
-    share_prefix: bool = True
-    # turns of one episode whose sequences extend one another (prompt and reply the start of the next
-    # turn's prompt) share one row (trainer.ppo_batch.chain_turns): exact, each turn's tokens computed
-    # once; minibatches are then filled with shuffled chains (split where one overflows) instead of
-    # shuffled turns, so an episode's turns tend to share a minibatch
-    chain_turns: bool = True
-    # decoupled PPO (AReaL): ratio against the proximal policy (this batch's, from score()), each token's
-    # loss weighted by pi_prox / pi_behav of the rollout that sampled it; a weight above the cap drops
-    # the token (rl.losses.behaviour_weights). Off: the ratio's reference is the proximal policy alone.
-    behaviour_correction: bool = True
-    imp_weight_cap: float | None = 2.0
-    # memory for real-sized models (README "Scaling out"), as `train sft` has them:
-    bf16: bool = False  # bf16 autocast of every forward; master weights, gradients and AdamW states stay float32
-    # recompute each decoder layer in backward; turns share_prefix off (transformers drops the cache a
-    # shared prefix needs while checkpointing)
-    grad_checkpointing: bool = False
-    # rank-r LoRA adapters (trainer.lora) on the policy and on the critic's copy of the backbone; with
-    # bf16 the frozen base is bf16 (float32 under FSDP2, whose layer buffers hold one dtype). Rollout
-    # workers get the merged weights (trainer.lora.plain_state_dict)
-    lora_r: int | None = None
-    lora_alpha: float | None = None
-    # with several learner processes: "ddp" (whole replicas, gradients summed by one all-reduce) or "fsdp"
-    # (FSDP2: policy, critic and reference sharded per decoder layer; the frozen vision tower stays whole;
-    # needs rollout workers, since rank 0 cannot generate alone with a sharded model; no shared prefix)
-    shard: str = "ddp"
-
-
 KL_REF_CAP = 10.0  # per-token cap of the KL-to-start penalty's k3 estimate
-
-
-def shaping_checks(*, format_penalty, click_reward, kl_coef, no_effect_penalty, target_kl, dual_clip) -> list[tuple]:
-    """(ok, message, value) for each stability and reward-shaping setting, under the flag names
-    `train ppo` and `train default` share; the caller reports the first that is not ok."""
-    return [(format_penalty >= 0, "--format-penalty must be >= 0", format_penalty),
-            (click_reward >= 0, "--click-reward must be >= 0", click_reward),
-            (kl_coef >= 0, "--kl-coef must be >= 0", kl_coef),
-            (no_effect_penalty >= 0, "--no-effect-penalty must be >= 0", no_effect_penalty),
-            (target_kl is None or target_kl > 0, "--target-kl must be > 0", target_kl),
-            (dual_clip is None or dual_clip > 1, "--dual-clip must be > 1", dual_clip)]
-
-
-def check_fsdp(cfg: PPOConfig) -> None:
-    """Raise ValueError, naming the flag, for what FSDP2 PPO cannot run with."""
-    if cfg.n_workers < 1:
-        raise ValueError("--shard fsdp needs rollout workers (--workers 1 or more): the learner's sharded model "
-                         "cannot generate on rank 0 alone")
-    if cfg.train_vision:
-        raise ValueError("--shard fsdp keeps the vision tower whole and frozen; --train-vision is not supported with it")
 
 
 # ---------------------------------------------------------------- the critic
@@ -297,10 +182,11 @@ def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConf
             tb.adv, tb.ret = a.to(dev), r.to(dev)
         stats["returns"].append(ret_c)
         stats["values"].append(values)
-    all_adv = torch.cat([tb.adv for tb in turns])
-    mean, std = all_adv.mean(), all_adv.std().clamp(min=1e-6) if all_adv.numel() > 1 else torch.ones((), device=dev)
-    for tb in turns:  # whiten over the batch
-        tb.adv = (tb.adv - mean) / std
+    if cfg.whiten_advantages:
+        all_adv = torch.cat([tb.adv for tb in turns])
+        mean, std = all_adv.mean(), all_adv.std().clamp(min=1e-6) if all_adv.numel() > 1 else torch.ones((), device=dev)
+        for tb in turns:  # whiten over the batch
+            tb.adv = (tb.adv - mean) / std
     ret, val = torch.cat(stats["returns"]), torch.cat(stats["values"])
     # the policy's lambda as used: at alpha 0.05 it sits on its floor (0.9) below 200 tokens an episode,
     # so "length-adaptive" is constant for short GUI episodes; logged so a run shows which regime it is in
@@ -470,10 +356,6 @@ class Learner:
     With cfg.train_vision off, both vision towers are frozen until `close()`."""
 
     def __init__(self, policy, processor, cfg: PPOConfig):
-        if cfg.micro_batch_tokens is not None and cfg.micro_batch_tokens < 0:
-            raise ValueError(f"micro_batch_tokens must be >= 0 (0: one turn per forward), got {cfg.micro_batch_tokens}")
-        if cfg.imp_weight_cap is not None and cfg.imp_weight_cap <= 1:
-            raise ValueError(f"imp_weight_cap must be > 1 (None: no cap), got {cfg.imp_weight_cap}")
         self.policy, self.processor, self.cfg = policy, processor, cfg
         self.critic = Critic(policy)
         # frozen, the two vision towers stay equal, so the critic can use the policy's image features
@@ -562,8 +444,6 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env: En
     memory = memory if memory is not None else MemorySpec()
 
     torch.manual_seed(cfg.seed)
-    if cfg.shard not in D.STRATEGIES:
-        raise ValueError(f"shard must be one of {', '.join(D.STRATEGIES)}, got {cfg.shard!r}")
     fsdp = cfg.shard == "fsdp" and D.rank_world()[1] > 1
     if fsdp:
         check_fsdp(cfg)
@@ -622,7 +502,7 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env: En
 
     learner = Learner(policy, processor, cfg)  # after the rollout side is up: close() is in the finally
     history = []
-    step = 0
+    step = -1  # the last update taken
     t_start = time.perf_counter()
     try:
         # -- value pretraining: fit the critic to lambda=1 returns of the frozen policy
@@ -658,7 +538,7 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env: En
             history.append({"phase": "ppo", **row})
             if on_update is not None:
                 on_update(update, row)
-            if D.broadcast_object(cfg.max_seconds is not None and time.perf_counter() - t_start > cfg.max_seconds):
+            if D.broadcast_object(cfg.max_minutes is not None and time.perf_counter() - t_start > 60 * cfg.max_minutes):
                 break
     finally:
         learner.close()

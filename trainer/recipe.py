@@ -19,135 +19,156 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import ClassVar
 
 from agent import coords
+from trainer.config_flags import (
+    ConfigError,
+    check,
+    check_choices,
+    dotted,
+    flatten,
+    from_dict,
+    knob,
+    nested,
+    tie,
+    to_argv,
+    validate_nested,
+)
 from trainer.errors import TrainerError
+from trainer.ppo_config import PPOConfig
+from trainer.sft import ScaleConfig, SFTConfig
+from trainer.tiny_model import ARCHS, MROPE_LAYOUTS
 
 
 class RecipeError(TrainerError, ValueError):
     """A recipe that cannot run as asked (a bad setting, a work folder from other settings)."""
 
 
+SCALE = tuple(f.name for f in fields(ScaleConfig))  # the recipe runs one process, float32, every weight trained
+
+
 @dataclass
 class RecipeConfig:
+    """The whole recipe's settings: its own (screen, data, model) plus the SFT and PPO stages' configs.
+    `train default`'s flags are these fields (trainer.config_flags): the stages' under --sft-/--ppo-,
+    PPO's rollout and shaping flags as `train ppo` names them. validate() names a bad one."""
+    NAME: ClassVar[str] = "recipe"
     # the sandbox screen: 336x252 is pixel-exact for the model (smart_resize keeps it; 320x240 was resampled
     # x1.05, blurring 11-13 px text), 108 image tokens
-    width: int = 336
-    height: int = 252
+    width: int = knob(336, "sandbox screen width (pixel-exact for the model)")
+    height: int = knob(252, "sandbox screen height")
     # what the model observes: "elements" the screenshot and the screen's element list, a pointer head
     # choosing the clicked entry (agent.pointer); "pixels" the screenshot alone, clicks written as digits
-    observation: str = "elements"
+    observation: str = knob("elements", "what the model sees: elements (the screenshot and the screen's element list, "
+                                        "clicks chosen by a pointer over its entries) or pixels (the screenshot alone, "
+                                        "clicks written as digits)", choices=("elements", "pixels"))
     # every sandbox family (trainer.sandbox.families.FAMILIES)
-    families: list[str] = field(default_factory=lambda: [
+    families: list[str] = knob(help="comma-separated sandbox families", factory=lambda: [
         "click_button", "check_boxes", "radio", "dropdown", "list_pick", "type_text", "slider", "form", "scroll_find",
         "menu", "dialog", "tabs", "context_menu", "drag_drop", "settings_chain", "search_chain"])
-    demo_episodes_per_family: int = 60
+    demo_episodes_per_family: int = knob(60, "expert episodes per family", flag="demos")
     # chance per demonstration turn (at most once an episode) of an injected mistake the expert recovers
     # from (ExpertActor). Without them the SFT model had never seen a second turn of most families nor a
     # re-ask: 0.3-0.4 of its rollout turns did not parse; with 0.3-0.4, 0.01-0.08 (measured, 20-seed runs)
-    demo_slip: float = 0.3
-    grounding_screens_per_family: int = 15  # screens of "click on X" samples (grounding_samples) added to SFT
-    eval_seeds_per_family: int = 13  # 208 held-out episodes over the 16 families
+    demo_slip: float = knob(0.3, "chance at each demonstration turn (at most once per episode) that it is a mistake - "
+                                 "a random click or a cut-off reply - the expert then recovers from (not trained on)",
+                            metavar="P")
+    grounding_screens_per_family: int = knob(15, "screens per family of single-step 'click on X' samples added to SFT "
+                                                 "(UI-TARS grounding data)", flag="grounding", metavar="N")
+    eval_seeds_per_family: int = knob(13, "held-out seeds per family", flag="eval-seeds")  # 208 episodes over 16
     # the model class (trainer.tiny_model.ARCHS): "qwen3_vl" is a Qwen3-VL (learned absolute positions in the
     # vision tower); not better so far (bench_position, and one recipe run: 22.5% SFT, 15.8% PPO held-out)
-    arch: str = "qwen2_5_vl"
-    hidden: int = 128
-    layers: int = 2
-    vision_depth: int = 2
+    arch: str = knob("qwen2_5_vl", "the model class (qwen3_vl: learned absolute vision positions)", choices=ARCHS)
+    hidden: int = knob(128, "width of the model's language and vision layers (a multiple of 32)")
+    layers: int = knob(2, "language model layers")
+    vision_depth: int = knob(2, "vision tower layers")
     # the language model's rotary positions (trainer.tiny_model.mrope_section): with Qwen2.5-VL's stock
     # "blocks" at theta 1e6 this model cannot tell image columns apart, so cannot learn where to click
-    rope_theta: float = 10_000.0
-    mrope: str = "interleaved"
-    sft_epochs: float = 5.0
-    sft_lr: float = 2e-3
-    sft_batch: int = 8
-    sft_schedule: str = "linear"  # trainer.sft.SCHEDULES: "constant" holds the rate after warmup
-    sft_grad_clip: float = 1.0  # max gradient norm of an SFT step; 0: none
-    ppo_updates: int = 20
-    ppo_batch: int = 16
-    ppo_lr: float = 1e-4  # 5e-4 drove approx_kl to 0.3-0.6 per update and the parse rate down (measured)
-    ppo_epochs: int = 4  # passes over each batch; target_kl stops them early
-    # length-adaptive GAE, policy lambda = 1 - 1/(alpha * generated tokens). The report's 0.05 puts lambda at its
-    # 0.9 clamp at this model's lengths (30-130 tokens an episode), and in those runs replies grew until cut
-    # off; 1.0 (lambda ~0.99) kept them flat (measured). PPOConfig keeps the report's 0.05.
-    ppo_policy_alpha: float = 1.0
-    ppo_temperature: float = 0.5  # sampling (and scoring) temperature of the rollouts; evaluation is greedy
-    ppo_max_new_tokens: int = 48  # the expert's replies take about 30
-    ppo_max_steps: int = 5  # rollouts are cut (and bootstrapped) here; evaluation keeps each family's limit
-    ppo_max_minutes: float | None = 10.0  # wall-clock budget of the PPO phase (binds before ppo_updates)
-    ppo_format_penalty: float = 0.5  # see PPOConfig.format_penalty
-    ppo_target_kl: float | None = 0.1  # see PPOConfig.target_kl
-    ppo_dual_clip: float | None = None  # see PPOConfig.dual_clip
-    ppo_progress_reward: float = 0.0  # see PPOConfig.progress_reward
-    ppo_click_reward: float = 0.0  # see PPOConfig.click_reward
-    ppo_kl_coef: float = 0.0  # see PPOConfig.kl_coef
-    ppo_no_effect_penalty: float = 0.0  # see PPOConfig.no_effect_penalty
-    ppo_end_on_parse_error: bool = False  # see PPOConfig.end_on_parse_error
-    ppo_train_vision: bool = False  # frozen, the vision tower is encoded once per screenshot (learner ~2x faster)
-    n_workers: int = 2
-    ppo_engine: str = "local"  # rollout workers: local processes or Ray actors (PPOConfig.engine)
-    ray_address: str | None = None  # with ppo_engine "ray": the cluster (None: a local Ray)
-    n_envs: int = 16  # sandbox envs per rollout worker, one batched generation per round (PPOConfig.n_envs)
-    threads: int = 1  # torch threads of the PPO learner beside its rollout workers (they take the other cores)
+    rope_theta: float = knob(10_000.0, "rotary base of the language model")
+    mrope: str = knob("interleaved", "rotary frequencies per image axis: interleaved or blocks (Qwen2.5-VL's stock "
+                                     "split, which vLLM and SGLang serve)", choices=MROPE_LAYOUTS)
+    sft: SFTConfig = nested(lambda: SFTConfig(lr=2e-3, epochs=5.0, batch_size=8, warmup_steps=5),
+                            prefix="sft-", skip=SCALE, tied=("seed",))
+    # PPO: lr 5e-4 drove approx_kl to 0.3-0.6 per update and the parse rate down (measured); epochs are passes
+    # over each batch, target_kl stops them early. Length-adaptive GAE, policy lambda = 1 - 1/(alpha *
+    # generated tokens): the report's 0.05 puts lambda at its 0.9 clamp at this model's lengths (30-130
+    # tokens an episode), and in those runs replies grew until cut off; 1.0 (lambda ~0.99) kept them flat
+    # (measured; PPOConfig keeps the report's 0.05). Sampling (and scoring) temperature 0.5; evaluation is
+    # greedy. The expert's replies take about 30 tokens. The wall-clock budget binds before `updates`.
+    ppo: PPOConfig = nested(lambda: PPOConfig(updates=20, batch_episodes=16, lr=1e-4, epochs=4, policy_alpha=1.0,
+                                              temperature=0.5, max_new_tokens=48, max_minutes=10.0, target_kl=0.1,
+                                              value_pretrain_iters=1, value_pretrain_epochs=3),
+                            prefix="ppo-", skip=SCALE, tied=("seed",),
+                            bare=("updates", "n_workers", "n_envs", "engine", "ray_address", "temperature", "policy_alpha",
+                                  "train_vision", "format_penalty", "target_kl", "dual_clip", "progress_reward",
+                                  "click_reward", "kl_coef", "no_effect_penalty", "end_on_parse_error"))
+    ppo_max_steps: int = knob(5, "rollouts are cut (and bootstrapped) at this many steps; evaluation keeps each "
+                                 "family's limit")
+    threads: int = knob(1, "torch threads of the PPO learner beside its rollout workers (they take the other cores)")
     # torch threads of SFT and the held-out evaluations, when nothing else runs (None: all cores). Measured on
     # 2 cores: an SFT step of the default shape 1.06 s with 1 thread, 0.65 s with 2; of 256x4x4 3.5 s, 2.0 s
-    sft_threads: int | None = None
-    seed: int = 0
+    sft_threads: int | None = knob(None, "torch threads of SFT and the held-out evaluations (none: all cores)")
+    seed: int = knob(0, "random seed (of every stage)")
+
+    # keys of recipe configs saved before the stages nested (eval.json, stage_sft.json), where "<stage>_<field>"
+    # does not name the field
+    LEGACY: ClassVar[dict] = {"sft_batch": "sft.batch_size", "ppo_batch": "ppo.batch_episodes",
+                              "n_workers": "ppo.n_workers", "n_envs": "ppo.n_envs", "ray_address": "ppo.ray_address"}
+
+    def __post_init__(self):
+        tie(self)
+        self.validate()
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RecipeConfig:
+        """A saved config (asdict), or one saved before the stages nested (flat ppo_*/sft_* keys)."""
+        return from_dict(cls, d, legacy=cls.LEGACY)
 
     def validate(self) -> None:
-        """Raise RecipeError naming the first setting that cannot work (before any work is done)."""
-        from trainer.ppo import shaping_checks
+        """Raise config_flags.ConfigError naming the first setting that cannot work (before any work
+        is done); the stages' configs checked themselves when made."""
         from trainer.sandbox.families import family_class
-        from trainer.sft import SCHEDULES
-        from trainer.tiny_model import ARCHS, MROPE_LAYOUTS
 
+        check_choices(self)
         for f in self.families:
             try:
                 family_class(f)
             except Exception as e:  # SandboxError names the known families
-                raise RecipeError(str(e)) from None
-        checks = [(self.observation in ("elements", "pixels"), "--observation must be elements or pixels", self.observation),
-                  (self.hidden >= 32 and self.hidden % 32 == 0, "--hidden must be a positive multiple of 32", self.hidden),
-                  (self.layers >= 1 and self.vision_depth >= 1, "--layers and --vision-depth must be at least 1",
-                   (self.layers, self.vision_depth)),
-                  (self.rope_theta > 1, "--rope-theta must be > 1", self.rope_theta),
-                  (self.arch in ARCHS, f"--arch must be one of {', '.join(ARCHS)}", self.arch),
-                  (self.mrope in MROPE_LAYOUTS, f"--mrope must be one of {', '.join(MROPE_LAYOUTS)}", self.mrope),
-                  (self.sft_schedule in SCHEDULES, f"--sft-schedule must be one of {', '.join(SCHEDULES)}",
-                   self.sft_schedule),
-                  (self.sft_grad_clip >= 0, "--sft-clip must be >= 0", self.sft_grad_clip),
-                  (self.sft_lr > 0, "--sft-lr must be > 0", self.sft_lr),
-                  (0.0 <= self.demo_slip <= 1.0, "--demo-slip must be in [0, 1]", self.demo_slip),
-                  (self.demo_episodes_per_family >= 1, "--demos must be at least 1", self.demo_episodes_per_family),
-                  (self.grounding_screens_per_family >= 0, "--grounding must be >= 0", self.grounding_screens_per_family),
-                  (self.eval_seeds_per_family >= 1, "--eval-seeds must be at least 1", self.eval_seeds_per_family),
-                  (self.ppo_temperature > 0, "--temperature must be > 0", self.ppo_temperature),
-                  (self.ppo_batch >= 1 and self.ppo_updates >= 1, "--ppo-batch and --updates must be at least 1",
-                   (self.ppo_batch, self.ppo_updates)),
-                  (self.n_envs >= 1, "--envs must be at least 1", self.n_envs),
-                  (self.ppo_engine in ("local", "ray"), "--engine must be local or ray", self.ppo_engine),
-                  (self.ppo_engine != "ray" or self.n_workers >= 1, "--engine ray needs --workers of at least 1",
-                   self.n_workers),
-                  *shaping_checks(format_penalty=self.ppo_format_penalty, click_reward=self.ppo_click_reward,
-                                  kl_coef=self.ppo_kl_coef, no_effect_penalty=self.ppo_no_effect_penalty,
-                                  target_kl=self.ppo_target_kl, dual_clip=self.ppo_dual_clip)]
-        for ok, msg, value in checks:
-            if not ok:
-                raise RecipeError(f"{msg}, got {value}")
+                raise ConfigError("recipe.families", str(e)) from None
+        check(self.hidden >= 32 and self.hidden % 32 == 0, "recipe.hidden", "must be a positive multiple of 32",
+              self.hidden)
+        for name in ("layers", "vision_depth", "demo_episodes_per_family", "eval_seeds_per_family", "ppo_max_steps",
+                     "threads"):
+            check(getattr(self, name) >= 1, f"recipe.{name}", "must be at least 1", getattr(self, name))
+        check(self.sft_threads is None or self.sft_threads >= 1, "recipe.sft_threads", "must be at least 1",
+              self.sft_threads)
+        check(self.rope_theta > 1, "recipe.rope_theta", "must be > 1", self.rope_theta)
+        check(0.0 <= self.demo_slip <= 1.0, "recipe.demo_slip", "must be in [0, 1]", self.demo_slip)
+        check(self.grounding_screens_per_family >= 0, "recipe.grounding_screens_per_family", "must be >= 0",
+              self.grounding_screens_per_family)
+        check(self.width >= 28 and self.height >= 28, "recipe.width", "and height must be at least 28",
+              (self.width, self.height))
+        validate_nested(self)
 
 
 # the settings that shape the SFT stage (demonstrations, model, SFT, its evaluation): --resume needs them unchanged
-SFT_STAGE_KEYS = ("width", "height", "observation", "families", "demo_episodes_per_family", "demo_slip", "grounding_screens_per_family",
-                  "eval_seeds_per_family", "arch", "hidden", "layers", "vision_depth", "rope_theta", "mrope", "sft_epochs", "sft_lr",
-                  "sft_batch", "sft_schedule", "sft_grad_clip", "seed")
+SFT_STAGE_KEYS = ("width", "height", "observation", "families", "demo_episodes_per_family", "demo_slip",
+                  "grounding_screens_per_family", "eval_seeds_per_family", "arch", "hidden", "layers", "vision_depth",
+                  "rope_theta", "mrope", "sft", "seed")
 
 
-def sft_stage_config(cfg: RecipeConfig) -> dict:
-    """The part of `cfg` an SFT stage is recorded with (and compared against on --resume)."""
-    full = asdict(cfg)
-    return {k: full[k] for k in SFT_STAGE_KEYS}
+def sft_stage_config(cfg: RecipeConfig | dict) -> dict:
+    """The part of `cfg` an SFT stage is recorded with (and compared against on --resume), as
+    {dotted field: value}; a dict is a saved config, possibly flat (before the stages nested):
+    only the keys it has are given."""
+    if isinstance(cfg, dict):
+        full, _ = dotted(RecipeConfig, cfg, legacy=RecipeConfig.LEGACY)
+    else:
+        full = flatten(cfg)
+    return {k: v for k, v in full.items() if k.split(".")[0] in SFT_STAGE_KEYS}
 
 
 def demonstrations(families, per_family: int, *, width: int, height: int, seed_start: int = 0, memory_kw=None,
@@ -226,7 +247,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     from trainer.episodes import evaluate
     from trainer.grounding import grounding_eval
     from trainer.metrics import MetricsLog, plot_metrics
-    from trainer.sft import SFTConfig, load_for_training, save_checkpoint, train_device, train_sft
+    from trainer.sft import load_for_training, save_checkpoint, train_device, train_sft
 
     try:  # a device that is not there fails now, not after the demonstrations
         dev = str(train_device(device))
@@ -265,8 +286,9 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     if resume and stage.is_file() and (work / "sft" / "model.safetensors").is_file():
         # -- 1+2 done before: the SFT checkpoint and its held-out numbers are in the work folder
         done = json.loads(stage.read_text(encoding="utf-8"))
-        was, now = done.get("config", {}), sft_stage_config(cfg)  # stages written before this check carry no config
-        changed = sorted(k for k in now if k in was and was[k] != now[k])
+        # stages written before this check carry no config; older ones a flat one (sft_stage_config reads both)
+        was, now = sft_stage_config(done.get("config", {})), sft_stage_config(cfg)
+        changed = [k for k in now if k in was and was[k] != now[k]]
         if changed:
             raise RecipeError(f"--resume: the SFT stage in {work} was made with other settings "
                              f"({', '.join(f'{k}={was[k]!r}' for k in changed)}); use another --work folder or drop --resume")
@@ -294,30 +316,18 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
         report["params"] = sum(p.numel() for p in model.parameters())
 
         # -- 2. SFT on the demonstrations, then the held-out numbers
-        sft_cfg = SFTConfig(lr=cfg.sft_lr, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch, warmup_steps=5,
-                            schedule=cfg.sft_schedule, grad_clip=cfg.sft_grad_clip, seed=cfg.seed)
-        report["sft"] = train_sft(model, processor, samples, sft_cfg, work / "sft", log=log, progress=progress)
+        report["sft"] = train_sft(model, processor, samples, cfg.sft, work / "sft", log=log, progress=progress)
         report["eval_sft"] = heldout("sft")
         stage.write_text(json.dumps(_slim({**{k: report[k] for k in ("demos", "params", "sft", "eval_sft")},
                                            "config": sft_stage_config(cfg)}), indent=2)
                          + "\n", encoding="utf-8")
 
     # -- 3. PPO on the sandbox, from the SFT model
-    from trainer.ppo import PPOConfig, train_ppo
+    from trainer.ppo import train_ppo
     from trainer.specs import EnvSpec
 
-    ppo_cfg = PPOConfig(updates=cfg.ppo_updates, batch_episodes=cfg.ppo_batch, lr=cfg.ppo_lr, n_workers=cfg.n_workers,
-                        n_envs=cfg.n_envs, epochs=cfg.ppo_epochs, temperature=cfg.ppo_temperature, max_new_tokens=cfg.ppo_max_new_tokens,
-                        policy_alpha=cfg.ppo_policy_alpha, train_vision=cfg.ppo_train_vision,
-                        format_penalty=cfg.ppo_format_penalty,
-                        target_kl=cfg.ppo_target_kl, dual_clip=cfg.ppo_dual_clip, progress_reward=cfg.ppo_progress_reward,
-                        click_reward=cfg.ppo_click_reward, kl_coef=cfg.ppo_kl_coef,
-                        no_effect_penalty=cfg.ppo_no_effect_penalty,
-                        end_on_parse_error=cfg.ppo_end_on_parse_error, value_pretrain_iters=1, value_pretrain_epochs=3,
-                        seed=cfg.seed, engine=cfg.ppo_engine, ray_address=cfg.ray_address,
-                        max_seconds=cfg.ppo_max_minutes * 60 if cfg.ppo_max_minutes else None)
     torch.set_num_threads(cfg.threads)
-    res = train_ppo(model, processor, ppo_cfg, model_dir=work / "sft", work_dir=work / "ppo",
+    res = train_ppo(model, processor, cfg.ppo, model_dir=work / "sft", work_dir=work / "ppo",
                     env=EnvSpec(**{**env_kw, "max_steps": cfg.ppo_max_steps}),
                     families=cfg.families, log=log, progress=progress)
     torch.set_num_threads(cfg.sft_threads or os.cpu_count() or 1)  # the workers have stopped
@@ -393,34 +403,14 @@ def _intervals(sft: dict, ppo: dict, family: str | None = None) -> dict:
             "delta_ci95": [round(x, 4) for x in diff["ci95"]]}
 
 
-# RecipeConfig field -> `train default` flag, for the command that reproduces a run
-CLI_FLAGS = {"families": "--families", "demo_episodes_per_family": "--demos", "demo_slip": "--demo-slip",
-             "grounding_screens_per_family": "--grounding", "eval_seeds_per_family": "--eval-seeds",
-             "ppo_updates": "--updates", "n_workers": "--workers", "n_envs": "--envs", "sft_epochs": "--sft-epochs",
-             "sft_lr": "--sft-lr", "sft_schedule": "--sft-schedule", "sft_grad_clip": "--sft-clip",
-             "ppo_max_minutes": "--ppo-minutes", "ppo_lr": "--ppo-lr", "ppo_batch": "--ppo-batch",
-             "ppo_epochs": "--ppo-epochs", "ppo_temperature": "--temperature", "ppo_policy_alpha": "--policy-alpha",
-             "ppo_train_vision": "--train-vision", "ppo_format_penalty": "--format-penalty",
-             "ppo_target_kl": "--target-kl", "ppo_dual_clip": "--dual-clip", "ppo_progress_reward": "--progress-reward", "ppo_click_reward": "--click-reward",
-             "ppo_kl_coef": "--kl-coef", "ppo_no_effect_penalty": "--no-effect-penalty",
-             "ppo_end_on_parse_error": "--end-on-parse-error", "arch": "--arch", "hidden": "--hidden", "layers": "--layers",
-             "vision_depth": "--vision-depth", "rope_theta": "--rope-theta", "mrope": "--mrope",
-             "ppo_engine": "--engine", "ray_address": "--ray-address", "seed": "--seed"}
-
-
 def reproduce_command(config: dict) -> str:
-    """`python main.py train default ...` with every flag whose value differs from the default."""
-    default = asdict(RecipeConfig())
-    parts = ["python main.py train default --out assets/default_model"]
-    for key, flag in CLI_FLAGS.items():
-        v = config.get(key)
-        if v is None or v == default.get(key):
-            continue
-        if isinstance(v, bool):  # a switch: present or not
-            parts.append(flag)
-            continue
-        parts.append(f"{flag} {','.join(v) if isinstance(v, list) else format(v, 'g') if isinstance(v, float) else v}")
-    return " ".join(parts)
+    """`python main.py train default ...` with the flag of every setting whose value differs from
+    the default (trainer.config_flags.to_argv: each field is a flag, so nothing can be left out);
+    `config` as saved (asdict), flat keys of older runs included."""
+    import shlex
+
+    argv = to_argv(RecipeConfig.from_dict(config))
+    return " ".join(["python main.py train default --out assets/default_model", *map(shlex.quote, argv)])
 
 
 def plot_summary(metrics_path, report: dict, out_png, ppo_since: float | None = None) -> Path:

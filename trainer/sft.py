@@ -27,7 +27,9 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
+from trainer.config_flags import check, check_choices, knob
 from trainer.errors import TrainerError
 
 IGNORE = -100
@@ -194,32 +196,71 @@ def encode(processor, sample: Sample) -> dict:
 # ---------------------------------------------------------------- training
 
 
+SCHEDULES = ("linear", "constant")
+
+
 @dataclass
-class SFTConfig:
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    epochs: float = 1.0
-    batch_size: int = 8  # samples per optimizer step (gradient accumulation, one sample at a time)
-    max_steps: int | None = None
-    warmup_steps: int = 0
+class ScaleConfig:
+    """Memory and processes for real-sized models (README "Scaling out"), the same for `train sft|ct`
+    and `train ppo`; all off: float32 everything, every parameter trained."""
+    bf16: bool = knob(False, "bf16 autocast (float32 master weights, gradients and AdamW states); with --lora the "
+                             "frozen base is bf16")
+    grad_checkpointing: bool = knob(False, "recompute each decoder layer in backward instead of keeping its activations")
+    lora_r: int | None = knob(None, "train rank-R LoRA adapters (peft, trainer.lora) instead of every weight",
+                              flag="lora", metavar="R")
+    lora_alpha: float | None = knob(None, "LoRA alpha, the adapters' scale numerator (default 2R)")
+    lora_save: str = knob("adapter", "a LoRA run saves its adapter or the weights with it merged in",
+                          choices=("adapter", "merged"))
+    # with several learner processes (trainer.distributed, --nproc): whole replicas, gradients summed by
+    # one all-reduce, or FSDP2 (fully_shard per decoder layer)
+    shard: str = knob("ddp", "with --nproc > 1: ddp (a replica per process) or fsdp (FSDP2: weights, gradients and "
+                             "optimizer states sharded across processes)", choices=("ddp", "fsdp"))
+
+    NAME: ClassVar[str] = "scale"
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise config_flags.ConfigError naming the first setting that cannot work."""
+        name = self.NAME
+        check_choices(self)
+        check(self.lora_r is None or self.lora_r >= 1, f"{name}.lora_r", "must be at least 1", self.lora_r)
+        check(self.lora_alpha is None or self.lora_alpha > 0, f"{name}.lora_alpha", "must be > 0", self.lora_alpha)
+
+
+@dataclass
+class SFTConfig(ScaleConfig):
+    """One SFT (or CT) run; the flags of `train sft|ct` are these fields (trainer.config_flags)."""
+    NAME: ClassVar[str] = "sft"
+    lr: float = knob(1e-3, "learning rate")
+    weight_decay: float = knob(0.0, "AdamW weight decay")
+    epochs: float = knob(1.0, "passes over the samples (max_steps, when set, decides instead)")
+    batch_size: int = knob(8, "samples per optimizer step (gradient accumulation, one sample at a time)", flag="batch")
+    max_steps: int | None = knob(None, "optimizer steps (none or 0: from epochs)")
+    warmup_steps: int = knob(0, "steps of linear learning-rate warmup")
     # "linear" decays the rate to a tenth by the last step; "constant" holds it after warmup. On the tiny
     # model the decay (with clipping at 1.0) kept some seeds from ever learning where to click: bench_position
     # --task square, Qwen3-VL seed 0, 1,200 steps hit 27% decayed, 73% constant, 93% constant without clipping
-    schedule: str = "linear"
-    grad_clip: float | None = 1.0  # max gradient norm; None or 0: no clipping
-    seed: int = 0
-    log_every: int = 1
-    save_every: int | None = None  # optimizer steps between checkpoints (None: only at the end)
-    # memory for real-sized models (README "Scaling out"); all off: float32 everything, every parameter trained
-    bf16: bool = False  # bf16 autocast of the forward; master weights, gradients and AdamW states stay float32
-    grad_checkpointing: bool = False  # keep each decoder layer's input only, recompute the rest in backward
-    lora_r: int | None = None  # LoRA rank (trainer.lora): train adapters only; with bf16 the frozen base is bf16
-    lora_alpha: float | None = None  # LoRA scale numerator (default 2 * rank)
-    lora_save: str = "adapter"  # a LoRA run saves its adapter or the merged weights
-    shard: str = "ddp"  # with several processes (trainer.distributed): ddp or fsdp (FSDP2 fully_shard)
+    schedule: str = knob("linear", "linear: decay the rate to a tenth by the last step; constant: hold it after warmup",
+                         choices=SCHEDULES)
+    grad_clip: float | None = knob(1.0, "max gradient norm of a step (0 or none: no clipping)", flag="clip")
+    seed: int = knob(0, "random seed")
+    log_every: int = knob(1, "optimizer steps between metrics rows")
+    save_every: int | None = knob(None, "optimizer steps between checkpoints (none: only at the end)")
 
-
-SCHEDULES = ("linear", "constant")
+    def validate(self) -> None:
+        """Raise config_flags.ConfigError naming the first setting that cannot work."""
+        super().validate()
+        check(self.lr > 0, "sft.lr", "must be > 0", self.lr)
+        check(self.weight_decay >= 0, "sft.weight_decay", "must be >= 0", self.weight_decay)
+        check(self.epochs > 0, "sft.epochs", "must be > 0", self.epochs)
+        check(self.batch_size >= 1, "sft.batch_size", "must be at least 1", self.batch_size)
+        check(self.max_steps is None or self.max_steps >= 0, "sft.max_steps", "must be >= 0", self.max_steps)
+        check(self.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0", self.warmup_steps)
+        check(self.grad_clip is None or self.grad_clip >= 0, "sft.grad_clip", "must be >= 0", self.grad_clip)
+        check(self.log_every >= 1, "sft.log_every", "must be at least 1", self.log_every)
+        check(self.save_every is None or self.save_every >= 1, "sft.save_every", "must be at least 1", self.save_every)
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
@@ -331,10 +372,6 @@ def train_sft(model, processor, samples: list[Sample], cfg: SFTConfig, out_dir=N
 
     if not samples:
         raise SFTError("no training samples")
-    if cfg.batch_size < 1 or cfg.lr <= 0:
-        raise SFTError(f"batch_size must be >= 1 and lr > 0, got {cfg.batch_size} and {cfg.lr}")
-    if cfg.schedule not in SCHEDULES:
-        raise SFTError(f"schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
     rank, world = D.rank_world()
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)

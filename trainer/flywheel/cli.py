@@ -21,27 +21,13 @@ def register(sub, common) -> None:
 
     r = fs.add_parser("run", parents=[common], help="run flywheel iterations")
     r.add_argument("--iterations", type=int, default=1)
-    for name, typ, help_ in (
-        ("eval-episodes", int, "held-out episodes each model plays per iteration, on fresh seeds (default 200)"),
-        ("miniwob-episodes", int, "MiniWoB++ episodes per task for the candidate (0: skip; never part of promotion)"),
-        ("rollouts", int, "on-policy episodes per iteration"),
-        ("ct-steps", int, "CT optimizer steps"), ("sft-steps", int, "SFT optimizer steps"),
-        ("dpo-steps", int, "DPO steps on supervisors' corrections (0: skip)"), ("dpo-beta", float, "DPO beta"),
-        ("ppo-updates", int, "PPO updates"), ("ppo-batch", int, "episodes per PPO update"),
-        ("ppo-workers", int, "PPO rollout processes (0: in-process)"), ("batch", int, "samples per CT/SFT step"),
-        ("min-gain", float, "promote only if the paired 95%% interval of the gain lies above this (default 0)"),
-        ("seed", int, "random seed"),
-        ("threads", int, "torch threads"),
-    ):
-        r.add_argument(f"--{name}", type=typ, help=help_)
-    r.add_argument("--families", help="comma-separated sandbox families")
-    r.add_argument("--ppo-engine", choices=("local", "ray"),
-                   help="PPO's rollout workers: local processes (default) or Ray actors (needs --ppo-workers >= 1)")
-    r.add_argument("--ray-address", help="with --ppo-engine ray: the cluster to join (auto, or HEAD:6379 after "
-                                         "`ray start --head`); default: start a local Ray")
-    r.add_argument("--base", choices=("default", "scratch"),
-                   help="the first model: the shipped default model when it fits the screen size (default), "
-                        "or random weights")
+    # the settings' flags come from FlywheelConfig's fields (trainer.config_flags); one left out keeps the
+    # store's saved value
+    from trainer.config_flags import add_flags
+    from trainer.flywheel.config import FlywheelConfig
+
+    add_flags(r, FlywheelConfig, keep=True)
+    r.add_argument("--batch", type=int, help="samples per CT and SFT step (both --ct-batch and --sft-batch)")
     r.add_argument("--save-config", action="store_true", help="save these settings as the store's flywheel config")
     r.add_argument("--orm-model", metavar="DIR", help="outcome reward model: a local checkpoint directory")
     r.add_argument("--orm-url", help="outcome reward model: an OpenAI-compatible base URL (with --orm-name)")
@@ -96,6 +82,7 @@ def _orm(args):
 def cmd_run(args) -> int:
     from tqdm import tqdm
 
+    from trainer.config_flags import ConfigError, describe, overrides
     from trainer.flywheel import FlywheelError
     from trainer.flywheel.announce import backend_target
     from trainer.flywheel.evaluation import miniwob_summary
@@ -111,15 +98,17 @@ def cmd_run(args) -> int:
 
     if args.iterations < 1:
         return fail(f"--iterations must be at least 1, got {args.iterations}")
-    keys = ("eval_episodes", "miniwob_episodes", "dpo_steps", "dpo_beta", "rollouts", "ct_steps", "sft_steps", "ppo_updates", "ppo_batch", "ppo_workers", "batch",
-            "min_gain", "seed", "threads", "base", "ppo_engine", "ray_address")
-    over = {k: getattr(args, k) for k in keys}
-    if args.families:
-        over["families"] = [f.strip() for f in args.families.split(",") if f.strip()]
+    over = overrides(FlywheelConfig, args)
+    if args.batch is not None:
+        over.setdefault("ct.batch_size", args.batch)
+        over.setdefault("sft.batch_size", args.batch)
     store = open_store(args)
     try:
         cfg = FlywheelConfig.load(store, **over)
         orm = _orm(args)
+    except ConfigError as e:
+        store.close()
+        return fail(describe(e, FlywheelConfig))
     except (FlywheelError, ValueError) as e:
         store.close()
         return fail(str(e))
@@ -184,7 +173,7 @@ def cmd_status(args) -> int:
         try:
             cfg = FlywheelConfig.load(store)
             first, warning = first_model(cfg), too_little_data(store, cfg)
-        except FlywheelError as e:
+        except (FlywheelError, ValueError) as e:  # a config_flags.ConfigError names the setting
             first, warning = f"unknown: {e}", None
         # the last routing's decisions, each with the rule that decided it
         last = s["growth"][-1]["iteration"] if s["growth"] else None
@@ -273,7 +262,7 @@ def cmd_merge(args) -> int:
                           lineage={"parents": args.models, "merge": {"alphas": [float(a) for a in args.alphas]}},
                           note="merge (not promoted automatically)")
         result["version"] = mv.version
-    except FlywheelError as e:
+    except (FlywheelError, ValueError) as e:  # ValueError: a config_flags.ConfigError names the setting
         return fail(str(e))
     finally:
         store.close()

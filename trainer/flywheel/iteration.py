@@ -25,11 +25,12 @@ import json
 import shutil
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from agent.model_files import DEFAULT_MODEL_DIR
 from trainer.flywheel import FlywheelError
+from trainer.flywheel.config import CONFIG_KEY, FlywheelConfig, default_families  # noqa: F401  (re-exported)
 from trainer.flywheel.registry import Registry
 from trainer.flywheel.routing import (
     Router,
@@ -40,7 +41,6 @@ from trainer.flywheel.routing import (
     pool_samples,
 )
 
-CONFIG_KEY = "flywheel.config"
 ROLLOUT_SEED_BASE = 500_000  # on-policy data uses training seeds far from `sandbox generate`'s
 # share of the iteration's progress bar per stage
 STAGES = {"start": 4, "collect": 8, "route": 4, "ct": 8, "sft": 20, "dpo": 4, "ppo": 22, "eval": 30}
@@ -51,95 +51,6 @@ STAGE_TEXT = {  # what each stage is doing, for people (the CLI's bar, the Train
     "ppo": "PPO on sandbox tasks", "eval": "evaluating both models on fresh held-out tasks",
 }
 SHIPPED_MODEL = DEFAULT_MODEL_DIR
-
-
-def default_families() -> list[str]:
-    from trainer.recipe import RecipeConfig
-
-    return list(RecipeConfig().families)
-
-
-@dataclass
-class FlywheelConfig:
-    width: int = 336  # the shipped default model's screen (pixel-exact for it)
-    height: int = 252
-    families: list[str] = field(default_factory=default_families)
-    eval_episodes: int = 200  # held-out episodes per model per iteration (rounded up to whole seeds per family)
-    miniwob_episodes: int = 5  # per MiniWoB++ task, for the candidate: a transfer check, never a decision (0: skip)
-    rollouts: int = 12  # on-policy episodes the current model plays per iteration
-    rollout_temperature: float = 1.0
-    ct_steps: int = 15
-    ct_lr: float = 5e-4
-    sft_steps: int = 100
-    sft_lr: float = 2e-3
-    batch: int = 8  # samples per optimizer step (CT and SFT)
-    dpo_steps: int = 20  # optimizer steps on preference pairs from corrections (0: skip)
-    dpo_beta: float = 0.1
-    dpo_lr: float = 2e-4
-    ppo_updates: int = 3
-    ppo_batch: int = 6
-    ppo_lr: float = 2e-4
-    ppo_workers: int = 0  # rollout processes for PPO (0: in this process; best on 2 cores)
-    ppo_engine: str = "local"  # PPO's rollout workers: "local" processes or "ray" actors (trainer.ray_rollout)
-    ray_address: str | None = None  # with ppo_engine "ray": the cluster to join ("auto", "HOST:6379"); None: a local Ray
-    max_new_tokens: int = 48
-    max_steps: int | None = None  # cap on an episode's steps (None: each family's own limit)
-    min_gain: float = 0.0  # promote only when the paired 95% interval of the gain lies above this
-    base: str = "default"  # first model: "default" (the shipped one, when it fits the screen size) | "scratch"
-    threads: int = 1  # torch threads (tiny models lose to thread wake-ups on 2 busy cores)
-    seed: int = 0
-    routing: dict = field(default_factory=dict)  # RoutingConfig fields
-
-    def __post_init__(self):
-        for name in ("eval_episodes", "batch"):
-            if int(getattr(self, name)) < 1:
-                raise FlywheelError(f"flywheel config: {name} must be at least 1, got {getattr(self, name)!r}")
-        for name in ("miniwob_episodes", "dpo_steps", "rollouts", "ct_steps", "sft_steps", "ppo_updates", "ppo_workers"):
-            if int(getattr(self, name)) < 0:
-                raise FlywheelError(f"flywheel config: {name} must be >= 0, got {getattr(self, name)!r}")
-        if not self.families:
-            raise FlywheelError("flywheel config: families is empty")
-        if self.ppo_engine not in ("local", "ray"):
-            raise FlywheelError(f"flywheel config: ppo_engine must be 'local' or 'ray', got {self.ppo_engine!r}")
-        if self.ppo_engine == "ray" and self.ppo_updates and int(self.ppo_workers) < 1:
-            raise FlywheelError("flywheel config: ppo_engine 'ray' needs ppo_workers of at least 1 (Ray actors), "
-                                f"got {self.ppo_workers!r}")
-        if self.ray_address and self.ppo_engine != "ray":
-            raise FlywheelError("flywheel config: ray_address is for ppo_engine 'ray'")
-        if self.base not in ("default", "scratch"):
-            raise FlywheelError(f"flywheel config: base must be 'default' or 'scratch', got {self.base!r}")
-        from trainer.sandbox.families import FAMILIES
-
-        unknown = [f for f in self.families if f not in FAMILIES]
-        if unknown:
-            raise FlywheelError(f"flywheel config: unknown sandbox family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
-        RoutingConfig.from_dict(self.routing)
-
-    @property
-    def eval_seeds(self) -> int:
-        """Held-out seeds per family in one evaluation."""
-        from trainer.flywheel.evaluation import seeds_per_family
-
-        return seeds_per_family(self.eval_episodes, self.families)
-
-    @property
-    def env_kw(self) -> dict:
-        kw = {"width": self.width, "height": self.height}
-        if self.max_steps:
-            kw["max_steps"] = self.max_steps
-        return kw
-
-    @classmethod
-    def load(cls, store, **overrides) -> FlywheelConfig:
-        """The store's saved config (setting "flywheel.config") with overrides applied."""
-        d = dict(store.get_setting(CONFIG_KEY) or {})
-        if "eval_seeds" in d:  # configs saved before evaluations were counted in episodes
-            d.setdefault("eval_episodes", int(d.pop("eval_seeds")) * len(d.get("families") or default_families()))
-        d.update({k: v for k, v in overrides.items() if v is not None})
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise FlywheelError(f"flywheel config: unknown setting(s) {', '.join(sorted(unknown))}")
-        return cls(**d)
 
 
 # the live numbers a stage's detail shows, from its metrics rows: (key, label, format)
@@ -237,17 +148,17 @@ def too_little_data(store, cfg: FlywheelConfig) -> str | None:
     iteration still runs (the warning is advice). Counted before routing: the SFT pool, and at
     most every unscored episode on top (routing may send any of them there).
 
-    The floor is one batch of episodes (cfg.batch, 8 by default): the SFT stage draws
+    The floor is one batch of episodes (cfg.sft.batch_size, 8 by default): the SFT stage draws
     sft_steps x batch samples (800 by default), so from fewer episodes than one batch every
     step's batch repeats the same few tasks and each of their steps is seen hundreds of times.
     The recipe behind the shipped model saw each of its demonstrations about sft_epochs (4)
     times, from hundreds of episodes per family: there the model learned rather than memorized."""
-    if not cfg.sft_steps:
+    if not cfg.sft.max_steps:
         return None
     pool = store.list_episodes(route="sft")
     unscored = store.list_episodes(route="unscored")
     n = len(pool) + len(unscored)
-    if n >= cfg.batch:
+    if n >= cfg.sft.batch_size:
         return None
     steps = sum(int(e.meta.get("n_steps") or 0) for e in pool + unscored)
     head = (f"Only {n} SFT episode{'s' if n != 1 else ''}" if not unscored else
@@ -255,10 +166,10 @@ def too_little_data(store, cfg: FlywheelConfig) -> str | None:
     if n == 0:
         return ("No SFT episodes: the SFT stage has nothing to learn from; record or import more, or mark "
                 "recordings' outcome in the Library.")
-    seen = cfg.sft_steps * cfg.batch / max(1, steps)
+    seen = cfg.sft.max_steps * cfg.sft.batch_size / max(1, steps)
     return (f"{head}: the model will memorize {'it' if n == 1 else 'them'} rather than learn; record or import more "
             f"(the SFT stage would show each of {'its' if n == 1 else 'their'} {steps} step{'s' if steps != 1 else ''} "
-            f"about {seen:.0f} times; at least {cfg.batch} episodes, one batch, are needed).")
+            f"about {seen:.0f} times; at least {cfg.sft.batch_size} episodes, one batch, are needed).")
 
 
 def bootstrap_model(store, cfg: FlywheelConfig, registry: Registry):
@@ -337,54 +248,53 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
     """CT -> SFT -> DPO -> PPO from the parent checkpoint; saves the candidate; returns stage
     summaries. An episode that cannot be read is left out and named in `skipped`."""
     from trainer.dpo import DPOConfig, preference_pairs, train_dpo
-    from trainer.ppo import PPOConfig, train_ppo
-    from trainer.sft import SFTConfig, load_for_training, save_checkpoint, train_sft
+    from trainer.ppo import train_ppo
+    from trainer.sft import load_for_training, save_checkpoint, train_sft
 
     model, processor = load_for_training(parent_dir)  # the GPU when there is one
     stages = []
     sft_ids = [e.id for e in store.list_episodes(route="sft")]
     ct_ids = [e.id for e in store.list_episodes(route="ct")]
-    ppo_rounds = 1 + cfg.ppo_updates  # value pretraining (value_pretrain_iters=1 below), then the updates
+    updates = cfg.ppo.updates
+    ppo_rounds = cfg.ppo.value_pretrain_iters + updates  # value pretraining, then the updates
 
     def on_row(step, phase, values):  # each metrics row moves the bar and carries its numbers
         if phase in ("ct", "sft", "dpo"):
-            total = {"ct": cfg.ct_steps, "sft": cfg.sft_steps, "dpo": cfg.dpo_steps}[phase]
+            total = {"ct": cfg.ct.max_steps, "sft": cfg.sft.max_steps, "dpo": cfg.dpo_steps}[phase]
             prog.stage(phase, step + 1, total, detail=live_detail("step", step + 1, total, phase, values))
         elif phase == "value_pretrain":
             nums = live_detail("", 0, 0, "ppo", values)  # the frozen policy's batch: reward, success
-            prog.stage("ppo", 0, cfg.ppo_updates, share=1 / ppo_rounds,
+            prog.stage("ppo", 0, updates, share=(step + 1) / ppo_rounds,
                        detail="critic warm-up done" + (f" · {nums}" if nums else ""))
         elif phase == "ppo":
-            prog.stage("ppo", step + 1, cfg.ppo_updates, share=(step + 2) / ppo_rounds,
-                       detail=live_detail("update", step + 1, cfg.ppo_updates, "ppo", values))
+            prog.stage("ppo", step + 1, updates, share=(cfg.ppo.value_pretrain_iters + step + 1) / ppo_rounds,
+                       detail=live_detail("update", step + 1, updates, "ppo", values))
 
     slog.on_row = on_row
 
     # -- CT: the lower-quality pool, lower learning rate
-    ct = pool_samples(store, "ct", skipped) if (cfg.ct_steps and ct_ids) else []
+    ct = pool_samples(store, "ct", skipped) if (cfg.ct.max_steps and ct_ids) else []
     if ct:
-        r = train_sft(model, processor, ct, SFTConfig(lr=cfg.ct_lr, batch_size=cfg.batch, max_steps=cfg.ct_steps,
-                                                      seed=cfg.seed), log=slog, phase="ct", progress=False)
+        r = train_sft(model, processor, ct, cfg.ct, log=slog, phase="ct", progress=False)
         stages.append({k: r[k] for k in ("phase", "steps", "samples", "first_loss", "last_loss", "seconds")})
     else:
-        stages.append({"phase": "ct", "skipped": "no CT data" if cfg.ct_steps else "ct_steps is 0"})
+        stages.append({"phase": "ct", "skipped": "no CT data" if cfg.ct.max_steps else "ct_steps is 0"})
     prog.finish("ct")
 
     # -- SFT: the high-quality pool plus every corrected step
     sft = (pool_samples(store, "sft", skipped) if sft_ids else []) + correction_samples(store, ct_ids, skipped)
-    if sft and cfg.sft_steps:
-        r = train_sft(model, processor, sft, SFTConfig(lr=cfg.sft_lr, batch_size=cfg.batch, max_steps=cfg.sft_steps,
-                                                       warmup_steps=5, seed=cfg.seed), log=slog, phase="sft", progress=False)
+    if sft and cfg.sft.max_steps:
+        r = train_sft(model, processor, sft, cfg.sft, log=slog, phase="sft", progress=False)
         stages.append({k: r[k] for k in ("phase", "steps", "samples", "first_loss", "last_loss", "seconds")})
     else:
-        stages.append({"phase": "sft", "skipped": "no SFT data" if cfg.sft_steps else "sft_steps is 0"})
+        stages.append({"phase": "sft", "skipped": "no SFT data" if cfg.sft.max_steps else "sft_steps is 0"})
     prog.finish("sft")
 
     # -- DPO: where a supervisor edited a step or rejected a proposal, what was done is preferred
     # over the model's own reply
     pairs = preference_pairs(store, sft_ids + ct_ids, skipped) if cfg.dpo_steps else []
     if pairs:
-        r = train_dpo(model, processor, pairs, DPOConfig(beta=cfg.dpo_beta, lr=cfg.dpo_lr, batch_size=min(cfg.batch, 4),
+        r = train_dpo(model, processor, pairs, DPOConfig(beta=cfg.dpo_beta, lr=cfg.dpo_lr, batch_size=min(cfg.sft.batch_size, 4),
                                                          max_steps=cfg.dpo_steps, seed=cfg.seed),
                       log=slog, progress=False)
         stages.append({k: r[k] for k in ("phase", "steps", "pairs", "first_loss", "last_loss", "last_accuracy", "seconds")})
@@ -393,10 +303,8 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
     prog.finish("dpo")
 
     # -- PPO on the sandbox's verifiable tasks
-    if cfg.ppo_updates:
-        pc = PPOConfig(updates=cfg.ppo_updates, batch_episodes=cfg.ppo_batch, lr=cfg.ppo_lr, n_workers=cfg.ppo_workers,
-                       value_pretrain_iters=1, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + slog.iteration,
-                       engine=cfg.ppo_engine, ray_address=cfg.ray_address)
+    if updates:
+        pc = replace(cfg.ppo, seed=cfg.seed + slog.iteration)
         work = Path(out_dir).parent / (Path(out_dir).name + "-ppo")
         t0 = time.perf_counter()
         from trainer.sandbox.env import env_kw_for
@@ -406,7 +314,7 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
                         families=cfg.families, log=slog, progress=False)
         last = res["history"][-1] if res["history"] else {}
         stages.append({"phase": "ppo", "updates": res["updates"], "seconds": round(time.perf_counter() - t0, 1),
-                       "engine": cfg.ppo_engine if cfg.ppo_workers else "in-process",
+                       "engine": pc.engine if pc.n_workers else "in-process",
                        **{k: last.get(k) for k in ("reward", "success_rate", "entropy", "approx_kl")}})
     else:
         stages.append({"phase": "ppo", "skipped": "ppo_updates is 0"})

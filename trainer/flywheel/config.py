@@ -1,0 +1,136 @@
+"""The flywheel's settings (FlywheelConfig): its own, plus its CT, SFT and PPO stages' configs.
+Apart from the iteration so that `flywheel run`'s flags (derived from the fields,
+trainer.config_flags) come without the store, the sandbox or a model."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+from trainer.config_flags import (
+    ConfigError,
+    check,
+    check_choices,
+    from_dict,
+    knob,
+    nested,
+    tie,
+    validate_nested,
+    with_values,
+)
+from trainer.flywheel import FlywheelError
+from trainer.ppo_config import PPOConfig
+from trainer.sft import ScaleConfig, SFTConfig
+
+CONFIG_KEY = "flywheel.config"
+
+
+def default_families() -> list[str]:
+    from trainer.recipe import RecipeConfig
+
+    return next(f for f in fields(RecipeConfig) if f.name == "families").default_factory()  # not a whole recipe
+
+
+SCALE = tuple(f.name for f in fields(ScaleConfig))  # the flywheel trains in one process, float32, every weight
+
+
+@dataclass
+class FlywheelConfig:
+    """One flywheel's settings: its own plus its CT, SFT and PPO stages' configs (their max_steps /
+    updates of 0 skip a stage). `flywheel run`'s flags are these fields (trainer.config_flags); the
+    store keeps them (setting "flywheel.config") nested, and still loads the flat form saved before."""
+    NAME: ClassVar[str] = "flywheel"
+    width: int = knob(336, "sandbox screen width (the shipped default model's, pixel-exact for it)")
+    height: int = knob(252, "sandbox screen height")
+    families: list[str] = knob(help="comma-separated sandbox families", factory=default_families)
+    eval_episodes: int = knob(200, "held-out episodes each model plays per iteration, on fresh seeds (rounded up to "
+                                   "whole seeds per family)")
+    miniwob_episodes: int = knob(5, "MiniWoB++ episodes per task for the candidate: a transfer check, never part of "
+                                    "promotion (0: skip)")
+    rollouts: int = knob(12, "on-policy episodes the current model plays per iteration")
+    rollout_temperature: float = knob(1.0, "sampling temperature of those episodes")
+    ct: SFTConfig = nested(lambda: SFTConfig(lr=5e-4, max_steps=15), "CT on the CT pool", prefix="ct-",
+                           renamed={"max_steps": "--ct-steps"}, helps={"max_steps": "CT optimizer steps (0: skip CT)"},
+                           skip=SCALE, tied=("seed",))
+    sft: SFTConfig = nested(lambda: SFTConfig(lr=2e-3, max_steps=100, warmup_steps=5), "SFT on the SFT pool",
+                            prefix="sft-", renamed={"max_steps": "--sft-steps"},
+                            helps={"max_steps": "SFT optimizer steps (0: skip SFT)"}, skip=SCALE, tied=("seed",))
+    dpo_steps: int = knob(20, "DPO steps on preference pairs from supervisors' corrections (0: skip)")
+    dpo_beta: float = knob(0.1, "DPO beta")
+    dpo_lr: float = knob(2e-4, "DPO learning rate")
+    # PPO: rollouts in this process (workers 0) are best on 2 cores; its seed is the flywheel's plus the iteration
+    ppo: PPOConfig = nested(lambda: PPOConfig(updates=3, batch_episodes=6, lr=2e-4, n_workers=0, value_pretrain_iters=1,
+                                              max_new_tokens=48),
+                            "PPO on the sandbox", prefix="ppo-", bare=("ray_address",),
+                            helps={"updates": "PPO updates (0: skip PPO)"}, skip=SCALE,
+                            tied=("seed", "max_new_tokens"))
+    max_new_tokens: int = knob(48, "tokens a model may generate per turn (rollouts, PPO, evaluation)")
+    max_steps: int | None = knob(None, "cap on an episode's steps (none: each family's own limit)")
+    min_gain: float = knob(0.0, "promote only if the paired 95%% interval of the gain lies above this")
+    base: str = knob("default", "the first model: the shipped default model when it fits the screen size (default), or "
+                                "random weights (scratch)", choices=("default", "scratch"))
+    threads: int = knob(1, "torch threads (tiny models lose to thread wake-ups on 2 busy cores)")
+    seed: int = knob(0, "random seed")
+    routing: dict = knob(help="RoutingConfig fields", factory=dict, cli=False)
+
+    # keys of configs saved before the stages nested, where "<stage>_<field>" does not name the field
+    LEGACY: ClassVar[dict] = {"ct_steps": "ct.max_steps", "sft_steps": "sft.max_steps", "batch": ("ct.batch_size", "sft.batch_size"),
+                              "ppo_batch": "ppo.batch_episodes", "ppo_workers": "ppo.n_workers",
+                              "ray_address": "ppo.ray_address"}
+
+    def __post_init__(self):
+        tie(self)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise config_flags.ConfigError naming the first setting that cannot work."""
+        check_choices(self)
+        for name in ("eval_episodes", "threads", "max_new_tokens"):
+            check(int(getattr(self, name)) >= 1, f"flywheel.{name}", "must be at least 1", getattr(self, name))
+        for name in ("miniwob_episodes", "dpo_steps", "rollouts"):
+            check(int(getattr(self, name)) >= 0, f"flywheel.{name}", "must be >= 0", getattr(self, name))
+        check(self.max_steps is None or self.max_steps >= 1, "flywheel.max_steps", "must be at least 1", self.max_steps)
+        check(self.dpo_beta > 0 and self.dpo_lr > 0, "flywheel.dpo_beta", "and dpo_lr must be > 0",
+              (self.dpo_beta, self.dpo_lr))
+        check(bool(self.families), "flywheel.families", "is empty", self.families)
+        from trainer.sandbox.families import FAMILIES
+
+        unknown = [f for f in self.families if f not in FAMILIES]
+        if unknown:
+            raise ConfigError("flywheel.families", f"has an unknown sandbox family {unknown[0]!r}; known: "
+                                                   f"{', '.join(FAMILIES)}")
+        validate_nested(self)
+        from trainer.flywheel.routing import RoutingConfig
+
+        try:
+            RoutingConfig.from_dict(self.routing)
+        except FlywheelError as e:
+            raise ConfigError("flywheel.routing", str(e)) from None
+
+    @property
+    def eval_seeds(self) -> int:
+        """Held-out seeds per family in one evaluation."""
+        from trainer.flywheel.evaluation import seeds_per_family
+
+        return seeds_per_family(self.eval_episodes, self.families)
+
+    @property
+    def env_kw(self) -> dict:
+        kw = {"width": self.width, "height": self.height}
+        if self.max_steps:
+            kw["max_steps"] = self.max_steps
+        return kw
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FlywheelConfig:
+        """A saved config: nested (asdict), or flat as saved before the stages nested."""
+        d = dict(d)
+        if "eval_seeds" in d:  # configs saved before evaluations were counted in episodes
+            d.setdefault("eval_episodes", int(d.pop("eval_seeds")) * len(d.get("families") or default_families()))
+        return from_dict(cls, d, legacy=cls.LEGACY)
+
+    @classmethod
+    def load(cls, store, **overrides) -> FlywheelConfig:
+        """The store's saved config (setting "flywheel.config") with overrides ({dotted field: value},
+        None: keep) applied; config_flags.ConfigError names a bad or unknown setting."""
+        cfg = cls.from_dict(store.get_setting(CONFIG_KEY) or {})
+        return with_values(cfg, {k: v for k, v in overrides.items() if v is not None})

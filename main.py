@@ -12,17 +12,18 @@ import sys
 
 from agent.errors import TandemError
 from agent.wording import command_name
+from app.main import run_app
 
 COMMANDS = [
     "agent.cli",  # parse, import, export, info, check
-    "agent.cli_agent",  # agent: run the agent with a policy, a gate and the store
+    "agent.run.cli",  # agent: run the agent with a policy, a gate and the store
     "agent.recorder.cli",  # record: record a demonstration headless, re-reduce, transcribe
-    "trainer.sandbox.cli",  # sandbox: show, families, generate, eval
-    "trainer.cli_backend",  # backend: the sync server; backend user add|list|revoke
+    "trainer.rollout.sandbox_cli",  # sandbox: show, families, generate, eval
+    "trainer.backend.cli",  # backend: the sync server; backend user add|list|revoke
     "app.sync.cli",  # submit, sync; the sync client behind `agent --publish`
     "app.sync.models_cli",  # models pull, models list
     "agent.redaction.cli",  # redact: find and blur personal data before upload
-    "trainer.cli_train",  # train: sft, ct, ppo, default
+    "trainer.learn.cli",  # train: sft, ct, ppo, default
     "trainer.flywheel.cli",  # flywheel: run, status, merge, undo, plot
 ]
 
@@ -49,8 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_app(args) -> int:
-    from app.main import run_app
-
     return run_app(args)
 
 

@@ -7,8 +7,10 @@ this registry; nothing else lists actions.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from agent.schema import Action
+if TYPE_CHECKING:  # a type only: agent.schema imports this registry
+    from agent.schema import Action
 
 SCROLL_DIRECTIONS = ("up", "down", "left", "right")
 

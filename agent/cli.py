@@ -6,6 +6,11 @@ import sys
 
 from agent import coords
 from agent.cli_common import open_store
+from agent.grammar import parse_response, to_normalized
+from agent.schema import ScreenGeometry
+from agent.storage.bundle import ImportError_, import_file, write_bundle
+from agent.storage.export import ExportRefused, export_jsonl
+from agent.storage.store import NotFound
 from agent.wording import plural
 
 
@@ -61,9 +66,6 @@ def register(sub, common) -> None:
 
 def parse_to_json(text: str, width: int, height: int, space: str, scale: float = 1.0, platform=None) -> tuple[dict, bool]:
     """The `parse` command's result: (json_dict, ok)."""
-    from agent.grammar import parse_response, to_normalized
-    from agent.schema import ScreenGeometry
-
     if width <= 0 or height <= 0 or not (0 < scale < float("inf")):  # `not (...)` also catches NaN
         return {"error": f"--width, --height and --scale must be positive finite numbers (got {width}, {height}, {scale})"}, False
     parsed = parse_response(text, platform)
@@ -89,8 +91,6 @@ def cmd_parse(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from agent.bundle import ImportError_, import_file
-
     try:
         res = import_file(open_store(args), args.file)
     except ImportError_ as e:
@@ -102,10 +102,6 @@ def cmd_import(args) -> int:
 
 def cmd_export(args) -> int:
     from tqdm import tqdm
-
-    from agent.bundle import write_bundle
-    from agent.export import ExportRefused, export_jsonl
-    from agent.store import NotFound
 
     missing = _missing_store(args)
     if missing:

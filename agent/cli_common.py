@@ -7,9 +7,9 @@ import sys
 
 
 def open_store(args):
-    """The agent.store.Store that --data names, or the per-user default (imported here: `--help`
+    """The agent.storage.store.Store that --data names, or the per-user default (imported here: `--help`
     stays fast)."""
-    from agent.store import Store
+    from agent.storage.store import Store  # lazy: keeps sqlite_utils out of a light package
 
     return Store(getattr(args, "data", None))
 

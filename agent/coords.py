@@ -10,9 +10,12 @@ Three spaces meet here:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from agent.errors import TandemError
-from agent.schema import ScreenGeometry
+
+if TYPE_CHECKING:  # a type only: agent.schema imports elements, which import this module
+    from agent.schema import ScreenGeometry
 
 IMAGE_FACTOR = 28
 MIN_PIXELS = 100 * 28 * 28

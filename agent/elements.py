@@ -3,7 +3,7 @@
 Each observation may carry a list of elements (the sandbox's widget tree, a browser's DOM, AT-SPI on
 Linux desktops, uiautomator2's hierarchy on Android): role, name, box in screenshot pixels, states.
 A model sees it as one compact line per element after the screenshot, in the reply's coordinate
-space, so a stock model can copy numbers and the default model's pointer (agent.pointer) can pick
+space, so a stock model can copy numbers and the default model's pointer (agent.vlm.pointer) can pick
 an entry and write its centre:
 
     Elements:

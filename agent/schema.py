@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agent.actions import REGISTRY
+from agent.elements import ElementError, elements_from_dicts
 from agent.errors import TandemError
 
 SCHEMA_VERSION = 1
@@ -152,8 +154,6 @@ class Action:
 
     @classmethod
     def from_dict(cls, d: dict) -> Action:
-        from agent.actions import REGISTRY  # late: actions imports schema
-
         name = _require(d, "name", "action")
         args = d.get("args") or {}
         if not isinstance(args, dict):
@@ -175,8 +175,6 @@ class Action:
 
     def points(self) -> list[tuple[float, float]]:
         """The action's points in declaration order (start before end)."""
-        from agent.actions import REGISTRY
-
         spec = REGISTRY[self.name]
         return [self.args[p.name] for p in spec.params if p.kind == "point" and p.name in self.args]
 
@@ -244,10 +242,6 @@ def _elements(items, where: str) -> list | None:
     """An observation's element list (agent.elements), validated; None stays None (no list)."""
     if items is None:
         return None
-    from agent.elements import (  # agent.elements imports coords, which imports this module
-        ElementError,
-        elements_from_dicts,
-    )
 
     try:
         return elements_from_dicts(items, f"{where}: elements")

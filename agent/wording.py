@@ -2,6 +2,9 @@
 hotkeys written the way keyboards label them."""
 from __future__ import annotations
 
+from agent import coords
+from agent.actions import REGISTRY
+
 _KEY_LABELS = {"ctrl": "Ctrl", "alt": "Alt", "shift": "Shift", "cmd": "Cmd", "super": "Super", "win": "Win",
                "enter": "Enter", "esc": "Esc", "space": "Space", "tab": "Tab"}
 
@@ -29,10 +32,8 @@ def stop_reason(reason: str | None, who: str = "the supervisor") -> str:
 
 
 def end_reason_text(reason: str | None) -> str:
-    """A run's end reason (agent.loop stores the ending action's name or a sentence) for people:
+    """A run's end reason (agent.run.loop stores the ending action's name or a sentence) for people:
     'click' -> 'the task ended after the agent's click'."""
-    from agent.actions import REGISTRY
-
     if not reason:
         return "no reason given"
     if reason == "finished":
@@ -53,8 +54,6 @@ def visible_text(s: str, limit: int = 80) -> str:
 def action_summary(action, image_w: int, image_h: int) -> str:
     """One line for a step list: the action (an agent.schema.Action) and its points in
     screenshot pixels."""
-    from agent import coords
-
     parts = []
     for k, v in action.args.items():
         if isinstance(v, tuple):

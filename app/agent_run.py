@@ -3,7 +3,7 @@ running AgentLoop on a worker thread, reporting back by signals, and queueing th
 
 `AgentRun(loop_factory)` owns one run. Everything the loop reports (steps, control, events, the
 end) arrives on the main thread through queued signals; the loop never touches a widget.
-Every human gate decision is logged in the episode (agent.decision_stats.DecisionLog).
+Every human gate decision is logged in the episode (agent.run.decision_stats.DecisionLog).
 """
 from __future__ import annotations
 
@@ -12,8 +12,30 @@ import traceback
 
 from PySide6.QtCore import QObject, Signal
 
-from agent.decision_stats import DecisionLog
 from agent.errors import TandemError
+from agent.executors.android import AndroidExecutor
+from agent.executors.desktop import DesktopExecutor
+from agent.policies import PolicyError
+from agent.policies.choice import FORM
+from agent.policies.choice import make_policy as choose
+from agent.redaction import RedactionError
+from agent.redaction.review import auto_redact, auto_redaction_due
+from agent.run.decision_stats import DecisionLog
+from agent.sync.outbox import Outbox
+from app.sandbox_executor import SandboxProcessExecutor
+from app.workers import run_in_background
+
+
+def models_missing() -> str | None:
+    """Why models cannot run in this installation (the annotators' bundle, `pip install .` without
+    [train]), or None when they can."""
+    import importlib.util
+
+    lacking = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if not lacking:
+        return None
+    return (f"This installation of Tandem has no {' or '.join(lacking)}, so it cannot run a model here: use an "
+            "OpenAI-compatible endpoint, or install Tandem with its training extras (pip install 'tandem[train]').")
 
 
 class RunSetupError(TandemError, ValueError):
@@ -24,13 +46,7 @@ def make_policy(choice: str, *, responses=None, base_url: str = "", model: str =
                 model_dir: str = "", platform: str = "desktop", space: str | None = None):
     """A Policy for the page's choice (agent.policies.choice); the default model is the shipped one.
     Nothing heavy happens here (a local model loads on first use)."""
-    from agent.policies import PolicyError
-    from agent.policies.choice import FORM
-    from agent.policies.choice import make_policy as choose
-
     if choice in ("local", "default"):
-        from app.run_form import models_missing
-
         if models_missing():
             raise RunSetupError(models_missing())
     try:
@@ -42,16 +58,10 @@ def make_policy(choice: str, *, responses=None, base_url: str = "", model: str =
 
 def make_executor(choice: str, *, family: str | None = None, seed: int = 0, serial: str | None = None):
     if choice == "desktop":
-        from agent.executors.desktop import DesktopExecutor
-
         return DesktopExecutor()
     if choice == "android":
-        from agent.executors.android import AndroidExecutor
-
         return AndroidExecutor(serial=serial)  # connects (adb + uiautomator2) on the first observation
     if choice == "sandbox":
-        from app.sandbox_executor import SandboxProcessExecutor
-
         return SandboxProcessExecutor(family or None, seed)
     raise RunSetupError(f"executor must be 'desktop', 'android' or 'sandbox', got {choice!r}")
 
@@ -60,16 +70,12 @@ def queue_for_sync(store, window, episode_id: str) -> str:
     """Queue an episode for upload like a recording; returns what happened, for the status bar.
     A run on a real screen is redacted first (agent.redaction.runs), in a worker: the sync would
     do it too, but on its own thread, where reading many frames holds up the connection."""
-    from agent.redaction import RedactionError
-    from agent.redaction.review import auto_redact, auto_redaction_due
-
     try:
         due = auto_redaction_due(store, store.load_episode(episode_id))
     except (RedactionError, ValueError):  # a bad privacy.runs setting: the sync names it for this episode
         due = False
     if not due:
         return _submit(store, window, episode_id)
-    from app.workers import run_in_background
 
     # queued whatever the redaction's outcome: if it failed, the sync tries again and says why
     run_in_background(auto_redact, store, episode_id, on_finished=lambda: _submit(store, window, episode_id))
@@ -82,7 +88,6 @@ def _submit(store, window, episode_id: str) -> str:
         if bridge is not None:
             bridge.submit([episode_id])
             return "queued for sync"
-        from agent.sync.outbox import Outbox
 
         Outbox(store).submit(episode_id)
         return "queued for sync (sent when sync runs)"

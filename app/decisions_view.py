@@ -1,10 +1,10 @@
 """A session's decisions at a glance: approval rate, edits and rejections by action type, time
-per decision. The numbers come from agent.decision_stats (pure, tested without Qt)."""
+per decision. The numbers come from agent.run.decision_stats (pure, tested without Qt)."""
 from __future__ import annotations
 
 from PySide6.QtWidgets import QCheckBox, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
-from agent.decision_stats import decision_stats
+from agent.run.decision_stats import decision_stats
 from agent.wording import plural
 
 

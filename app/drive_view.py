@@ -22,10 +22,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from agent.gate import Decision, Gate, Takeover
 from agent.grammar import format_for_display
-from agent.killswitch import DEFAULT_HOTKEY, KillSwitch, KillSwitchError
-from agent.loop import AgentLoop, LoopConfig
+from agent.host.killswitch import DEFAULT_HOTKEY, KillSwitch, KillSwitchError
+from agent.run.gate import Decision, Gate, Takeover
+from agent.run.loop import AgentLoop, LoopConfig
 from agent.wording import end_reason_text, hotkey_label, plural
 from app.agent_run import AgentRun, RunSetupError, queue_for_sync
 from app.control_strip import ControlStrip

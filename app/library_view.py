@@ -28,11 +28,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from agent.bundle import import_file, write_bundle
-from agent.export import export_jsonl, without_review
-from agent.flywheel_routes import FlywheelRoutes
 from agent.schema import Outcome
-from agent.store import StoreError
+from agent.storage.bundle import import_file, write_bundle
+from agent.storage.export import export_jsonl, without_review
+from agent.storage.flywheel_routes import FlywheelRoutes
+from agent.storage.store import StoreError
 from agent.sync.outbox import Outbox
 from agent.wording import command_name, outcome_name, plural
 from app.step_view import OUTCOMES, StepViewer
@@ -47,7 +47,7 @@ EXPORT_DIR_KEY = "app.export_dir"  # store setting: the folder export and import
 
 def export_episodes(store, path, episode_ids, progress=None, include_originals: bool = False) -> dict:
     """Export to `path`: a .zip is a bundle, anything else training JSONL; the privacy review's
-    redacted version of each episode unless include_originals (agent.export.export_view)."""
+    redacted version of each episode unless include_originals (agent.storage.export.export_view)."""
     path = Path(path)
     if path.suffix.lower() == ".zip":
         return write_bundle(store, path, list(episode_ids), include_originals=include_originals)
@@ -158,7 +158,7 @@ class LibraryPage(QWidget):
 
     def flywheel_routes(self) -> FlywheelRoutes:
         """Where routes are read from: the store the Train page's flywheel trains on, their one
-        owner (see agent.flywheel_routes)."""
+        owner (see agent.storage.flywheel_routes)."""
         pick = getattr(self.window_, "training_data_dir", None)
         where = Path(pick() if callable(pick) else self.store.root)
         if self._routes is None or self._routes.training_dir != where:

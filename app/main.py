@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from agent.storage.store import Store, StoreError
+
 LOCK_NAME = "app.lock"  # in the data folder: held while an app has it open
 
 
@@ -31,8 +33,7 @@ def run_app(args) -> int:
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication, QMessageBox
 
-    from agent.store import Store, StoreError
-    from app.main_window import MainWindow
+    from app.main_window import MainWindow  # lazy: PySide6: this module stays light
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Tandem")

@@ -23,7 +23,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.workers import wait_for_workers
+from agent.storage.secret_store import saved_secret
+from agent.sync.model_pull import max_pull_bytes, models_dir, pull_model
+from agent.sync.outbox import EMBEDDED
+from app.run_form import RunForm
+from app.sync.embedded import EMBEDDED_TOKEN_KEY, embedded_model_path, start_embedded_backend
+from app.sync.qt_bridge import SyncBridge
+from app.workers import run_in_background, wait_for_workers
 
 PAGES: list[tuple[str, str]] = [
     ("Library", "app.library_view:LibraryPage"),
@@ -192,7 +198,6 @@ class MainWindow(QMainWindow):
         """The announced model's folder when it is on this machine: only with the embedded backend."""
         if self._stop_embedded is None:
             return None
-        from app.sync.embedded import embedded_model_path
 
         return embedded_model_path(self.store, version)
 
@@ -206,9 +211,6 @@ class MainWindow(QMainWindow):
         if here:
             self._switch_to_model(version, here)
             return
-        from agent.secret_store import saved_secret
-        from agent.sync.model_pull import max_pull_bytes, models_dir, pull_model
-        from app.workers import run_in_background
 
         token = saved_secret(self.store, "sync.token")
         if not self.sync_url or not token:
@@ -246,8 +248,6 @@ class MainWindow(QMainWindow):
         run_in_background(fetch, on_result=done, on_error=failed, on_progress=on_progress)
 
     def _switch_to_model(self, version: str, path: str) -> None:
-        from app.run_form import RunForm
-
         for name, prefix in (("Supervise", "supervise"), ("Drive", "drive")):
             form = getattr(self.pages.get(name), "form", None)
             if form is not None:
@@ -260,8 +260,6 @@ class MainWindow(QMainWindow):
 
     def _switch_to_endpoint(self, version: str, endpoint: dict) -> None:
         """A model too large to ship: the agent talks to the endpoint the backend names."""
-        from app.run_form import RunForm
-
         for name, prefix in (("Supervise", "supervise"), ("Drive", "drive")):
             form = getattr(self.pages.get(name), "form", None)
             if form is not None:
@@ -278,8 +276,6 @@ class MainWindow(QMainWindow):
         when syncing to a remote server (announcing there takes that server's admin token)."""
         if self._stop_embedded is None or not self.sync_url:
             return None
-        from agent.secret_store import saved_secret
-        from app.sync.embedded import EMBEDDED_TOKEN_KEY
 
         token = saved_secret(self.store, EMBEDDED_TOKEN_KEY)
         return (self.sync_url, token) if token else None
@@ -287,16 +283,10 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ sync
     def start_sync(self) -> None:
         """Sync to the configured server, or to an embedded backend on loopback when none is."""
-        from agent.secret_store import saved_secret
-        from app.sync.qt_bridge import SyncBridge
-
         url = self.server or self.store.get_setting("sync.server_url")
         token = saved_secret(self.store, "sync.token")
         alias = url
         if not url:
-            from agent.sync.outbox import EMBEDDED
-            from app.sync.embedded import start_embedded_backend
-
             url, token, self._stop_embedded = start_embedded_backend(self.store)
             alias = EMBEDDED
         self.sync_url = url

@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 from agent.redaction import RedactionError, review
 from agent.redaction import plan as P
 from agent.redaction.patterns import PLACEHOLDERS
+from agent.sync.outbox import Outbox
 from agent.wording import plural
 from app.label_layout import place_labels
 from app.screenshot_canvas import fit_rect
@@ -378,8 +379,6 @@ class PrivacyReviewDialog(QDialog):
         if sync is not None:
             sync.submit([self.episode_id])
         else:
-            from agent.sync.outbox import Outbox
-
             Outbox(self.store).submit(self.episode_id)
         self.status.setText(self.status.text() + " Queued for sync.")
         if self.window_ is not None and hasattr(self.window_, "notify"):

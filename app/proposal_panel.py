@@ -29,8 +29,8 @@ from PySide6.QtWidgets import (
 
 from agent import coords
 from agent.actions import validate
-from agent.gate import Decision, HumanStep, Takeover
 from agent.grammar import format_action, format_for_display
+from agent.run.gate import Decision, HumanStep, Takeover
 from agent.schema import Action
 from agent.wording import plural
 from app.action_editor import ActionEditor

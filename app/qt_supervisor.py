@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Signal
 
-from agent.gate import Decision, GateError, GateRequest, Takeover
+from agent.run.gate import Decision, GateError, GateRequest, Takeover
 
 
 @dataclass(eq=False)

@@ -33,8 +33,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from agent.recorder.audio import input_devices
 from agent.recorder.errors import NothingRecorded
 from agent.recorder.privacy import OwnWindows
+from agent.recorder.session import RecorderConfig, RecordingSession
 from agent.schema import monotonic
 from agent.wording import command_name, plural
 from app.window_rects import WindowRects
@@ -173,8 +175,6 @@ class RecordPage(QWidget):
         self._update_state()
 
     def _fill_microphones(self) -> None:
-        from agent.recorder.audio import input_devices
-
         self.mic.clear()
         devices = input_devices()
         if not devices:
@@ -210,7 +210,6 @@ class RecordPage(QWidget):
         if not text:
             self._error("Enter the task first: what are you about to demonstrate?")
             return
-        from agent.recorder.session import RecorderConfig, RecordingSession
 
         try:
             audio = self.audio.isChecked()

@@ -17,8 +17,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from agent.model_files import DEFAULT_MODEL_DIR
-from app.agent_run import make_executor, make_policy
+from agent.storage.model_files import DEFAULT_MODEL_DIR
+from app.agent_run import make_executor, make_policy, models_missing
 
 POLICY_LABELS = {"default": "Default small model", "endpoint": "OpenAI-compatible endpoint",
                  "local": "Local model folder", "replay": "Replay file (scripted responses)"}
@@ -29,21 +29,9 @@ GATE_LABELS = {"all": "Ask me before every step", "risky": "Ask before risky ste
 LOCAL_POLICIES = ("default", "local")  # they run a model here: torch and transformers
 
 
-def models_missing() -> str | None:
-    """Why models cannot run in this installation (the annotators' bundle, `pip install .` without
-    [train]), or None when they can."""
-    import importlib.util
-
-    lacking = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
-    if not lacking:
-        return None
-    return (f"This installation of Tandem has no {' or '.join(lacking)}, so it cannot run a model here: use an "
-            "OpenAI-compatible endpoint, or install Tandem with its training extras (pip install 'tandem[train]').")
-
-
 def sandbox_families() -> list[str]:
     try:
-        from trainer.sandbox.families import FAMILIES  # names only; the sandbox itself runs in a child process
+        from trainer.sandbox.families import FAMILIES  # lazy: names only; the sandbox itself runs in a child process
 
         return list(FAMILIES)
     except Exception:  # the trainer may not be installed beside the app

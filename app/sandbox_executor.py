@@ -16,14 +16,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from agent.executors.base import ExecutionError, Frame
-from agent.schema import Action
+from agent.schema import Action, Outcome
+from trainer.sandbox.env import SandboxEnv
 
 
 def _serve(conn, kw: dict) -> None:
     """The child: one SandboxEnv, commands in, results out, until 'close' or the pipe ends."""
     try:
-        from trainer.sandbox.env import SandboxEnv
-
         env = SandboxEnv(**kw)
     except Exception as e:  # reported to the parent as a value
         conn.send(("error", f"the sandbox could not start: {type(e).__name__}: {e}"))
@@ -174,8 +173,6 @@ class SandboxProcessExecutor:
     def outcome(self):
         """The sandbox verifier's verdict on the task so far (the agent loop stores it in the
         episode and says it when the run ends)."""
-        from agent.schema import Outcome
-
         return Outcome(success=bool(self.success), reward=1.0 if self.success else 0.0, source="verifier")
 
     def expert_action(self):

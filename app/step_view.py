@@ -34,12 +34,15 @@ from PySide6.QtWidgets import (
 )
 
 from agent.actions import validate
-from agent.flywheel_routes import routed_as_stored
+from agent.recorder.errors import RecorderError
+from agent.recorder.review import blur_region, delete_steps
 from agent.schema import Action, Episode, Outcome, Provenance, Step
-from agent.store import NotFound, StoreError
+from agent.storage.flywheel_routes import routed_as_stored
+from agent.storage.store import NotFound, StoreError
 from agent.wording import action_summary, outcome_name, plural
 from app.action_editor import ActionEditor
-from app.screenshot_canvas import ScreenshotCanvas
+from app.privacy_review import PrivacyReviewDialog
+from app.screenshot_canvas import ScreenshotCanvas, element_line
 
 BADGE_COLORS = {"human": "#2b9348", "agent": "#1f7ae0", "corrected": "#e07a1f"}
 OUTCOMES = (("unknown", None), ("success", True), ("failure", False))
@@ -402,8 +405,6 @@ class StepViewer(QWidget):
         self._element_hovered(None)
 
     def _element_hovered(self, index) -> None:
-        from app.screenshot_canvas import element_line
-
         step = self.current_step()
         items = step.observation.elements if step is not None else None
         if index is not None and items and 0 <= index < len(items):
@@ -528,8 +529,6 @@ class StepViewer(QWidget):
     def delete_step(self, confirm: bool = True) -> bool:
         """Delete the selected steps (one question for all of them); in a recording their raw
         input goes too, so re-reducing the recording cannot bring them back (agent.recorder.review)."""
-        from agent.recorder.review import delete_steps
-
         indices = self.selected_step_indices()
         if not indices:
             return False
@@ -562,8 +561,6 @@ class StepViewer(QWidget):
     def blur_region(self, rect, confirm: bool = True) -> bool:
         """Blur a normalized rect of the current step's screenshot in the store: the image is
         replaced everywhere this episode uses it and the original is deleted."""
-        from agent.recorder.review import blur_region
-
         step = self.current_step()
         if step is None or not step.observation.screenshot:
             self._show_error("This step has no screenshot to blur.")
@@ -578,8 +575,6 @@ class StepViewer(QWidget):
 
     def review_privacy(self, **kwargs):
         """Open the privacy review of this episode (scanning starts in the background)."""
-        from app.privacy_review import PrivacyReviewDialog
-
         if self.episode is None or not self.confirm_leave():
             return None
         dialog = PrivacyReviewDialog(self.store, self.episode.id, self.window_, self, **kwargs)
@@ -589,8 +584,6 @@ class StepViewer(QWidget):
 
     def _change_store(self, change, done: str, failed: str) -> bool:
         """Run a review change on the store, then show the episode as stored (or why not)."""
-        from agent.recorder.errors import RecorderError
-
         try:
             change()
         except (StoreError, RecorderError, ValueError) as e:

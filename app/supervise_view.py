@@ -27,11 +27,13 @@ from PySide6.QtWidgets import (
 )
 
 from agent import protocol as P
-from agent.gate import Gate
 from agent.grammar import format_for_display
-from agent.loop import AgentLoop, LoopConfig
-from agent.supervision import SupervisionError, request_from_wire
+from agent.run.gate import Gate
+from agent.run.loop import AgentLoop, LoopConfig
+from agent.run.supervision import SupervisionError, request_from_wire
+from agent.storage.secret_store import saved_secret
 from agent.sync.client import signing_name
+from agent.sync.live_link import RunPublisher, RunWatcher
 from agent.sync.session import SyncError
 from agent.wording import end_reason_text, plural
 from app.agent_run import AgentRun, RunSetupError, queue_for_sync
@@ -58,7 +60,6 @@ def outcome_text(outcome) -> str:
 def sync_credentials(store, window) -> tuple[str | None, str | None]:
     """The server and token the app syncs with (the embedded backend's when none is configured)."""
     url = getattr(window, "sync_url", None) or store.get_setting("sync.server_url")
-    from agent.secret_store import saved_secret
 
     token = saved_secret(store, "sync.token") or saved_secret(store, "sync.embedded_token")
     return url, token
@@ -193,8 +194,6 @@ class SupervisePage(QWidget):
         self.panel.clear()  # "Waiting for the agent…"
         supervisor = None
         if publish:
-            from agent.sync.live_link import RunPublisher
-
             url, token = sync_credentials(self.store, self.window)
             if not url or not token:
                 self._notify("Cannot publish: sync is not set up (no server or token)")
@@ -337,8 +336,6 @@ class SupervisePage(QWidget):
             self.claim_label.setText(f"Cannot watch: {e}")
 
     def watch(self, url: str, token: str, run_id: str) -> None:
-        from agent.sync.live_link import RunWatcher
-
         if not url or not token or not run_id:
             raise ValueError("server, token and run id are all needed")
         self.watcher = RunWatcher(url, token, run_id, self.live_events.received.emit).start()

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from agent.storage.secret_store import SecretStore
 from agent.sync.outbox import Outbox
 from agent.wording import plural
 from app.sync.status_widget import SyncStatusWidget
@@ -35,7 +36,6 @@ class SyncPage(QWidget):
         form = QFormLayout(box)
         self.url = QLineEdit(store.get_setting(SERVER_KEY) or "")
         self.url.setPlaceholderText("empty: the embedded backend on this machine")
-        from agent.secret_store import SecretStore
 
         self.secrets = SecretStore(store.root)
         self.token = QLineEdit(self.secrets.get(TOKEN_KEY, store) or "")

@@ -56,7 +56,7 @@ def _sample_screen(title: str, focus: str | None = None, text: str = "", w=1280,
 def build_sample_store(root) -> tuple[object, str]:
     """A store with a few episodes; returns (store, id of the richest one)."""
     from agent.schema import Action, Episode, Observation, Outcome, Provenance, ScreenGeometry, Step
-    from agent.store import Store
+    from agent.storage.store import Store
 
     store = Store(root)
     geo = ScreenGeometry.simple(1280, 800)
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     from PySide6.QtTest import QTest
     from PySide6.QtWidgets import QApplication
 
-    from agent.store import Store
+    from agent.storage.store import Store
     from app.main_window import MainWindow
 
     app = QApplication(sys.argv[:1])

@@ -273,7 +273,7 @@ def walk(w: Walk, data: Path, tmp: Path) -> None:
 
     # -- Train: one small iteration
     train = w.page("Train")
-    from agent.store import Store
+    from agent.storage.store import Store
 
     w.check(train.data_dir == data / "backend" and "synced to this app's backend" in train.where.text(),
             f"the Train page says it trains on what was synced: {train.where.text()!r}")
@@ -324,7 +324,7 @@ def main(argv=None) -> int:
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
 
-    from agent.store import Store
+    from agent.storage.store import Store
     from app.main_window import MainWindow
 
     app = QApplication(sys.argv[:1])

@@ -35,7 +35,7 @@ def main(mode: str, out: str, data: str, responses: str, shot: str | None = None
     from PySide6.QtTest import QTest
     from PySide6.QtWidgets import QApplication
 
-    from agent.store import Store
+    from agent.storage.store import Store
     from app.main_window import MainWindow
 
     app = QApplication(sys.argv[:1])

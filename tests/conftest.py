@@ -71,7 +71,7 @@ def _wake_stopped_listeners(display: str) -> None:
 
 @pytest.fixture
 def store(tmp_path):
-    from agent.store import Store
+    from agent.storage.store import Store
 
     s = Store(tmp_path / "data")
     yield s
@@ -81,7 +81,7 @@ def store(tmp_path):
 @pytest.fixture(scope="module")
 def backend_for_fuzz(tmp_path_factory):
     """A live backend on loopback and an admin token, shared by a fuzz test's examples."""
-    from trainer.server_thread import start_in_thread
+    from trainer.backend.server_thread import start_in_thread
 
     b = start_in_thread(tmp_path_factory.mktemp("fuzz-backend"))
     token = b.store.add_user("fuzz-admin-7f3a", "admin")  # a name random frames will not revoke by chance

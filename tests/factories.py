@@ -55,7 +55,7 @@ def blob_debris(store):
     import os
     import time
 
-    import agent.store as st
+    import agent.storage.store as st
 
     orphan = store.put_blob(b"left by a writer killed yesterday")
     store.execute("UPDATE blob_pins SET at = ? WHERE hash = ?", [time.time() - st.PIN_SECONDS - 60, orphan])

@@ -16,7 +16,7 @@ import threading
 from websockets.asyncio.server import serve
 
 from agent import protocol as P
-from agent.protocol_peers import ServerConnection
+from agent.protocol.peers import ServerConnection
 
 
 def frame(mtype: str, **fields) -> str:

@@ -132,8 +132,8 @@ def test_hierarchy_elements_scale_clip_and_refuse_bad_xml():
 
 
 def test_an_android_run_stores_each_steps_list(phone, store):
-    from agent.loop import AgentLoop
     from agent.policies import ReplayPolicy
+    from agent.run.loop import AgentLoop
 
     ex, ph = phone
     x, y = centre("wifi")

@@ -8,16 +8,16 @@ import sys
 
 from agent import coords
 from agent.executors.android import AndroidExecutor
-from agent.gate import Gate
-from agent.loop import AgentLoop
 from agent.policies import ReplayPolicy
-from agent.terminal_supervisor import TerminalSupervisor
+from agent.run.gate import Gate
+from agent.run.loop import AgentLoop
+from agent.run.terminal_supervisor import TerminalSupervisor
 from tests.conftest import ROOT
 from tests.fake_android import HEIGHT, WIDTH, FakePhoneServer, connect_fake
 
 
 def test_importing_the_runtime_loads_no_backend():
-    code = ("import sys, agent.loop, agent.gate, agent.policies, agent.executors, agent.killswitch, agent.cli_agent, "
+    code = ("import sys, agent.run.loop, agent.run.gate, agent.policies, agent.executors, agent.host.killswitch, agent.run.cli, "
             "agent.executors.desktop, agent.executors.android, agent.executors.terminal; "
             "bad = [m for m in ('pyautogui', 'pynput', 'mss', 'uiautomator2', 'torch', 'transformers', 'PySide6') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from agent import coords
-from agent.gate import Decision, Gate, terminal_window
-from agent.loop import AgentLoop, LoopConfig
 from agent.policies import ReplayPolicy
+from agent.run.gate import Decision, Gate, terminal_window
+from agent.run.loop import AgentLoop, LoopConfig
 from agent.schema import Action
 from tests.conftest import ROOT, _free_display
 
@@ -171,7 +171,7 @@ def test_cli_replay_on_a_1280x800_screen(tmp_path):
         finally:
             target.terminate()
             target.wait(5)
-        from agent.store import Store
+        from agent.storage.store import Store
 
         with Store(data) as s:
             (ep,) = s.list_episodes()
@@ -235,9 +235,9 @@ def test_cli_publish_lets_a_remote_supervisor_edit_the_click(target, xdisplay, t
     import queue
 
     from agent.protocol import ProposalReceived
-    from agent.store import Store
+    from agent.storage.store import Store
     from agent.sync.live_link import RunWatcher
-    from trainer.server_thread import start_in_thread
+    from trainer.backend.server_thread import start_in_thread
 
     b = start_in_thread(tmp_path / "backend")
     robot, alice = b.store.add_user("robot", "annotator"), b.store.add_user("alice", "supervisor")

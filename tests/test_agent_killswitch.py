@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from agent.killswitch import DEFAULT_HOTKEY, ControlIndicator, KillSwitch, KillSwitchError
-from agent.loop import AgentLoop
+from agent.host.killswitch import DEFAULT_HOTKEY, ControlIndicator, KillSwitch, KillSwitchError
 from agent.policies import ReplayPolicy
+from agent.run.loop import AgentLoop
 
 pytestmark = pytest.mark.desktop
 

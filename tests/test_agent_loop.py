@@ -10,10 +10,10 @@ import pytest
 from agent import coords
 from agent.executors.android import AndroidExecutor
 from agent.executors.terminal import TerminalExecutor
-from agent.gate import Decision, Gate, GateError, HumanStep, Takeover
-from agent.killswitch import ControlIndicator, KillSwitch
-from agent.loop import AgentLoop, LoopConfig
+from agent.host.killswitch import ControlIndicator, KillSwitch
 from agent.policies import ReplayPolicy
+from agent.run.gate import Decision, Gate, GateError, HumanStep, Takeover
+from agent.run.loop import AgentLoop, LoopConfig
 from agent.schema import Action
 from tests.fake_android import HEIGHT, WIDGETS, WIDTH, FakePhoneServer, connect_fake
 
@@ -94,7 +94,7 @@ def test_unparseable_output_is_reasked_and_never_executed(phone, store):
     assert [f["raw"] for f in ep.meta["unexecuted"]["parse_failures"]] == responses[3:]
     calls_after = [c for c in ph.calls if c[0] not in ("takeScreenshot", "dumpWindowHierarchy", "deviceInfo")]  # reads
     assert calls_after == [("click", [270, 550])]
-    assert loop.reask.max_reasks == 2 and not loop.reask.charge_step  # agent.reask's rule, shared with the runner
+    assert loop.reask.max_reasks == 2 and not loop.reask.charge_step  # agent.run.reask's rule, shared with the runner
 
 
 def test_reask_feedback_reaches_the_policy(phone, store):
@@ -105,7 +105,7 @@ def test_reask_feedback_reaches_the_policy(phone, store):
     policy.generate = lambda msgs: (seen.append(msgs), orig(msgs))[1]
     loop = AgentLoop(policy, ex, store=store)
     loop.run("press")
-    from agent.memory import message_text
+    from agent.policies.memory import message_text
 
     assert "could not be used: no 'Action:' section" in message_text(seen[1])
     assert "could not be used" not in message_text(seen[2])  # feedback is for the next answer only
@@ -140,7 +140,7 @@ def test_reject_asks_again_with_the_reason(phone, store):
     loop = AgentLoop(policy, ex, store=store, gate=Gate("all", sup))
     res = loop.run("press the button")
     assert ph.button_presses == 1 and ph.focused is None
-    from agent.memory import message_text
+    from agent.policies.memory import message_text
 
     assert "Reason: Wrong widget: use the button." in message_text(seen[1])
     rej = store.load_episode(res.episode.id).steps[0].info["rejections"][0]

@@ -9,8 +9,8 @@ import pytest
 
 from agent import coords
 from agent.executors.base import Frame, frame_from_image_bytes
-from agent.memory import Memory, MemoryStep, count_images, message_text
 from agent.policies import EndpointPolicy, PolicyError, ReplayPolicy
+from agent.policies.memory import Memory, MemoryStep, count_images, message_text
 from agent.schema import Action, ScreenGeometry
 from tests.factories import screenshot_png
 
@@ -230,8 +230,8 @@ def test_frame_encodings_round_trip():
 def test_one_factory_makes_a_policy_from_choices_for_each_caller(tmp_path):
     """agent.policies.choice: the agent CLI, the app's form and the sandbox share the rules and the
     checks; each names the inputs its own way in the errors."""
-    from agent.model_files import DEFAULT_MODEL_DIR
     from agent.policies.choice import CLI, FORM, make_policy
+    from agent.storage.model_files import DEFAULT_MODEL_DIR
 
     with pytest.raises(PolicyError, match="^--policy endpoint needs --base-url and --model$"):
         make_policy("endpoint", base_url="http://h/v1", spelling=CLI)

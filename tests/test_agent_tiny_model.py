@@ -7,8 +7,8 @@ import pytest
 
 from agent.executors.android import AndroidExecutor
 from agent.grammar import parse_response
-from agent.loop import AgentLoop, LoopConfig
 from agent.policies import LocalVLMPolicy, PolicyError
+from agent.run.loop import AgentLoop, LoopConfig
 from tests.fake_android import FakePhoneServer, connect_fake
 
 INPUT_RPCS = {"click", "swipe", "pressKey", "pasteClipboard", "setClipboard", "injectInputEvent", "drag"}
@@ -16,7 +16,7 @@ INPUT_RPCS = {"click", "swipe", "pressKey", "pasteClipboard", "setClipboard", "i
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from trainer.tiny_model import build_tiny_model
+    from trainer.learn.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny"))
 
@@ -45,7 +45,7 @@ def test_tiny_model_drives_the_loop(tiny_dir, store):
 
 def test_missing_model_dir_is_a_clear_policy_error(tmp_path):
     from agent.executors.base import frame_from_image_bytes
-    from agent.memory import Memory
+    from agent.policies.memory import Memory
     from tests.factories import screenshot_png
 
     policy = LocalVLMPolicy(tmp_path / "nope")
@@ -58,8 +58,8 @@ def test_the_default_model_keeps_the_last_step_and_acts_the_same(tmp_path):
     values (and the screenshots' features) gives the same greedy steps as recomputing every
     prompt, and from the second step on a growing part of each prompt is not computed again."""
     from agent import coords
-    from agent.model_files import DEFAULT_MODEL_DIR
-    from agent.store import Store
+    from agent.storage.model_files import DEFAULT_MODEL_DIR
+    from agent.storage.store import Store
     from app.sandbox_executor import SandboxProcessExecutor
 
     runs, reused = {}, []

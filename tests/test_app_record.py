@@ -166,7 +166,7 @@ def test_clicks_and_typing_on_tandems_own_window_are_not_recorded(xdisplay, tmp_
     """The real app on Xvfb (xcb) records while xdotool clicks a foreign window's buttons and
     Tandem's own Pause, Resume, Add note…, the note box (typed into) and Stop. Only the two
     foreign clicks become steps; the note is the second step's thought, never a `type` action."""
-    from agent.store import Store
+    from agent.storage.store import Store
     from tests.test_agent_desktop import read_state, start_target
 
     target_state = tmp_path / "target.json"
@@ -244,7 +244,7 @@ def test_a_recording_that_captured_nothing_is_not_saved_and_says_why(win, qtbot,
 def test_a_recording_of_only_tandems_own_window_says_so(xdisplay, tmp_path):
     """The real app on Xvfb (xcb): every click and key goes to Tandem itself (Add note…, typing
     in the note box, its OK, Stop). No episode is saved; the Record page names that reason."""
-    from agent.store import Store
+    from agent.storage.store import Store
 
     driver, out, data = _record_driver(xdisplay, tmp_path)
     try:

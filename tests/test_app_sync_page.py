@@ -9,7 +9,7 @@ from factories import make_episode
 
 def test_embedded_backend_syncs_submitted_episodes(qtbot, store):
     from app.main_window import MainWindow
-    from trainer.backend_store import BackendStore
+    from trainer.backend.store import BackendStore
 
     eps = [make_episode(store, 2, instruction="Rename the report"), make_episode(store, 3, instruction="Open the mail")]
     win = MainWindow(store)
@@ -102,11 +102,11 @@ def test_an_announced_model_reaches_the_idle_app_and_switches_the_agent(qtbot, s
 def test_a_model_announced_by_a_remote_backend_is_downloaded_with_progress_then_used(qtbot, store, tmp_path):
     """Synced to a backend elsewhere, the announced folder is not this machine's: 'Use model'
     downloads it over the sync protocol with a progress bar, then Supervise and Drive run the copy."""
-    from agent.model_files import model_manifest
-    from agent.secret_store import SecretStore
+    from agent.storage.model_files import model_manifest
+    from agent.storage.secret_store import SecretStore
     from app.main_window import MainWindow
+    from trainer.backend.server_thread import start_in_thread
     from trainer.flywheel.iteration import SHIPPED_MODEL
-    from trainer.server_thread import start_in_thread
 
     served = tmp_path / "server-models" / "v0007"
     shutil.copytree(SHIPPED_MODEL, served)

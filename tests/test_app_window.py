@@ -496,7 +496,7 @@ def test_the_library_follows_the_store_whoever_writes_it(win, qtbot, store):
     qtbot.waitUntil(lambda: page.model.rowCount() == 4, timeout=5000)
     assert page.current_episode_id() == win.episodes[1].id
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
-            f"from agent.store import Store\nfrom factories import make_episode\n"
+            f"from agent.storage.store import Store\nfrom factories import make_episode\n"
             f"s = Store({str(store.root)!r}); make_episode(s, n_steps=1, instruction='Written by another process'); s.close()")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     qtbot.waitUntil(lambda: page.model.rowCount() == 5, timeout=5000)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.vlm_fixtures import one_thread, tiny_any_dir, tiny_qwen3_dir, tiny_vlm_dir  # noqa: F401 - fixtures
-from trainer.actor import Actor
+from trainer.rollout.actors import Actor
 
 ENV = {"width": 224, "height": 168, "observation": "pixels"}  # prompts that extend one another: what kept turns reuse
 
@@ -20,9 +20,9 @@ def _act(env, text: str):
 
 def _chats(n: int, env_kw=ENV):
     """Agent prompts of different lengths: 0 to 3 earlier steps in memory (1 to 4 screenshots)."""
-    from agent.memory import Memory, MemoryStep
     from agent.policies.base import build_prompt
-    from trainer.episodes import frame_of
+    from agent.policies.memory import Memory, MemoryStep
+    from trainer.rollout.runner import frame_of
     from trainer.sandbox.env import SandboxEnv
 
     env = SandboxEnv(**env_kw)
@@ -44,8 +44,8 @@ def _chats(n: int, env_kw=ENV):
 def test_batch_inputs_equal_the_processors_own(tiny_any_dir):  # noqa: F811
     import torch
 
-    from agent.vlm import build_inputs, load_processor
-    from agent.vlm_batch import ImageCache, build_batch_inputs
+    from agent.vlm.batch import ImageCache, build_batch_inputs
+    from agent.vlm.model import build_inputs, load_processor
 
     proc = load_processor(tiny_any_dir)
     chats = _chats(4)
@@ -64,8 +64,8 @@ def test_batch_inputs_equal_the_processors_own(tiny_any_dir):  # noqa: F811
 def test_batched_greedy_generation_matches_batch_of_one(tiny_any_dir, one_thread):  # noqa: F811
     """Rows of different lengths (left padding) give the same greedy text and log-probs as each
     chat alone, with the image features cached or not."""
-    from agent.vlm import generate, load_vlm
-    from agent.vlm_batch import ImageCache, generate_batch
+    from agent.vlm.batch import ImageCache, generate_batch
+    from agent.vlm.model import generate, load_vlm
 
     model, proc = load_vlm(tiny_any_dir, device="cpu")
     chats = _chats(5)
@@ -87,8 +87,8 @@ def test_sampled_batch_logprobs_are_the_models_own(tiny_vlm_dir, one_thread):  #
     (what PPO's behaviour log-probs must be), and a row stops at its own end token."""
     import torch
 
-    from agent.vlm import action_logprobs, build_inputs, extend_inputs, load_vlm, stop_token_ids
-    from agent.vlm_batch import generate_batch
+    from agent.vlm.batch import generate_batch
+    from agent.vlm.model import action_logprobs, build_inputs, extend_inputs, load_vlm, stop_token_ids
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     chats = _chats(4)
@@ -106,10 +106,10 @@ def test_sampled_batch_logprobs_are_the_models_own(tiny_vlm_dir, one_thread):  #
 def test_image_cache_is_bounded_and_forgets_features_when_weights_change(tiny_vlm_dir, tmp_path):  # noqa: F811
     from PIL import Image
 
-    from agent.vlm import load_processor
-    from agent.vlm_batch import ImageCache
-    from trainer.actor import VLMActor
-    from trainer.rollout import publish_weights
+    from agent.vlm.batch import ImageCache
+    from agent.vlm.model import load_processor
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.pool import publish_weights
 
     proc = load_processor(tiny_vlm_dir)
     imgs = [Image.new("RGB", (56, 56), (k * 40, 0, 0)) for k in range(5)]
@@ -131,11 +131,11 @@ def _second_turns(env_kw=ENV):
     """Turn-1 prompts of three episodes, then the next call's prompts: episode 0 one step on (its
     screenshot and reply in memory, a new screenshot), episode 1 re-asked after a reply that did
     not parse (the same screenshot, feedback added), a fresh episode in slot 2, and a new slot 3."""
-    from agent.loop import reask_feedback
-    from agent.memory import Memory, MemoryStep
     from agent.policies.base import build_prompt
+    from agent.policies.memory import Memory, MemoryStep
+    from agent.run.loop import reask_feedback
     from agent.schema import Action
-    from trainer.episodes import frame_of
+    from trainer.rollout.runner import frame_of
     from trainer.sandbox.env import SandboxEnv
 
     env = SandboxEnv(**env_kw)
@@ -168,9 +168,9 @@ def test_kept_turns_change_nothing_but_the_work(tiny_any_dir, one_thread):  # no
     and values (prompt and reply) are what a fresh forward over those tokens computes."""
     import torch
 
-    from agent.vlm import build_inputs, extend_inputs, load_vlm
-    from agent.vlm_batch import ImageCache, generate_batch
-    from agent.vlm_inputs import to_model
+    from agent.vlm.batch import ImageCache, generate_batch
+    from agent.vlm.inputs import to_model
+    from agent.vlm.model import build_inputs, extend_inputs, load_vlm
 
     model, proc = load_vlm(tiny_any_dir, device="cpu")
     first, second = _second_turns()
@@ -208,7 +208,7 @@ def test_rows_reuse_what_makes_the_padded_batch_cheapest():
     everything found is reused."""
     from types import SimpleNamespace
 
-    from agent.vlm_batch import _cheapest_reuse, _layout_cost
+    from agent.vlm.batch import _cheapest_reuse, _layout_cost
 
     tiny = SimpleNamespace(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
     big = SimpleNamespace(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4)
@@ -233,7 +233,7 @@ class ScriptedActor(Actor):
         self.replies, self.calls = replies, []
 
     def generate(self, messages, *, greedy=False):
-        from trainer.actor import ActorOutput
+        from trainer.rollout.actors import ActorOutput
 
         text = messages[1]["content"] if isinstance(messages[1]["content"], str) else ""
         asked = sum(1 for m in messages if m["role"] == "assistant") + sum(
@@ -246,7 +246,7 @@ class ScriptedActor(Actor):
 def test_runner_resets_finished_slots_and_plays_every_ticket():
     """Two env processes, five tickets whose episodes end after 1, 3 or 2 turns: every ticket comes
     back in ticket order, with the same turns as a one-env run of it, and slots were reused."""
-    from trainer.episodes import EpisodeRunner, run_episode
+    from trainer.rollout.runner import EpisodeRunner, run_episode
     from trainer.sandbox.env import SandboxEnv
     from trainer.sandbox.env_process import EnvProcess, make_envs
 
@@ -274,10 +274,10 @@ def test_runner_resets_finished_slots_and_plays_every_ticket():
 
 
 def test_runner_parse_error_rule():
-    """An unparseable reply is a turn (agent.reask's rule): it is not executed, it counts toward the
+    """An unparseable reply is a turn (agent.run.reask's rule): it is not executed, it counts toward the
     step limit and the next prompt carries feedback; with end_on_parse_error the episode ends
     there, failed."""
-    from trainer.episodes import EpisodeRunner
+    from trainer.rollout.runner import EpisodeRunner
     from trainer.sandbox.env_process import make_envs
 
     def replies(_text, asked):
@@ -302,7 +302,7 @@ def test_an_action_the_env_cannot_perform_is_not_a_format_error():
     """A reply that parses but whose action cannot be done (a hotkey of modifiers only) is the
     agent's mistake, kept as action_error: it counts as parsed for the format rate and PPO's
     format penalty, and needs no re-ask."""
-    from trainer.episodes import EpisodeRunner, summarize
+    from trainer.rollout.runner import EpisodeRunner, summarize
     from trainer.sandbox.env_process import make_envs
 
     def replies(_text, asked):

@@ -15,23 +15,23 @@ import pytest
 import torch
 
 from tests.vlm_fixtures import one_thread, tiny_any_dir, tiny_qwen3_dir, tiny_vlm_dir  # noqa: F401 - fixtures
-from trainer.actor import Actor
+from trainer.rollout.actors import Actor
 
 
 class _PointingActor(Actor):
     """Clicks through the element-list pointer on every turn (an untrained tiny model never writes
-    a click): the prompt tokenized as the batched actor does it (agent.vlm_batch.build_batch_inputs:
-    its ids and image keys), a click reply whose site the pointer points at entry 1 (agent.pointer.rewrite)."""
+    a click): the prompt tokenized as the batched actor does it (agent.vlm.batch.build_batch_inputs:
+    its ids and image keys), a click reply whose site the pointer points at entry 1 (agent.vlm.pointer.rewrite)."""
 
     def __init__(self, proc):
-        from agent.vlm_batch import ImageCache
+        from agent.vlm.batch import ImageCache
 
         self.proc, self.cache = proc, ImageCache()
 
     def generate_batch(self, chats, *, greedy=False, slots=None):
-        from agent import pointer
-        from agent.vlm_batch import build_batch_inputs
-        from trainer.actor import ActorOutput
+        from agent.vlm import pointer
+        from agent.vlm.batch import build_batch_inputs
+        from trainer.rollout.actors import ActorOutput
 
         tok = self.proc.tokenizer
         rows, keys = build_batch_inputs(self.proc, chats, self.cache)
@@ -47,8 +47,8 @@ class _PointingActor(Actor):
 
 def _play(model, proc, observation: str, n: int = 3, steps: int = 3, families=("click_button", "radio"), actor=None):
     """n episodes over two envs with the batched actor (kept turns on): the path PPO's workers take."""
-    from trainer.actor import VLMActor
-    from trainer.episodes import EpisodeRunner
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.runner import EpisodeRunner
     from trainer.sandbox.env import SandboxEnv
 
     envs = [SandboxEnv(width=224, height=168, observation=observation) for _ in range(2)]
@@ -65,7 +65,7 @@ def _play(model, proc, observation: str, n: int = 3, steps: int = 3, families=("
 
 
 def _assert_same_batch(model, proc, retokenized, carried):
-    from trainer.ppo_batch import Pack, pack_logprobs
+    from trainer.learn.ppo_batch import Pack, pack_logprobs
 
     assert len(carried) == len(retokenized) > 0
     for a, b in zip(retokenized, carried, strict=True):
@@ -85,9 +85,9 @@ def _assert_same_batch(model, proc, retokenized, carried):
 
 @pytest.mark.parametrize("observation", ["pixels", "elements"])
 def test_carried_ids_build_the_batch_tokenizing_would(tiny_any_dir, observation, one_thread):  # noqa: F811
-    from agent import pointer
-    from agent.vlm import load_vlm
-    from trainer.ppo_batch import ImageBank, build_turns
+    from agent.vlm import pointer
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo_batch import ImageBank, build_turns
 
     torch.manual_seed(0)
     model, proc = load_vlm(tiny_any_dir, device="cpu")
@@ -108,7 +108,7 @@ def test_carried_ids_build_the_batch_tokenizing_would(tiny_any_dir, observation,
         assert any(tb.pointer is not None for tb in retokenized)  # the pointer's inputs were compared too
 
     # through the frozen vision tower's bank (the learner's default): the same log-probs
-    from trainer.ppo_batch import Pack, pack_logprobs
+    from trainer.learn.ppo_batch import Pack, pack_logprobs
 
     banks = []
     for carried in (False, True):
@@ -134,8 +134,8 @@ def test_carried_ids_build_the_batch_tokenizing_would(tiny_any_dir, observation,
 
 
 def test_a_turn_without_ids_or_chat_and_mismatched_images_are_named(tiny_vlm_dir, one_thread):  # noqa: F811
-    from agent.vlm import load_vlm
-    from trainer.ppo_batch import build_turns
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo_batch import build_turns
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     trajs = _play(model, proc, "pixels", n=1, steps=1)
@@ -159,8 +159,8 @@ def main(argv=None) -> int:
     import tempfile
     import time
 
-    from agent.vlm import load_vlm
-    from trainer.ppo_batch import ImageBank, build_turns
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo_batch import ImageBank, build_turns
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="a model folder (default: a freshly built tiny model)")
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     model_dir = args.model
     if model_dir is None:
-        from trainer.tiny_model import build_tiny_model
+        from trainer.learn.tiny_model import build_tiny_model
 
         model_dir = tempfile.mkdtemp(prefix="tiny-vlm-")
         build_tiny_model(model_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from factories import make_episode
 
-from agent.store import Store
+from agent.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """The shipped default model (assets/default_model, built by `python main.py train default`): a
-standard checkpoint of a few MB that agent.vlm loads, with its held-out numbers and curves beside
+standard checkpoint of a few MB that agent.vlm.model loads, with its held-out numbers and curves beside
 it, and that runs on sandbox tasks out of the box through LocalVLMPolicy and the sandbox CLI."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def _families() -> list[str]:
 
 
 def test_default_model_is_a_small_standard_checkpoint():
-    from agent.vlm import load_vlm
+    from agent.vlm.model import load_vlm
 
     assert MODEL.is_dir(), f"{MODEL} is missing: build it with `python main.py train default --out assets/default_model`"
     size = sum(p.stat().st_size for p in MODEL.rglob("*") if p.is_file())
@@ -37,13 +37,13 @@ def test_default_model_acts_on_sandbox_tasks_through_the_agent_policy(one_thread
     reply parses (the model is tiny: about one step in ten does not, measured), so the test
     asserts most do, and that success is the verifier's word."""
     from agent.policies import LocalVLMPolicy
-    from trainer.actor import PolicyActor
-    from trainer.episodes import run_episode
+    from trainer.rollout.actors import PolicyActor
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
     from trainer.sandbox.task import HELDOUT_START
 
     policy = LocalVLMPolicy(str(MODEL), platform="sandbox", max_new_tokens=64)
-    from trainer.sandbox.cli import model_screen
+    from trainer.rollout.sandbox_cli import model_screen
     from trainer.sandbox.env import observation_for
 
     screen = model_screen(MODEL)  # the size it was trained at

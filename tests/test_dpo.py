@@ -14,7 +14,7 @@ from tests.vlm_fixtures import tiny_vlm_dir  # noqa: F401 - fixture
 def test_the_dpo_loss():
     import torch
 
-    from trainer.dpo import dpo_loss
+    from trainer.learn.dpo import dpo_loss
 
     same = torch.tensor([-5.0, -7.0])
     loss, st = dpo_loss(same, same - 1, same, same - 1, beta=0.1)  # the policy is the reference
@@ -31,9 +31,9 @@ def test_a_tiny_model_learns_to_prefer_the_supervisors_edit(store, tiny_vlm_dir)
     import torch
 
     from agent.schema import Action, Provenance
-    from agent.vlm import load_vlm
-    from trainer.dpo import DPOConfig, preference_pairs, sequence_logprob, train_dpo
-    from trainer.sft import SFTError, encode
+    from agent.vlm.model import load_vlm
+    from trainer.learn.dpo import DPOConfig, preference_pairs, sequence_logprob, train_dpo
+    from trainer.learn.sft import SFTError, encode
 
     torch.set_num_threads(1)
     ep = make_episode(store, 2, kind="supervised")
@@ -75,15 +75,15 @@ def test_pairs_are_the_models_own_text_against_what_was_done_in_the_sft_layout(s
     import json
 
     from agent.executors.android import AndroidExecutor
-    from agent.gate import Decision, Gate
-    from agent.loop import AgentLoop
     from agent.policies import ReplayPolicy
+    from agent.run.gate import Decision, Gate
+    from agent.run.loop import AgentLoop
     from agent.schema import Action
     from tests.fake_android import FakePhoneServer, connect_fake
     from tests.test_agent_loop import Scripted, click
-    from trainer.dpo import pair_record, preference_pairs, sample_record
     from trainer.flywheel.routing import export_corrections
-    from trainer.sft import runtime_samples
+    from trainer.learn.dpo import pair_record, preference_pairs, sample_record
+    from trainer.learn.sft import runtime_samples
 
     responses = [click("field"), click("button"), click("field", "Tap the field again."), "Action: finished()",
                  "Action: finished()"]

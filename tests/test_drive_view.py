@@ -10,8 +10,8 @@ from PySide6.QtCore import Qt
 
 from agent import coords
 from agent.grammar import format_normalized
-from agent.loop import LoopConfig
 from agent.policies import ReplayPolicy
+from agent.run.loop import LoopConfig
 from agent.schema import Action
 from agent.sync.outbox import Outbox
 from app.drive_view import DrivePage

@@ -67,7 +67,7 @@ def test_drive_completes_a_task_in_a_real_window(xdisplay, target, tmp_path):
     import numpy as np
     from PIL import Image
 
-    from agent.store import Store
+    from agent.storage.store import Store
 
     (x, y, w, h), = res["strip_rects"]
     with Store(tmp_path / "data") as store:
@@ -106,7 +106,7 @@ def test_supervise_on_screen_edits_a_sandbox_step(xdisplay, tmp_path):
                            [f"Thought: The corner.\nAction: click(start_box='({corner[0]},{corner[1]})')"], SUPERVISE_SHOT)
     res = result_of(proc, out)
     assert res["kind"] == "supervised" and res["steps"] == 1
-    from agent.store import Store
+    from agent.storage.store import Store
 
     with Store(tmp_path / "data") as store:
         s0 = store.load_episode(res["episode"]).steps[0]

@@ -37,7 +37,7 @@ def a11y_bus(xdisplay, monkeypatch):
     monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", address)
     monkeypatch.delenv("AT_SPI_BUS_ADDRESS", raising=False)
     try:
-        from agent.password_focus import a11y_bus_address
+        from agent.host.password_focus import a11y_bus_address
 
         a11y_bus_address(enable_bridges=True)  # applications started from now on expose their trees
     except Exception as e:  # the only reason to skip: no accessibility bus here
@@ -91,8 +91,8 @@ def read_until(reader, geometry, ok, timeout=10.0):
 
 
 def test_the_reader_lists_the_active_window_in_screenshot_pixels(window):
-    from agent.atspi_elements import AtspiElements
-    from agent.focused_window import FocusedWindow
+    from agent.host.atspi_elements import AtspiElements
+    from agent.host.focused_window import FocusedWindow
 
     proc, boxes = window
     # a HiDPI monitor whose origin is not the screen's: screenshot pixels = (screen - origin) * 2
@@ -142,7 +142,7 @@ def test_the_reader_lists_the_active_window_in_screenshot_pixels(window):
 
 
 def test_a_time_budget_and_node_limit_bound_a_reading(window):
-    from agent.atspi_elements import AtspiElements, Limits
+    from agent.host.atspi_elements import AtspiElements, Limits
 
     proc, boxes = window
     g = ScreenGeometry.simple(1920, 1080)
@@ -256,8 +256,8 @@ def test_the_desktop_executor_puts_the_list_on_its_frames(window):
 
 
 def test_without_an_accessibility_bus_the_reason_is_given(monkeypatch, xdisplay, store):
-    from agent.atspi_elements import AtspiElements
     from agent.executors.desktop import DesktopExecutor
+    from agent.host.atspi_elements import AtspiElements
     from agent.recorder.session import RecorderConfig, RecordingSession
 
     monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
@@ -282,8 +282,8 @@ def test_without_an_accessibility_bus_the_reason_is_given(monkeypatch, xdisplay,
 
 
 def test_screen_boxes_become_screenshot_pixels_cut_to_the_monitor_and_container():
-    from agent.atspi_elements import _names_from_labels, screen_box_to_shot
     from agent.elements import Element
+    from agent.host.atspi_elements import _names_from_labels, screen_box_to_shot
 
     g = ScreenGeometry(logical_width=1280, logical_height=800, physical_width=2560, physical_height=1600,
                        scale_factor=2.0, origin_x=1920, origin_y=0)  # a HiDPI monitor right of a 1920 px one

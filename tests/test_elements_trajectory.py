@@ -66,11 +66,11 @@ def test_a_malformed_list_is_refused_naming_the_element(elements, message):
 
 
 def test_the_store_a_bundle_and_a_sync_carry_the_list_unchanged(store, tmp_path):
-    from agent.bundle import import_file, write_bundle
-    from agent.store import Store
+    from agent.storage.bundle import import_file, write_bundle
+    from agent.storage.store import Store
     from agent.sync.client import Backoff, SyncClient
     from agent.sync.outbox import Outbox
-    from trainer.server_thread import start_in_thread
+    from trainer.backend.server_thread import start_in_thread
 
     ep = with_elements(make_episode(store, 3))
     ep.steps[2].observation.elements, ep.steps[2].observation.elements_source = None, "none: no active window"
@@ -139,7 +139,7 @@ def test_reduction_gives_each_action_the_list_read_before_it():
 
 
 def test_the_watcher_gives_the_last_reading_before_an_input_and_reads_nothing_while_paused():
-    from agent.atspi_elements import Reading
+    from agent.host.atspi_elements import Reading
     from agent.recorder.element_watch import ElementWatcher
 
     class Reader:  # a reader whose screen changes on each reading: the list is the reading's number
@@ -245,7 +245,7 @@ def test_blurring_a_region_blanks_the_elements_under_it(store):
 
 
 def test_sft_samples_show_the_steps_list_as_the_agent_saw_it(store):
-    from trainer.sft import runtime_samples
+    from trainer.learn.sft import runtime_samples
 
     ep = with_elements(make_episode(store, 2))
     samples = runtime_samples(ep, store.get_blob)

@@ -39,7 +39,7 @@ def test_every_error_class_has_its_packages_root_and_keeps_its_builtin_base():
         assert issubclass(cls, root), f"{module}.{name} does not derive from {root.__name__}"
     # code that catches the built-in types catches them as before
     from agent.schema import SchemaError
-    from agent.store import NotFound
+    from agent.storage.store import NotFound
     from trainer.rl.gae import GAEError
     from trainer.sandbox.miniwob_browser import MiniWoBTimeout
 

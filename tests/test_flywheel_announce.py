@@ -13,7 +13,7 @@ from trainer.flywheel.announce import announce, backend_target
 
 @pytest.fixture
 def backend(tmp_path):
-    from trainer.server_thread import start_in_thread
+    from trainer.backend.server_thread import start_in_thread
 
     bt = start_in_thread(tmp_path / "backend")
     admin = bt.store.add_user("operator", "admin")
@@ -56,7 +56,7 @@ def test_only_an_admin_may_announce_and_a_dead_backend_is_reported(backend):
 
 
 def test_recorded_in_the_backend_store_when_it_is_not_running(tmp_path):
-    from trainer.backend_store import BackendStore
+    from trainer.backend.store import BackendStore
 
     d = tmp_path / "backend"
     assert "recorded v0002" in announce("v0002", {"mean_success": 0.5}, target={"data": str(d)})
@@ -88,9 +88,9 @@ def test_an_iteration_that_promotes_announces_to_connected_apps(backend, store, 
 
     from agent import protocol as P
     from agent.sync.session import Session
-    from trainer.episodes import demonstrate, plan, trajectory_to_episode
     from trainer.flywheel.iteration import FlywheelConfig, run_iteration
     from trainer.flywheel.registry import Registry
+    from trainer.rollout.runner import demonstrate, plan, trajectory_to_episode
 
     torch.set_num_threads(1)
     bt, admin, user = backend

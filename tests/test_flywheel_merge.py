@@ -44,7 +44,7 @@ def test_alpha_one_zero_reproduces_the_first_parent_exactly(two_parents, tmp_pat
     sb = _state(b)
     assert all(torch.equal(sb[k], v) for k, v in _state(out01).items())
     # the merge is a loadable transformers directory, with its recipe beside it
-    from agent.vlm import load_vlm
+    from agent.vlm.model import load_vlm
 
     model, _ = load_vlm(out, device="cpu")
     assert sum(p.numel() for p in model.parameters()) > 0
@@ -88,7 +88,7 @@ def test_refuses_different_architectures_and_overwrites(two_parents, tmp_path):
 
 
 def test_cli_merges_registry_versions_and_evaluates_against_each_parent(two_parents, tmp_path, capsys):
-    from agent.store import Store
+    from agent.storage.store import Store
     from main import main
     from trainer.flywheel.registry import Registry
 

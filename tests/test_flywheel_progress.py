@@ -9,7 +9,7 @@ from tests.test_flywheel_team import tandem
 
 
 def test_flywheel_run_prints_live_numbers_and_warns_of_one_sft_episode(store):
-    from trainer.episodes import demonstrate, plan, trajectory_to_episode
+    from trainer.rollout.runner import demonstrate, plan, trajectory_to_episode
 
     for traj in demonstrate(plan(1, families=["click_button"]), env_kw={"width": 224, "height": 168}):
         trajectory_to_episode(traj, store, producer="expert")  # one successful demonstration: SFT data once routed

@@ -28,9 +28,9 @@ def trained_dir(tiny_vlm_dir, tmp_path_factory):  # noqa: F811
     with a digit per token, 40 left coordinates like (98,169,16))."""
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.recipe import demonstrations
-    from trainer.sft import SFTConfig, train_sft
+    from agent.vlm.model import load_vlm
+    from trainer.learn.sft import SFTConfig, train_sft
+    from trainer.recipe.default_model import demonstrations
 
     torch.set_num_threads(1)
     _, samples = demonstrations([FAMILY], 6, width=ENV["width"], height=ENV["height"], progress=False)
@@ -57,7 +57,7 @@ def damage(src, dst):
 def shipped_pair(tmp_path_factory):
     """The shipped default model, a broken copy and an exact copy, each evaluated for real on one
     block of 50 fresh held-out episodes."""
-    from agent.store import Store
+    from agent.storage.store import Store
     from trainer.flywheel.evaluation import evaluate_model, reserve_eval_seeds
     from trainer.flywheel.iteration import SHIPPED_MODEL
 
@@ -108,7 +108,7 @@ def test_promotion_takes_the_clearly_better_model_and_refuses_worse_or_equal(sto
 
     # min_gain raises the bar: the good model over the broken one needs its whole interval above it
     lo = cmp_["ci95"][0]
-    from agent.store import Store
+    from agent.storage.store import Store
 
     with Store(store.root.parent / "strict") as strict:
         reg2 = Registry(strict)
@@ -131,7 +131,7 @@ def test_evaluations_on_different_seeds_are_not_compared(store, shipped_pair):
 
 
 def test_eval_seed_blocks_are_fresh_and_never_reused(tmp_path):
-    from agent.store import Store
+    from agent.storage.store import Store
     from trainer.flywheel.evaluation import FLYWHEEL_EVAL_OFFSET, reserve_eval_seeds
     from trainer.flywheel.iteration import FlywheelConfig
     from trainer.sandbox.task import HELDOUT_START
@@ -171,8 +171,8 @@ def test_an_iteration_that_wrecks_the_model_keeps_the_current_one(store, trained
     deliberately destructive SFT learning rate."""
     from agent.schema import Action, Provenance
     from tests.factories import make_episode
-    from trainer.episodes import demonstrate, plan, trajectory_to_episode
     from trainer.flywheel.iteration import FlywheelConfig, run_iteration
+    from trainer.rollout.runner import demonstrate, plan, trajectory_to_episode
 
     for traj in demonstrate(plan(2, families=[FAMILY]), env_kw={"width": ENV["width"], "height": ENV["height"]}):
         trajectory_to_episode(traj, store, producer="expert")

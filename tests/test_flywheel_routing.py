@@ -160,7 +160,7 @@ def test_routing_is_recorded_and_undone(store):
     assert store.judgement(failed.id).outcome is None  # the judged outcome before (none), restored
     assert store.load_episode(failed.id).outcome.source == "verifier"  # the episode's own, never touched
     assert store.judgement(flawed.id).routing == {} and store.judgement(flawed.id).revision == 2
-    from agent.store import StoreError
+    from agent.storage.store import StoreError
 
     with pytest.raises(StoreError, match="route is the flywheel's judgement of its content.*Store.judge"):
         store.update_episode_fields(good.id, route="sft")

@@ -46,7 +46,7 @@ def test_the_backends_flywheel_trains_on_uploads_and_ships_its_model(backend, tm
     tandem("sandbox", "generate", "--episodes", "12", "--data", str(a))
     tandem("submit", "--all", "--data", str(a))
     assert "12 acknowledged, 0 failed" in tandem("sync", "--data", str(a), "--server", url, "--token", ann).stdout
-    from agent.store import Store
+    from agent.storage.store import Store
 
     with Store(a) as store:
         uploaded = {e.id for e in store.list_episodes()}

@@ -74,7 +74,7 @@ def test_train_page_shows_pools_versions_and_curves(qtbot, flywheel_store):
 
 
 def test_run_iteration_button_runs_a_real_iteration_with_progress(qtbot, store):
-    from trainer.episodes import demonstrate, plan, trajectory_to_episode
+    from trainer.rollout.runner import demonstrate, plan, trajectory_to_episode
 
     for traj in demonstrate(plan(2, families=["click_button"]), env_kw={"width": 224, "height": 168}):
         trajectory_to_episode(traj, store, producer="expert")
@@ -122,7 +122,7 @@ def test_live_numbers_show_on_the_page_while_the_iteration_runs(qtbot, store, tm
 
     from PySide6.QtCore import Qt
 
-    from trainer.episodes import demonstrate, plan, trajectory_to_episode
+    from trainer.rollout.runner import demonstrate, plan, trajectory_to_episode
 
     for traj in demonstrate(plan(2, families=["click_button"]), env_kw={"width": 224, "height": 168}):
         trajectory_to_episode(traj, store, producer="expert")
@@ -224,8 +224,8 @@ def test_the_library_shows_the_route_the_train_page_iteration_chose(qtbot, store
     from PySide6.QtCore import Qt
 
     from app.main_window import MainWindow
-    from trainer.backend_store import BackendStore
-    from trainer.episodes import demonstrate, plan, trajectory_to_episode
+    from trainer.backend.store import BackendStore
+    from trainer.rollout.runner import demonstrate, plan, trajectory_to_episode
 
     ids = [trajectory_to_episode(t, store, producer="expert").id
            for t in demonstrate(plan(2, families=["click_button"]), env_kw={"width": 224, "height": 168})]

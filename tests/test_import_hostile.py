@@ -9,8 +9,8 @@ import zipfile
 import pytest
 from factories import make_episode, screenshot_png
 
-from agent.bundle import ImportError_, import_file, write_bundle
-from agent.store import Store, sha256
+from agent.storage.bundle import ImportError_, import_file, write_bundle
+from agent.storage.store import Store, sha256
 
 
 @pytest.fixture

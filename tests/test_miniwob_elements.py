@@ -160,7 +160,7 @@ def test_a_page_of_known_layout_is_listed_on_the_screenshots_pixels(env):
 
 @needs_miniwob
 def test_a_failing_or_slow_scan_leaves_no_list_and_the_episode_goes_on(env):
-    from trainer.episodes import frame_of
+    from trainer.rollout.runner import frame_of
 
     obs, _ = env.reset(seed=1, options={"family": "click-test"})
     assert [e.name for e in obs["elements"]] == ["Click Me!"]
@@ -231,8 +231,8 @@ def test_the_snapped_oracle_solves_what_the_oracle_solves(env, capsys):
 
 @needs_miniwob
 def test_the_list_reaches_the_policy_and_pixels_mode_has_none(env):
-    from trainer.actor import ActorOutput, ExpertActor
-    from trainer.episodes import frame_of, run_episode
+    from trainer.rollout.actors import ActorOutput, ExpertActor
+    from trainer.rollout.runner import frame_of, run_episode
     from trainer.sandbox.miniwob_env import MiniWoBEnv
 
     class Recording(ExpertActor):  # the oracle, keeping what it was shown
@@ -271,7 +271,7 @@ def test_the_list_reaches_the_policy_and_pixels_mode_has_none(env):
 
 @needs_miniwob
 def test_the_random_policy_plays_the_same_with_or_without_lists():
-    from trainer.sandbox.miniwob_eval import play as play_policy
+    from trainer.rollout.miniwob_eval import play as play_policy
 
     def summary(trajs):
         return [(t.family, t.seed, t.success, [(u.action, u.point) for u in t.turns]) for t in trajs]
@@ -284,9 +284,9 @@ def test_the_random_policy_plays_the_same_with_or_without_lists():
 
 @needs_miniwob
 def test_sandbox_eval_shows_the_default_model_the_list(monkeypatch, capsys):
-    from agent.model_files import DEFAULT_MODEL_DIR
+    from agent.storage.model_files import DEFAULT_MODEL_DIR
     from main import main
-    from trainer.actor import VLMActor
+    from trainer.rollout.actors import VLMActor
 
     if not (DEFAULT_MODEL_DIR / "model.safetensors").is_file():
         pytest.skip(f"no default model at {DEFAULT_MODEL_DIR}")

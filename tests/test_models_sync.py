@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from agent.model_files import (
+from agent.storage.model_files import (
     MANIFEST_FILE,
     ModelDownload,
     ModelFilesError,
@@ -35,7 +35,7 @@ def model_dir(tmp_path):
 @pytest.fixture
 def backend(tmp_path, model_dir):
     """A backend that announced model_dir as v0003, shipping it in 1 MiB chunks."""
-    from trainer.server_thread import start_in_thread
+    from trainer.backend.server_thread import start_in_thread
 
     bt = start_in_thread(tmp_path / "backend", models={"chunk_bytes": MIB})
     tokens = {role: bt.store.add_user(role[:3] + "1", role) for role in ("annotator", "supervisor", "admin")}
@@ -46,7 +46,7 @@ def backend(tmp_path, model_dir):
 
 def test_a_model_pulled_over_sync_has_the_same_hash_and_loads(backend, model_dir, tmp_path):
     from agent.sync.model_pull import pull_model
-    from agent.vlm import load_vlm
+    from agent.vlm.model import load_vlm
 
     bt, tokens = backend
     seen = []
@@ -170,7 +170,7 @@ def test_corrupt_chunks_and_hostile_manifests_are_refused(model_dir, tmp_path):
 def test_a_model_too_large_to_ship_is_offered_as_the_backends_endpoint(tmp_path, model_dir):
     from agent.sync.model_pull import pull_model
     from agent.sync.session import RequestRefused
-    from trainer.server_thread import start_in_thread
+    from trainer.backend.server_thread import start_in_thread
 
     endpoint = {"url": "http://gpu-box:8000/v1", "model": "tandem-v0003"}
     for kw, expect in (({"max_bytes": MIB, "endpoint": endpoint}, "endpoint"), ({"max_bytes": MIB}, "refused")):
@@ -194,7 +194,7 @@ def test_a_model_recorded_by_another_process_reaches_connected_clients(backend):
     backend notices and pushes it, as it does an announcement over the wire."""
     from agent import protocol as P
     from agent.sync.session import Session
-    from trainer.backend_store import BackendStore
+    from trainer.backend.store import BackendStore
 
     bt, tokens = backend
 
@@ -222,7 +222,7 @@ def forged_model(files: dict[str, bytes], chunk_bytes: int = 64) -> tuple[dict, 
     its chunks by hash."""
     import hashlib
 
-    from agent.model_files import model_hash
+    from agent.storage.model_files import model_hash
 
     entries, chunks = [], {}
     for path, data in files.items():
@@ -240,7 +240,7 @@ TINY = {"config.json": b'{"model_type": "tiny"}', "weights.bin": bytes((7 * i + 
 @pytest.fixture
 def data_folder(tmp_path):
     """A supervisor's data folder (a real store) and an unrelated folder beside it, with files to lose."""
-    from agent.store import Store
+    from agent.storage.store import Store
 
     data, victim = tmp_path / "data", tmp_path / "victim"
     Store(data).close()
@@ -332,7 +332,7 @@ def test_models_pull_cli_says_what_was_refused_in_one_line(data_folder):
 def test_a_manifest_with_a_repeated_chunk_or_larger_than_the_limit_is_refused(backend, tmp_path):
     """One 64-byte chunk listed 128 times would be written 128 times (one 8 MiB chunk so: 1 GiB);
     a model larger than this machine's limit is refused before a chunk is fetched."""
-    from agent.store import Store
+    from agent.storage.store import Store
     from agent.sync.model_pull import DEFAULT_MAX_PULL_BYTES, max_pull_bytes, pull_model
     from tests.hostile_backend import HostileBackend, model_server
 
@@ -442,7 +442,7 @@ def test_clients_are_not_told_where_the_backend_keeps_its_models(backend, model_
     info without the backend's folder."""
     from agent import protocol as P
     from agent.sync.session import Session
-    from trainer.backend_store import BackendError
+    from trainer.backend.store import BackendError
 
     bt, tokens = backend
 

@@ -33,7 +33,7 @@ def _fresh_tree(dest: Path) -> Path:
 
 
 def _store_with_episode(path: Path) -> Path:
-    from agent.store import Store
+    from agent.storage.store import Store
 
     store = Store(path)
     make_episode(store, n_steps=3)
@@ -61,7 +61,7 @@ def test_pip_install_in_a_fresh_venv_gives_the_tandem_command(tmp_path):
     assert f"data location: {data}" in r.stdout and "episodes: 1  steps: 3" in r.stdout
     # the core install leaves the [train] extra out, and the package ships the default model
     py = str(venv / "bin" / "python")
-    probe = ("import importlib.util as u, app.agent_run as a, agent.model_files as m; print(u.find_spec('torch') is None, "
+    probe = ("import importlib.util as u, app.agent_run as a, agent.storage.model_files as m; print(u.find_spec('torch') is None, "
              "(m.DEFAULT_MODEL_DIR / 'model.safetensors').is_file(), a.__file__)")
     r = subprocess.run([py, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     no_torch, has_model, where = r.stdout.split()
@@ -92,7 +92,7 @@ def test_default_model_loads_with_the_stock_transformers_classes():
     from PIL import Image
     from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
-    from agent.vlm import load_processor
+    from agent.vlm.model import load_processor
 
     for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
         assert (DEFAULT_MODEL / name).is_file(), name
@@ -111,7 +111,7 @@ def test_default_model_loads_with_the_stock_transformers_classes():
 
 def test_saved_checkpoints_hold_the_stock_processor_configs(tmp_path):
     """What name_stock_processor (run after every save) writes beside processor_config.json."""
-    from agent.vlm import name_stock_processor
+    from agent.vlm.model import name_stock_processor
 
     for name in ("config.json", "processor_config.json"):
         shutil.copy(DEFAULT_MODEL / name, tmp_path / name)

@@ -111,7 +111,7 @@ def test_the_gate_asks_before_the_agent_types_into_a_password_field(xdisplay, a1
     from types import SimpleNamespace
 
     from agent.executors.desktop import DesktopExecutor
-    from agent.gate import Gate
+    from agent.run.gate import Gate
     from agent.schema import Action
 
     ex = DesktopExecutor()
@@ -134,7 +134,7 @@ def test_the_gate_asks_before_the_agent_types_into_a_password_field(xdisplay, a1
 
 
 def test_without_an_accessibility_bus_the_recording_says_so(monkeypatch):
-    from agent.password_focus import PasswordFocus
+    from agent.host.password_focus import PasswordFocus
 
     monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
     monkeypatch.delenv("AT_SPI_BUS_ADDRESS", raising=False)
@@ -146,7 +146,7 @@ def test_without_an_accessibility_bus_the_recording_says_so(monkeypatch):
 
 def test_password_state_is_answered_for_the_time_of_each_key():
     """A key typed before the focus left the field is masked even if it is handled later."""
-    from agent.password_focus import PasswordFocus
+    from agent.host.password_focus import PasswordFocus
 
     pf = PasswordFocus()
     pf._set(True, 5.0)

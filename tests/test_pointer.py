@@ -1,4 +1,4 @@
-"""The element-list pointer (agent.pointer): where its keys and queries are, the reply it writes,
+"""The element-list pointer (agent.vlm.pointer): where its keys and queries are, the reply it writes,
 its log-probabilities under PPO (against a softmax computed by hand), its SFT loss, and the side
 file it is saved in."""
 from __future__ import annotations
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from agent import pointer
 from agent.elements import Element, ElementError, elements_from_dicts, format_lines, parse_block
 from agent.executors.base import Frame
 from agent.grammar import parse_normalized
-from agent.memory import Memory, MemoryStep
 from agent.policies.base import build_prompt
+from agent.policies.memory import Memory, MemoryStep
 from agent.schema import Action, ScreenGeometry
+from agent.vlm import pointer
 from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401
 
 W, H = 336, 252
@@ -33,7 +33,7 @@ def chat(instruction="Click 'Paste'.", memory=None, elements=ELEMENTS):
 
 @pytest.fixture(scope="module")
 def model_and_processor(tiny_vlm_dir):  # noqa: F811
-    from agent.vlm import load_vlm
+    from agent.vlm.model import load_vlm
 
     torch.manual_seed(0)
     model, processor = load_vlm(tiny_vlm_dir)
@@ -77,7 +77,7 @@ def test_memory_shows_the_current_list_and_history_keeps_list_or_screenshot():
 
 
 def test_layout_finds_entries_and_the_click_site(model_and_processor):
-    from agent.vlm_inputs import build_inputs, extend_inputs
+    from agent.vlm.inputs import build_inputs, extend_inputs
 
     model, processor = model_and_processor
     tok = processor.tokenizer
@@ -100,7 +100,7 @@ def test_layout_finds_entries_and_the_click_site(model_and_processor):
 def test_the_chosen_entry_is_written_as_its_centre_and_parses(model_and_processor):
     model, processor = model_and_processor
     tok = processor.tokenizer
-    from agent.vlm_inputs import build_inputs
+    from agent.vlm.inputs import build_inputs
 
     prompt_ids = build_inputs(processor, chat(), add_generation_prompt=True)["input_ids"][0].tolist()
     reply = "Thought: I'll click 'Paste'.\nAction: click(start_box='(5,7)')"
@@ -122,9 +122,9 @@ def test_the_chosen_entry_is_written_as_its_centre_and_parses(model_and_processo
 
 
 def test_ppo_logprob_of_a_pointer_choice_is_the_heads_softmax(model_and_processor, one_thread):  # noqa: F811
-    from agent.vlm_inputs import build_inputs, extend_inputs, to_model
-    from trainer.episodes import Trajectory, Turn
-    from trainer.ppo_batch import Pack, build_turns, pack_logprobs
+    from agent.vlm.inputs import build_inputs, extend_inputs, to_model
+    from trainer.learn.ppo_batch import Pack, build_turns, pack_logprobs
+    from trainer.rollout.runner import Trajectory, Turn
 
     model, processor = model_and_processor
     tok = processor.tokenizer
@@ -174,8 +174,8 @@ def test_ppo_logprob_of_a_pointer_choice_is_the_heads_softmax(model_and_processo
 
 
 def test_sft_teaches_the_pointer_the_demonstrated_entry(model_and_processor, tmp_path, one_thread):  # noqa: F811
-    from agent.vlm import load_vlm, sft_loss
-    from trainer.sft import Sample, encode, save_checkpoint
+    from agent.vlm.model import load_vlm, sft_loss
+    from trainer.learn.sft import Sample, encode, save_checkpoint
 
     model, processor = model_and_processor
     # the demonstration clicks inside 'Dark mode' (not at its centre) under a thought naming nothing
@@ -185,7 +185,7 @@ def test_sft_teaches_the_pointer_the_demonstrated_entry(model_and_processor, tmp
     assert lay.sites[0].choice == 2 and lay.sites[0].written == "65,94"  # snapped to the entry's centre
 
     def choice_lp():
-        from agent.vlm import action_logprobs
+        from agent.vlm.model import action_logprobs
 
         with torch.no_grad():
             _, hidden = action_logprobs(model, enc, enc["assistant_mask"], return_hidden=True)
@@ -202,14 +202,14 @@ def test_sft_teaches_the_pointer_the_demonstrated_entry(model_and_processor, tmp
     assert after > before + 0.3 and after > math.log(0.5)
 
     # generation: the reply's click is the chosen entry's centre, the choice recorded, and it parses
-    from agent.vlm import generate
+    from agent.vlm.model import generate
 
     g = generate(model, processor, sample.messages, max_new_tokens=40, details=True)
     assert g.pointer == [2], g.text
     assert g.text.endswith("click(start_box='(65,94)')") and len(g.logprobs) == len(g.token_ids)
     assert parse_normalized(g.text, "smart-resize", W, H)
     # the batched path (left padding, a cached prompt start, kept turns) chooses the same
-    from agent.vlm_batch import ImageCache, generate_batch
+    from agent.vlm.batch import ImageCache, generate_batch
 
     cache = ImageCache()
     other = chat("Switch the theme now.")
@@ -231,7 +231,7 @@ def test_sft_teaches_the_pointer_the_demonstrated_entry(model_and_processor, tmp
     stock = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tmp_path / "ckpt"))
     assert pointer.head_of(stock) is None
     (tmp_path / "ckpt" / pointer.HEAD_FILE).write_bytes(b"not a safetensors file")
-    from agent.vlm import VLMError
+    from agent.vlm.model import VLMError
 
     with pytest.raises(VLMError, match="pointer head did not load"):
         load_vlm(tmp_path / "ckpt")

@@ -1,4 +1,4 @@
-"""The packed PPO learner (trainer.ppo_batch): turns grouped under a token budget, one padded
+"""The packed PPO learner (trainer.learn.ppo_batch): turns grouped under a token budget, one padded
 forward per micro-batch, gradients accumulated up to the optimizer step. Its results must not
 depend on the budget: packed and one-turn-per-forward (budget 0) give the same log-probs,
 values, advantages, losses and weights after real steps. Also the decoupled objective's
@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.vlm_fixtures import one_thread, tiny_any_dir, tiny_qwen3_dir, tiny_vlm_dir  # noqa: F401 - fixtures
-from trainer.actor import Actor
+from trainer.rollout.actors import Actor
 
 ALL = 10**6  # a budget that puts every turn of these small batches in one micro-batch
 
@@ -44,8 +44,8 @@ class _ScoredScript(Actor):
     def generate(self, messages, *, greedy=False):
         import torch
 
-        from agent.vlm import action_logprobs, build_inputs, extend_inputs, stop_token_ids
-        from trainer.actor import ActorOutput
+        from agent.vlm.model import action_logprobs, build_inputs, extend_inputs, stop_token_ids
+        from trainer.rollout.actors import ActorOutput
 
         k = sum(1 for m in messages if m["role"] == "assistant")
         text = f"Thought: I try the corner {k}.\nAction: click(start_box='({3 + k},{4 + k})')"
@@ -59,7 +59,7 @@ class _ScoredScript(Actor):
 def _chained_episodes(model, proc, n=3, steps=3):
     """Episodes whose turns chain: each reply parses, so working memory appends it and the next
     screenshot, and every prompt extends the turn before's prompt and reply."""
-    from trainer.episodes import run_episode
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     env = SandboxEnv(width=224, height=168, observation="pixels")  # each prompt extends the one before
@@ -75,7 +75,7 @@ def _chained_episodes(model, proc, n=3, steps=3):
 def test_micro_batches_group_sorted_turns_under_the_token_budget():
     import torch
 
-    from trainer.ppo_batch import budget_for, micro_batches
+    from trainer.learn.ppo_batch import budget_for, micro_batches
 
     turns = [SimpleNamespace(inputs={"input_ids": torch.zeros(1, w)}, w=w) for w in (5, 9, 3, 7, 7, 12)]
     assert [[t.w for t in g] for g in micro_batches(turns, 0)] == [[5], [9], [3], [7], [7], [12]]  # sequential
@@ -96,9 +96,9 @@ def test_packed_scoring_equals_one_turn_per_forward(tiny_any_dir, one_thread):  
     forward."""
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.ppo import Critic, PPOConfig, micro_batches, prepare_turns, score
-    from trainer.ppo_batch import MIN_SHARED_PREFIX, shared_prefix
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import Critic, PPOConfig, micro_batches, prepare_turns, score
+    from trainer.learn.ppo_batch import MIN_SHARED_PREFIX, shared_prefix
 
     model, proc = load_vlm(tiny_any_dir, device="cpu")
     trajs = _episodes(model, proc)
@@ -126,7 +126,7 @@ def test_packed_scoring_equals_one_turn_per_forward(tiny_any_dir, one_thread):  
 def test_a_shared_prefix_is_text_all_turns_share_and_leaves_each_row_its_first_prediction():
     import torch
 
-    from trainer.ppo_batch import shared_prefix
+    from trainer.learn.ppo_batch import shared_prefix
 
     def turn(ids, vision_at=None, prompt=None):
         t = torch.tensor([ids])
@@ -153,9 +153,9 @@ def test_a_pack_of_turns_with_pixels_scores_like_each_turn(tiny_vlm_dir, one_thr
     the suffix)."""
     import torch
 
-    from agent.vlm import action_logprobs, load_vlm
-    from trainer.ppo import PPOConfig, prepare_turns
-    from trainer.ppo_batch import Pack, pack_logprobs, pad_token_id, prefix_kv
+    from agent.vlm.model import action_logprobs, load_vlm
+    from trainer.learn.ppo import PPOConfig, prepare_turns
+    from trainer.learn.ppo_batch import Pack, pack_logprobs, pad_token_id, prefix_kv
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     turns = prepare_turns(_episodes(model, proc, n=2), proc, model, PPOConfig(train_vision=True))
@@ -179,8 +179,8 @@ def _sgd_updates(model_dir, trajs, configs: dict) -> dict:
     near-zero gradient up to lr)."""
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.ppo import Learner
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import Learner
 
     runs = {}
     for name, cfg in configs.items():
@@ -212,8 +212,8 @@ def test_packed_update_matches_the_sequential_update(tiny_any_dir, one_thread): 
     weights with the same shuffling, one turn per forward, a few micro-batches per minibatch, and
     every minibatch in one forward, each with and without the shared prompt prefix (its gradient
     sent through its one forward): the same metrics and the same weights."""
-    from agent.vlm import load_vlm
-    from trainer.ppo import PPOConfig
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import PPOConfig
 
     model, proc = load_vlm(tiny_any_dir, device="cpu")
     trajs = _episodes(model, proc)
@@ -236,9 +236,9 @@ def test_turns_that_extend_one_another_share_a_row_and_score_as_alone(tiny_any_d
     in exactly one of them."""
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.ppo import Critic, PPOConfig, prepare_turns, score
-    from trainer.ppo_batch import Chain, chain_turns, members_of, minibatches
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import Critic, PPOConfig, prepare_turns, score
+    from trainer.learn.ppo_batch import Chain, chain_turns, members_of, minibatches
 
     model, proc = load_vlm(tiny_any_dir, device="cpu")
     trajs = _chained_episodes(model, proc)
@@ -279,8 +279,8 @@ def test_chained_update_matches_the_unchained_one(tiny_vlm_dir, one_thread):  # 
     """A whole update over chaining episodes, one minibatch so the shuffle cannot differ: turn by
     turn, and chained (one row per forward, and all rows in one forward with the shared prefix),
     give the same metrics and weights."""
-    from agent.vlm import load_vlm
-    from trainer.ppo import PPOConfig
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import PPOConfig
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     trajs = _chained_episodes(model, proc)
@@ -298,8 +298,8 @@ def test_stale_behaviour_log_probs_past_the_cap_leave_the_policy_where_it_was(ti
     correction off the same step moves the policy. On-policy data logs w = 1."""
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.ppo import Critic, PPOConfig, policy_step, prepare_turns, score
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import Critic, PPOConfig, policy_step, prepare_turns, score
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     trajs = _episodes(model, proc, n=2)
@@ -324,8 +324,8 @@ def test_stale_behaviour_log_probs_past_the_cap_leave_the_policy_where_it_was(ti
 
 
 def test_the_learner_refuses_a_negative_budget_and_a_cap_that_drops_on_policy_tokens(tiny_vlm_dir):  # noqa: F811
-    from agent.vlm import load_vlm
-    from trainer.ppo import Learner, PPOConfig
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import Learner, PPOConfig
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     with pytest.raises(ValueError, match="micro_batch_tokens must be >= 0"):
@@ -347,10 +347,10 @@ def _bench(argv=None) -> None:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.actor import VLMActor
-    from trainer.episodes import run_episode
-    from trainer.ppo import Learner, PPOConfig
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import Learner, PPOConfig
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     ap = argparse.ArgumentParser(prog="python -m tests.test_ppo_packed")

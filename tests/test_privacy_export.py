@@ -59,7 +59,7 @@ def _export(qtbot, page, path, ids):
 def test_bundle_of_an_approved_recording_holds_no_original(qtbot, store, engine, tmp_path):
     """The issue's item 4: Library -> Export -> Bundle of an approved recording held the original
     frames and the unmasked thought."""
-    from agent.store import Store
+    from agent.storage.store import Store
     from app.library_view import LibraryPage
 
     ep = _approved(store, engine)
@@ -83,7 +83,7 @@ def test_bundle_of_an_approved_recording_holds_no_original(qtbot, store, engine,
     assert doc["steps"][0]["thought"] == "Write to <email> about the order"
     # imported elsewhere, it is an approved, redacted episode: it can be sent again as it is
     other = Store(tmp_path / "other")
-    from agent.bundle import import_file
+    from agent.storage.bundle import import_file
 
     import_file(other, tmp_path / "one.zip")
     up = review.upload_view(other, other.load_episode(ep.id))
@@ -127,7 +127,7 @@ def _cli(*args, data):
 def test_cli_export_refuses_unreviewed_data_unless_originals_are_asked_for(tmp_path):
     from pii_windows import render_window
 
-    from agent.store import Store
+    from agent.storage.store import Store
 
     store = Store(tmp_path / "data")
     ep = _recording(store, render_window(seed=2, size=(300, 120), px=11, records=1).png)
@@ -158,7 +158,7 @@ def _with_audio(store, ep):
 def test_untranscribed_audio_is_not_uploaded_without_approval(qtbot, store, engine):
     """The issue's item 6: an approved recording with audio but no transcript uploaded the audio."""
     from app.privacy_review import PrivacyReviewDialog
-    from trainer.backend_store import BackendStore
+    from trainer.backend.store import BackendStore
 
     ep = _recording(store, _window_png())
     audio = _with_audio(store, ep)
@@ -198,7 +198,7 @@ def test_untranscribed_audio_is_not_uploaded_without_approval(qtbot, store, engi
 
 
 def test_export_leaves_untranscribed_audio_out_too(store, engine, tmp_path):
-    from agent.bundle import write_bundle
+    from agent.storage.bundle import write_bundle
 
     ep = _recording(store, _window_png())
     audio = _with_audio(store, ep)

@@ -130,7 +130,7 @@ def test_the_library_exports_a_run_redacted_without_asking(qtbot, store, engine,
 
     from test_privacy_export import _export
 
-    from agent.export import without_review
+    from agent.storage.export import without_review
     from app.library_view import LibraryPage
 
     ep = _run(store, _window_png())
@@ -180,10 +180,10 @@ def test_a_drive_run_arrives_at_the_backend_blurred_and_masked(xdisplay, tmp_pat
     """The issue's item 5, as a user meets it: Drive acts on a real desktop whose window shows an
     e-mail address (and has it in its title); the run synced to a real backend on loopback holds
     no readable e-mail on any frame (OCR) and none in its text."""
-    from agent.store import Store
+    from agent.storage.store import Store
     from tests.test_agent_desktop import model_point, start_target
     from tests.test_drive_xvfb import result_of, run_driver
-    from trainer.backend_store import BackendStore
+    from trainer.backend.store import BackendStore
 
     state = tmp_path / "target.json"
     os.environ["TANDEM_TARGET_NOTE"] = f"Reply to {EMAIL}"

@@ -215,7 +215,7 @@ def test_client_does_not_send_a_manifest_the_server_would_refuse_unread(tmp_path
     and fails that episode with one clear line instead of waiting for an answer."""
     from factories import make_episode
 
-    from agent.store import Store
+    from agent.storage.store import Store
 
     ep = make_episode(Store(tmp_path), 30).to_dict()
     c, s = P.ClientConnection("tok"), P.ServerConnection(P.Limits(max_json_values=500, max_json_depth=4))

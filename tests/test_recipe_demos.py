@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trainer.actor import Actor
+from trainer.rollout.actors import Actor
 
 ENV = {"width": 224, "height": 168}
 
@@ -21,7 +21,7 @@ def _text_of(message) -> str:
 def test_slipped_turns_are_context_not_targets_and_the_expert_recovers():
     from agent.coords import SMART_RESIZE
     from agent.grammar import parse_normalized
-    from trainer.recipe import demonstrations
+    from trainer.recipe.default_model import demonstrations
 
     trajs, samples = demonstrations(["radio", "check_boxes"], 4, progress=False, slip=1.0, **ENV)
     # slip 1.0: every episode's first turn is the mistake, and only that one
@@ -46,7 +46,7 @@ def test_slipped_turns_are_context_not_targets_and_the_expert_recovers():
 
 
 def test_without_slips_every_turn_of_every_success_is_a_sample():
-    from trainer.recipe import demonstrations
+    from trainer.recipe.default_model import demonstrations
 
     trajs, samples = demonstrations(["radio", "check_boxes"], 3, progress=False, **ENV)
     assert all(tr.slipped == [] and tr.success for tr in trajs)
@@ -56,9 +56,9 @@ def test_without_slips_every_turn_of_every_success_is_a_sample():
 
 
 def test_slip_must_be_a_probability():
-    from trainer.actor import ExpertActor
-    from trainer.ppo_config import PPOConfig
-    from trainer.recipe import RecipeConfig
+    from trainer.learn.ppo_config import PPOConfig
+    from trainer.recipe.default_model import RecipeConfig
+    from trainer.rollout.actors import ExpertActor
 
     with pytest.raises(ValueError, match="slip must be a probability"):
         ExpertActor(None, slip=1.5)
@@ -102,7 +102,7 @@ def test_train_default_refuses_bad_settings_before_any_work(tmp_path, capsys):
 def test_resume_refuses_an_sft_stage_made_with_other_settings(tmp_path, capsys):
     from dataclasses import asdict, replace
 
-    from trainer.recipe import SFT_STAGE_KEYS, RecipeConfig, run_recipe
+    from trainer.recipe.default_model import SFT_STAGE_KEYS, RecipeConfig, run_recipe
 
     work = tmp_path / "work"
     (work / "sft").mkdir(parents=True)
@@ -131,7 +131,7 @@ def test_resume_refuses_an_sft_stage_made_with_other_settings(tmp_path, capsys):
 def test_grounding_samples_ask_for_one_element_and_click_its_centre():
     from agent.coords import SMART_RESIZE
     from agent.grammar import parse_normalized
-    from trainer.grounding import grounding_samples
+    from trainer.rollout.grounding import grounding_samples
 
     samples = grounding_samples(["click_button", "list_pick"], 3, per_screen=2, progress=False, **ENV)
     assert len(samples) == 2 * 3 * 2
@@ -156,7 +156,7 @@ class _Scripted(Actor):
         import hashlib
         import re
 
-        from trainer.actor import ActorOutput
+        from trainer.rollout.actors import ActorOutput
 
         frame = next(p["frame"] for m in messages if isinstance(m["content"], list) for p in m["content"]
                      if p.get("type") == "image")
@@ -171,7 +171,7 @@ def test_grounding_eval_scores_clicks_inside_the_named_element():
     from agent.coords import SMART_RESIZE
     from agent.grammar import format_normalized
     from agent.schema import Action
-    from trainer.grounding import grounding_eval
+    from trainer.rollout.grounding import grounding_eval
     from trainer.sandbox.env import SandboxEnv
     from trainer.sandbox.task import HELDOUT_START
 
@@ -217,7 +217,7 @@ def test_grounding_eval_scores_clicks_inside_the_named_element():
 def test_eval_summary_reports_grounding_when_measured():
     from dataclasses import asdict
 
-    from trainer.recipe import RecipeConfig, eval_summary
+    from trainer.recipe.default_model import RecipeConfig, eval_summary
 
     def ev(success, grounding=None, named=None):
         r = {"families": {"radio": {"success": success}}, "mean_success": success}
@@ -242,9 +242,9 @@ def test_eval_summary_reports_grounding_when_measured():
 def test_rollouts_record_each_click_beside_the_experts_and_asking_leaves_the_task_as_it_was():
     """What the dense grounding reward (PPOConfig.click_reward) compares: the turn's click and
     where the expert would have clicked in the same state."""
-    from trainer.actor import ActorOutput, ExpertActor
-    from trainer.episodes import run_episode
     from trainer.rl.rewards import click_rewards
+    from trainer.rollout.actors import ActorOutput, ExpertActor
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     env = SandboxEnv(**ENV)

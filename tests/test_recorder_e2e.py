@@ -151,7 +151,7 @@ def test_sigkill_leaves_the_events_up_to_the_last_second(xdisplay, tmp_path):
         if proc.poll() is None:
             proc.kill()
     from agent.recorder.session import rereduce
-    from agent.store import Store
+    from agent.storage.store import Store
 
     with Store(data) as store:
         ep = store.load_episode(episode_id)
@@ -179,7 +179,7 @@ def test_cli_recording_of_nothing_says_so_and_keeps_nothing(xdisplay, tmp_path):
     assert out.returncode == 1, out.stderr
     assert out.stderr.strip().splitlines()[-1] == ("error: Nothing was recorded: no click, key press or scroll reached "
                                                    "the screen while recording. No episode was saved.")
-    from agent.store import Store
+    from agent.storage.store import Store
 
     with Store(data) as store:
         assert store.episode_ids() == [] and store.check() == []

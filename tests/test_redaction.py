@@ -187,7 +187,7 @@ def test_exported_training_data_is_the_redacted_version(qapp, store, engine, tmp
     asked for, and named in the result."""
     import json
 
-    from agent.export import ExportRefused, export_jsonl
+    from agent.storage.export import ExportRefused, export_jsonl
 
     ep = _recording(store, _window_png())
     with pytest.raises(ExportRefused, match="1 of 1 episode has no approved privacy review"):
@@ -248,7 +248,7 @@ def test_unreviewed_recordings_are_not_synced(store):
 def test_redacted_recording_reaches_the_backend(qapp, store, engine, keep):
     """The issue's 'done when': submitted and synced, the backend's frames show no e-mail, phone
     or card number (read back by OCR), the typed card is masked, the original kept or deleted."""
-    from trainer.backend_store import BackendStore
+    from trainer.backend.store import BackendStore
 
     png = _window_png()
     before = {r.kind for r in find_regions(decode(png), engine)}

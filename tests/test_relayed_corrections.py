@@ -16,18 +16,18 @@ import pytest
 
 from agent import protocol as P
 from agent.executors.android import AndroidExecutor
-from agent.gate import Decision, Gate
-from agent.loop import AgentLoop, LoopConfig
 from agent.policies import ReplayPolicy
 from agent.redaction.runs import AUTOMATIC
+from agent.run.gate import Decision, Gate
+from agent.run.loop import AgentLoop, LoopConfig
 from agent.schema import Action
-from agent.store import Store
+from agent.storage.store import Store
 from agent.sync.client import Backoff, SyncClient
 from agent.sync.live_link import RunPublisher, RunWatcher
 from agent.sync.outbox import Outbox
 from tests.fake_android import HEIGHT, WIDTH, FakePhoneServer, connect_fake
 from tests.test_agent_loop import click
-from trainer.server_thread import start_in_thread
+from trainer.backend.server_thread import start_in_thread
 
 FIELD = Action("click", {"start_box": (270 / WIDTH, 240 / HEIGHT)})
 HELLO = Action("type", {"content": "hello"})
@@ -185,7 +185,7 @@ def test_a_correction_the_backend_did_not_relay_is_still_refused(relayed, tmp_pa
 def test_a_relayed_decision_that_cannot_be_read_is_logged_and_vouches_for_nothing(tmp_path, proposed, kind, answer):
     """The proposal step comes from the publisher and the answer from the supervisor, as JSON: a
     malformed one is still logged (one row, without an action) and authorizes no correction."""
-    from trainer.backend_store import BackendStore
+    from trainer.backend.store import BackendStore
 
     b = BackendStore(tmp_path / "backend")
     try:

@@ -496,8 +496,8 @@ def test_progress_rewards_pay_each_subgoal_once_and_sum_to_the_final_progress():
 
 
 def test_ppo_turn_rewards_add_progress_shaping_and_the_format_penalty():
-    from trainer.ppo import PPOConfig, shaped_turn_rewards
-    from trainer.rollout import Trajectory, Turn
+    from trainer.learn.ppo import PPOConfig, shaped_turn_rewards
+    from trainer.rollout.pool import Trajectory, Turn
 
     turns = [Turn([], [5, 2], [-0.1, -0.1], "a", 0.0, None, 0.5),  # a subgoal met
              Turn([], [5, 2], [-0.1, -0.1], "junk", 0.0, "no 'Action:' section", 0.5),
@@ -524,8 +524,8 @@ def test_click_rewards_are_a_gaussian_of_the_distance_to_the_experts_click():
 
 
 def test_ppo_turn_rewards_add_the_click_term_per_turn():
-    from trainer.ppo import PPOConfig, shaped_turn_rewards
-    from trainer.rollout import Trajectory, Turn
+    from trainer.learn.ppo import PPOConfig, shaped_turn_rewards
+    from trainer.rollout.pool import Trajectory, Turn
 
     turns = [Turn([], [5, 2], [-0.1], "a", 0.0, None, 0.0, point=(0.2, 0.3), expert_point=(0.25, 0.3)),
              Turn([], [5, 2], [-0.1], "junk", 0.0, "no 'Action:' section", 0.0, expert_point=(0.25, 0.3)),
@@ -535,7 +535,7 @@ def test_ppo_turn_rewards_add_the_click_term_per_turn():
     assert shaped_turn_rewards(tr, PPOConfig(format_penalty=0.5, click_reward=0.5)) == approx(
         [0.5 * math.exp(-0.5), -0.5, 1.5])
     # the batch's click_score: the mean over the turns that had an expert click (the junk one scores 0)
-    from trainer.ppo import batch_metrics
+    from trainer.learn.ppo import batch_metrics
 
     assert batch_metrics([tr])["click_score"] == approx((math.exp(-0.5) + 0.0 + 1.0) / 3)
     tr.turns = [Turn([], [5], [-0.1], "c", 0.0, None, 0.0, point=(0.1, 0.1))]  # no expert: nothing to score
@@ -569,8 +569,8 @@ def test_no_effect_penalties_charge_only_actions_that_left_the_screen_as_it_was(
 
 
 def test_ppo_turn_rewards_subtract_the_no_effect_penalty():
-    from trainer.ppo import PPOConfig, shaped_turn_rewards
-    from trainer.rollout import Trajectory, Turn
+    from trainer.learn.ppo import PPOConfig, shaped_turn_rewards
+    from trainer.rollout.pool import Trajectory, Turn
 
     turns = [Turn([], [5, 2], [-0.1], "click on nothing", 0.0, None, 0.0, changed=False),
              Turn([], [5, 2], [-0.1], "junk", 0.0, "no 'Action:' section", 0.0),
@@ -580,7 +580,7 @@ def test_ppo_turn_rewards_subtract_the_no_effect_penalty():
     assert shaped_turn_rewards(tr, PPOConfig(format_penalty=0.5)) == approx([0.0, -0.5, 0.0, 1.0])
     assert shaped_turn_rewards(tr, PPOConfig(format_penalty=0.5, no_effect_penalty=0.25)) == approx(
         [-0.25, -0.5, 0.0, 1.0])
-    from trainer.ppo import batch_metrics
+    from trainer.learn.ppo import batch_metrics
 
     assert batch_metrics([tr])["no_effect_rate"] == approx(0.5)  # of the two turns judged, one did nothing
     tr.turns = turns[1:2]

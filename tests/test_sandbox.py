@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from agent.schema import Action
-from trainer.actor import ExpertActor, RandomActor
-from trainer.episodes import EpisodeRunner, plan, rates, run_episode
+from trainer.rollout.actors import ExpertActor, RandomActor
+from trainer.rollout.runner import EpisodeRunner, plan, rates, run_episode
 from trainer.sandbox.env import SandboxEnv
 from trainer.sandbox.families import FAMILIES
 from trainer.sandbox.task import HELDOUT_START
@@ -53,8 +53,8 @@ def test_random_policy_solves_few(env):
 
 
 def test_expert_records_thoughts_and_screens(env, tmp_path):
-    from agent.store import Store
-    from trainer.episodes import trajectory_to_episode
+    from agent.storage.store import Store
+    from trainer.rollout.runner import trajectory_to_episode
 
     traj = run_episode(ExpertActor(env), env, 11, family="form")
     assert traj.success and len(traj.turns) >= 3
@@ -207,7 +207,7 @@ def test_modal_dialog_blocks_the_window_behind_it(env):
 # ------------------------------------------------------------ the env's contract
 def test_the_env_takes_actions_and_the_runner_parses_each_reply_once(env):
     from agent.grammar import parse_reply
-    from trainer.actor import Actor, ActorOutput
+    from trainer.rollout.actors import Actor, ActorOutput
 
     env.reset(seed=9, options={"family": "click_button"})
     _, reward, term, trunc, info = env.step(env.expert_response())  # text is not the env's to parse

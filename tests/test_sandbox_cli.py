@@ -28,7 +28,7 @@ def test_show_unknown_family_is_named(tmp_path, capsys):
 
 
 def test_generate_writes_rollouts_into_the_store(tmp_path):
-    from agent.store import Store
+    from agent.storage.store import Store
 
     data = tmp_path / "data"
     assert main(["sandbox", "generate", "--episodes", "6", "--data", str(data), "--families", "dialog,form,tabs"]) == 0
@@ -128,7 +128,7 @@ def test_eval_trace_shows_what_each_step_did(capsys):
 
 
 def test_trace_summary_counts_by_hand():
-    from trainer.episodes import Trajectory, Turn, trace_summary
+    from trainer.rollout.runner import Trajectory, Turn, trace_summary
 
     def turn(action, hit, changed):
         return Turn([], [], [], "", action=action, hit=hit, changed=changed)

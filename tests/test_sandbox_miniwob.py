@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from trainer.rollout.miniwob_eval import tickets
 from trainer.sandbox.miniwob_browser import BINARY_ENV, DRIVER_ENV, MiniWoBError, chromium_paths, group_processes
 from trainer.sandbox.miniwob_env import available, miniwob_key
-from trainer.sandbox.miniwob_eval import tickets
 
 MISSING = available()
 needs_miniwob = pytest.mark.skipif(MISSING is not None, reason=f"MiniWoB++ not available here: {MISSING}")
@@ -80,8 +80,8 @@ def test_tickets_spread_over_tasks_with_seeds_per_task():
 
 def test_miniwob_never_becomes_training_data():
     from trainer.config_flags import ConfigError
-    from trainer.episodes import plan
     from trainer.flywheel.iteration import FlywheelConfig
+    from trainer.rollout.runner import plan
 
     with pytest.raises(ConfigError, match="miniwob/click-test"):
         FlywheelConfig(families=["miniwob/click-test"])
@@ -170,8 +170,8 @@ def test_gymnasium_env_checker(env):
 
 @needs_miniwob
 def test_the_episode_runner_plays_miniwob_with_the_oracle(env):
-    from trainer.actor import ExpertActor
-    from trainer.episodes import run_episode
+    from trainer.rollout.actors import ExpertActor
+    from trainer.rollout.runner import run_episode
 
     traj = run_episode(ExpertActor(env), env, 3, family="miniwob/click-checkboxes", greedy=True)
     assert traj.family == "miniwob/click-checkboxes" and traj.instruction.startswith("Select ")
@@ -243,8 +243,8 @@ def test_oracle_and_random_through_the_cli(capsys):
 
 @needs_miniwob
 def test_the_flywheel_reports_miniwob_apart():
-    from trainer.actor import Actor, ActorOutput
     from trainer.flywheel.evaluation import MINIWOB_EPISODE_SECONDS, evaluate_on_miniwob
+    from trainer.rollout.actors import Actor, ActorOutput
 
     class Waits(Actor):  # a model that always waits
         def generate(self, messages, *, greedy=False):

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from agent.secret_store import SecretStore, saved_secret
-from agent.store import Store
+from agent.storage.secret_store import SecretStore, saved_secret
+from agent.storage.store import Store
 from tests.conftest import ROOT
 
 
@@ -35,7 +35,7 @@ def test_a_token_an_older_version_left_in_the_settings_is_moved_out(tmp_path):
 
 def test_sync_save_keeps_the_token_out_of_the_database(tmp_path):
     """`sync --save` against a real backend: the token lands in the secret store, not tandem.db."""
-    from trainer.server_thread import start_in_thread
+    from trainer.backend.server_thread import start_in_thread
 
     backend = start_in_thread(tmp_path / "backend")
     token = backend.store.add_user("ann", "annotator")
@@ -54,7 +54,7 @@ def test_sync_save_keeps_the_token_out_of_the_database(tmp_path):
 
 
 def test_backend_tokens_expire(tmp_path, monkeypatch):
-    from trainer import backend_store as bs
+    from trainer.backend import store as bs
 
     store = bs.BackendStore(tmp_path / "b")
     try:

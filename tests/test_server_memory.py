@@ -19,12 +19,12 @@ from factories import make_episode
 from websockets.asyncio.client import connect
 
 from agent import protocol as P
-from agent.store import Store
+from agent.storage.store import Store
 from agent.sync.client import Backoff, SyncClient
 from agent.sync.outbox import Outbox
 from agent.sync.session import Session
-from trainer.server_thread import start_in_thread
-from trainer.ws_budget import UNEXPECTED_BLOB_MAX, Budgets
+from trainer.backend.server_thread import start_in_thread
+from trainer.backend.ws_budget import UNEXPECTED_BLOB_MAX, Budgets
 
 KiB = 1024
 

@@ -15,7 +15,7 @@ import pytest
 from factories import blob_debris, check_fix, make_episode, screenshot_png
 
 from agent.schema import Action, Episode, Observation, Outcome, Provenance, SchemaError, ScreenGeometry, Step
-from agent.store import NotFound, Store, StoreError
+from agent.storage.store import NotFound, Store, StoreError
 
 
 def test_episode_round_trip_through_sqlite(store):
@@ -104,7 +104,7 @@ def test_a_blob_written_for_an_unsaved_episode_survives_a_concurrent_removal(sto
     again = store.put_blob(screenshot_png(320, 200, label="step 0"))  # the recorder, before its save
     assert again == shot
     gone = subprocess.run(  # another process deletes the old episode meanwhile
-        [sys.executable, "-c", "import sys; from agent.store import Store; "
+        [sys.executable, "-c", "import sys; from agent.storage.store import Store; "
          "print(Store(sys.argv[1]).delete_episode(sys.argv[2]))", str(store.root), old.id],
         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert gone.stdout.strip() == "0", gone.stderr  # it removed no blob: the screenshot is pinned
@@ -122,7 +122,7 @@ def test_a_blob_written_for_an_unsaved_episode_survives_a_concurrent_removal(sto
 
 
 def test_an_old_pin_no_longer_protects_a_blob(store, monkeypatch):
-    import agent.store as st
+    import agent.storage.store as st
 
     h = store.put_blob(b"abandoned")
     monkeypatch.setattr(st, "PIN_SECONDS", 0.0)
@@ -187,7 +187,7 @@ def test_save_refuses_missing_blobs(store):
 
 
 def test_check_finds_corrupt_missing_and_orphan_blobs(store):
-    import agent.store as st
+    import agent.storage.store as st
 
     ep = make_episode(store, 3)
     assert store.check() == []
@@ -223,7 +223,7 @@ def test_raw_events_append_and_settings(store):
 
 
 def test_default_data_dir_env_override(monkeypatch, tmp_path):
-    from agent.store import default_data_dir
+    from agent.storage.store import default_data_dir
 
     monkeypatch.setenv("TANDEM_DATA", str(tmp_path / "x"))
     assert default_data_dir() == tmp_path / "x"
@@ -235,7 +235,7 @@ WRITER = textwrap.dedent(
     """
     import sys, time
     sys.path[:0] = [{root!r}, {tests!r}]
-    from agent.store import Store
+    from agent.storage.store import Store
     from factories import make_episode
     store = Store(sys.argv[1])
     i = 0
@@ -283,7 +283,7 @@ def test_stores_made_by_the_last_release_open_and_migrate(tmp_path):
     from pathlib import Path
 
     from agent.sync.outbox import Outbox
-    from trainer.backend_store import BackendStore
+    from trainer.backend.store import BackendStore
     from trainer.flywheel.registry import Registry
     from trainer.flywheel.routing import Router
 
@@ -299,7 +299,7 @@ def test_stores_made_by_the_last_release_open_and_migrate(tmp_path):
         reg = Registry(s)
         assert reg.current().version == "v0000" and reg.current().note == "base" and reg.current().decision == ""
         assert s.schema_version("flywheel_models") == 2  # the decision column, added
-        assert s.migrate("store", __import__("agent.store", fromlist=["x"]).STORE_MIGRATIONS) == 0  # once only
+        assert s.migrate("store", __import__("agent.storage.store", fromlist=["x"]).STORE_MIGRATIONS) == 0  # once only
     b = BackendStore(old / "backend")
     try:
         user = b.authenticate((old / "backend" / "ann.token").read_text())
@@ -323,7 +323,7 @@ def _routed_the_old_way_moves_out(s: Store, router) -> None:
     successful by its annotator; b: ct, failed by the verifier). Opened today, each judgement is
     in `judgements` under the episode's content, the episodes hold none of it, every routing
     record still answers for its content, and the move is idempotent."""
-    import agent.store as st
+    import agent.storage.store as st
 
     by_kind = {e.kind: e for e in s.list_episodes()}
     a, b = by_kind["recording"], by_kind["rollout"]

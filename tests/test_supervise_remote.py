@@ -10,16 +10,16 @@ import pytest
 from PySide6.QtCore import Qt
 
 from agent import coords
-from agent.gate import Gate
 from agent.grammar import format_normalized
-from agent.loop import AgentLoop, LoopConfig
 from agent.policies import ReplayPolicy
+from agent.run.gate import Gate
+from agent.run.loop import AgentLoop, LoopConfig
 from agent.schema import Action
-from agent.store import Store
+from agent.storage.store import Store
 from agent.sync.live_link import RunPublisher
 from app.sandbox_executor import SandboxProcessExecutor
 from app.supervise_view import SupervisePage
-from trainer.server_thread import start_in_thread
+from trainer.backend.server_thread import start_in_thread
 
 EMPTY = (0.03, 0.97)
 
@@ -123,8 +123,8 @@ def test_a_squatted_run_id_stops_the_agent_with_the_reason(backend):
     and stops with it, instead of waiting for a decision that can never come."""
     import asyncio
 
-    from agent.gate import GateRequest
     from agent.policies.base import Proposal
+    from agent.run.gate import GateRequest
     from agent.sync.session import Session
 
     b, tokens = backend

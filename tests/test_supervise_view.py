@@ -8,8 +8,8 @@ from PySide6.QtCore import QPoint, Qt
 
 from agent import coords
 from agent.grammar import format_normalized
-from agent.loop import LoopConfig
 from agent.policies import ReplayPolicy
+from agent.run.loop import LoopConfig
 from agent.schema import Action
 from agent.sync.outbox import Outbox
 from app.sandbox_executor import SandboxProcessExecutor
@@ -231,11 +231,13 @@ def test_the_end_of_a_sandbox_run_says_whether_the_task_succeeded(qtbot, page, s
 def test_an_installation_without_torch_offers_the_endpoint_and_says_why(qtbot, store, monkeypatch):
     """The annotators' bundle has no torch: the form starts on the endpoint policy, the model
     choices are greyed out with the reason, and a saved "default" choice does not come back."""
+    import app.agent_run as ar
     import app.run_form as rf
     from app.agent_run import RunSetupError, make_policy
 
     why = "This installation of Tandem has no torch, so it cannot run a model here"
-    monkeypatch.setattr(rf, "models_missing", lambda: why + ": use an endpoint.")
+    for module in (ar, rf):  # make_policy asks agent_run, the form asks run_form
+        monkeypatch.setattr(module, "models_missing", lambda: why + ": use an endpoint.")
     store.set_setting("supervise.policy", "default")
     form = rf.RunForm(store, "supervise")
     qtbot.addWidget(form)
@@ -245,7 +247,8 @@ def test_an_installation_without_torch_offers_the_endpoint_and_says_why(qtbot, s
     assert form.policy.itemData(i, Qt.ToolTipRole).startswith(why)
     with pytest.raises(RunSetupError, match="has no torch"):
         make_policy("default")
-    monkeypatch.setattr(rf, "models_missing", lambda: None)  # a full installation: nothing greyed out
+    for module in (ar, rf):  # make_policy asks agent_run, the form asks run_form
+        monkeypatch.setattr(module, "models_missing", lambda: None)  # a full installation: nothing greyed out
     full = rf.RunForm(store, "supervise")
     qtbot.addWidget(full)
     assert full.policy.currentData() == "default" and full.policy.model().item(i).isEnabled()

@@ -7,14 +7,13 @@ import threading
 import numpy as np
 import pytest
 
-from agent.decision_stats import DecisionLog, decision_stats
 from agent.executors.base import Frame
-from agent.gate import Decision, Gate, GateRequest, HumanStep, Takeover
-from agent.loop import AgentLoop
 from agent.policies import ReplayPolicy
 from agent.policies.base import Proposal
-from agent.schema import Action, Episode, ScreenGeometry
-from agent.supervision import (
+from agent.run.decision_stats import DecisionLog, decision_stats
+from agent.run.gate import Decision, Gate, GateRequest, HumanStep, Takeover
+from agent.run.loop import AgentLoop
+from agent.run.supervision import (
     RemoteSupervisor,
     SupervisionError,
     answer_from_wire,
@@ -22,6 +21,7 @@ from agent.supervision import (
     request_from_wire,
     request_to_wire,
 )
+from agent.schema import Action, Episode, ScreenGeometry
 
 GEO = ScreenGeometry(1280, 800, 2560, 1600, 2.0, origin_x=1920, origin_y=0)
 
@@ -189,8 +189,8 @@ def test_stats_of_nothing():
 def test_terminal_windows_are_told_apart_from_others():
     from types import SimpleNamespace
 
-    from agent.gate import Gate, terminal_window
     from agent.policies.base import Proposal
+    from agent.run.gate import Gate, terminal_window
 
     def obs(title, app):
         return SimpleNamespace(extra={"focused_window": {"title": title, "app": app}})
@@ -217,7 +217,7 @@ def test_terminal_windows_are_told_apart_from_others():
 def test_terminals_missing_from_the_name_list_are_on_it(app, title):
     from types import SimpleNamespace
 
-    from agent.gate import terminal_window
+    from agent.run.gate import terminal_window
 
     assert terminal_window(SimpleNamespace(extra={"focused_window": {"title": title, "app": app}})) is not None
 
@@ -231,7 +231,7 @@ def test_the_gate_judges_each_action_on_the_focus_it_is_shown():
     gate = Gate("risky", object())
     shell = obs(focused_window={"title": "user@host: ~", "app": "Notes", "terminal": "bash runs under it"})
     editor = obs(focused_window={"title": "Untitled", "app": "gedit"})
-    # a window no name gives away, whose process has a shell under it (agent.terminal_process)
+    # a window no name gives away, whose process has a shell under it (agent.host.terminal_process)
     assert gate.risk(Action("type", {"content": "rm -rf ~\n"}), shell) == (
         "typing into a terminal window (Notes: bash runs under it): the text may run as a command")
     # keys pressed in a terminal run what was typed, or paste: asked too
@@ -264,13 +264,13 @@ def _process(code: str):
 
 
 def test_a_process_is_a_terminal_by_the_shell_under_it_or_the_pty_it_holds():
-    """What agent.terminal_process reads from /proc, on real processes: a parent of bash (what a
+    """What agent.host.terminal_process reads from /proc, on real processes: a parent of bash (what a
     terminal emulator is), a grandparent of sh, a holder of a pseudo-terminal's master side, and
     none of these."""
     import os
     import signal
 
-    from agent.terminal_process import terminal_evidence
+    from agent.host.terminal_process import terminal_evidence
 
     shell_parent = _process("import subprocess; c = subprocess.Popen(['bash', '--norc', '-c', 'sleep 60; true']); "
                             "print('ready', flush=True); c.wait()")

@@ -14,7 +14,7 @@ from app.sync.embedded import start_embedded_backend
 
 def test_sync_modules_do_not_import_qt():
     code = ("import sys; import agent.sync.client, agent.sync.outbox, agent.sync.session, app.sync.embedded, "
-            "app.sync.cli, agent.protocol, trainer.server; print('PySide6' in sys.modules)")
+            "app.sync.cli, agent.protocol, trainer.backend.server; print('PySide6' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -21,12 +21,12 @@ from websockets.asyncio.client import connect
 
 from agent import protocol as P
 from agent.schema import Action, Episode, Observation, ScreenGeometry, Step
-from agent.store import Store, sha256
+from agent.storage.store import Store, sha256
 from agent.sync.client import Backoff, SyncClient
 from agent.sync.outbox import Outbox
 from agent.sync.session import Session
-from trainer.backend_store import BackendStore
-from trainer.server_thread import start_in_thread
+from trainer.backend.server_thread import start_in_thread
+from trainer.backend.store import BackendStore
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,12 +11,12 @@ from factories import make_episode, screenshot_png
 from websockets.asyncio.client import connect
 
 from agent import protocol as P
-from agent.secret_store import saved_secret
-from agent.store import Store, sha256
+from agent.storage.secret_store import saved_secret
+from agent.storage.store import Store, sha256
 from agent.sync.client import Backoff, SyncClient
 from agent.sync.outbox import Outbox
 from agent.sync.session import RequestRefused, Session, SyncError
-from trainer.server_thread import start_in_thread
+from trainer.backend.server_thread import start_in_thread
 
 
 @pytest.fixture
@@ -428,8 +428,8 @@ def test_revoked_then_readded_admin_loses_its_idle_admin_session(tmp_path, backe
     """`backend user revoke root` then `backend user add root --role annotator` (another store
     connection, as the command line's): root's old idle admin session is cut within the sweep
     period without sending anything, and cannot create users."""
-    from trainer.backend_store import BackendStore
-    from trainer.server import REVOCATION_CHECK_S
+    from trainer.backend.server import REVOCATION_CHECK_S
+    from trainer.backend.store import BackendStore
 
     async def run():
         old = await Session.open(backend.url, backend.tokens["root"])
@@ -453,7 +453,7 @@ def test_revoked_then_readded_admin_loses_its_idle_admin_session(tmp_path, backe
 
 
 def test_a_connection_that_never_says_hello_is_closed(backend, monkeypatch):
-    import trainer.server as server
+    import trainer.backend.server as server
 
     monkeypatch.setattr(server, "HELLO_TIMEOUT_S", 0.5)
 
@@ -501,8 +501,8 @@ def test_naming_another_users_blob_hash_does_not_make_it_readable(tmp_path, back
 def test_live_state_stays_bounded(backend):
     """Open proposals of a run are capped (the newest kept), runs nobody follows any more are
     dropped, and a frame larger than a hello before authenticating closes the connection."""
-    from trainer.server import MAX_PENDING_PER_RUN
-    from trainer.ws_budget import PRE_AUTH_MAX_FRAME
+    from trainer.backend.server import MAX_PENDING_PER_RUN
+    from trainer.backend.ws_budget import PRE_AUTH_MAX_FRAME
 
     async def run():
         agent = await Session.open(backend.url, backend.tokens["ann"])
@@ -532,8 +532,8 @@ def test_live_state_stays_bounded(backend):
 def test_a_revoked_supervisor_stops_receiving_live_screenshots(tmp_path, backend):
     """Revoked from another process while it only listens: within the sweep period its
     connection ends, and the proposals published after that never reach it."""
-    from trainer.backend_store import BackendStore
-    from trainer.server import REVOCATION_CHECK_S
+    from trainer.backend.server import REVOCATION_CHECK_S
+    from trainer.backend.store import BackendStore
 
     async def run():
         sup = await Session.open(backend.url, backend.tokens["sup"])
@@ -737,8 +737,8 @@ def test_a_reupload_after_routing_keeps_the_old_contents_route_and_routes_the_ne
     routes it, the old content keeps its route, revisions stay the annotator's (the routing wrote
     nothing into the episode), and the old content's routing record still answers growth() and
     undo(): undoing it leaves the new content's route alone."""
-    from agent.flywheel_routes import FlywheelRoutes
     from agent.schema import Outcome
+    from agent.storage.flywheel_routes import FlywheelRoutes
     from trainer.flywheel.routing import Router
 
     store = local(tmp_path)

@@ -14,8 +14,8 @@ from PySide6.QtWidgets import QMessageBox
 
 from agent.sync.client import SyncClient
 from agent.sync.outbox import Outbox
-from trainer.backend_store import BackendStore
-from trainer.server_thread import start_in_thread
+from trainer.backend.server_thread import start_in_thread
+from trainer.backend.store import BackendStore
 
 
 def _closed_port() -> int:
@@ -114,7 +114,7 @@ def test_switching_to_a_second_backend_offers_and_sends_every_episode(qtbot, sto
 
 def test_the_sync_page_offline_and_watch_a_run_say_one_clear_line(qtbot, store):
     """Offline, the Sync page showed a Python exception; Watch a run a raw ConnectionRefusedError."""
-    from agent.secret_store import SecretStore
+    from agent.storage.secret_store import SecretStore
     from app.main_window import MainWindow
 
     url = f"ws://127.0.0.1:{_closed_port()}"

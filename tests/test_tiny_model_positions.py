@@ -37,7 +37,7 @@ def _column_spread(text_config: dict, columns: int = 12) -> float:
 
 
 def test_mrope_layouts_share_out_the_rotary_half():
-    from trainer.tiny_model import mrope_section
+    from trainer.learn.tiny_model import mrope_section
 
     assert mrope_section(32, "blocks") == [4, 6, 6]  # Qwen2.5-VL's 1/4, 3/8, 3/8
     assert mrope_section(128, "blocks") == [16, 24, 24]  # exactly the 7B's
@@ -57,7 +57,7 @@ def test_the_built_model_tells_image_columns_apart(tiny_vlm_dir):  # noqa: F811
 
 
 def test_numbers_are_written_one_digit_per_token(tiny_vlm_dir):  # noqa: F811
-    from agent.vlm import load_processor
+    from agent.vlm.model import load_processor
 
     tok = load_processor(tiny_vlm_dir).tokenizer
     text = "Thought: click 'Redo'.\nAction: click(start_box='(67,159)')"
@@ -70,7 +70,7 @@ def test_numbers_are_written_one_digit_per_token(tiny_vlm_dir):  # noqa: F811
 
 
 def test_build_tiny_model_refuses_an_unknown_layout_or_theta(tmp_path):
-    from trainer.tiny_model import build_tiny_model
+    from trainer.learn.tiny_model import build_tiny_model
 
     with pytest.raises(ValueError, match="got 'diagonal'"):
         build_tiny_model(tmp_path / "a", ["x y"], mrope="diagonal")
@@ -84,7 +84,7 @@ def test_build_tiny_model_refuses_an_unknown_layout_or_theta(tmp_path):
 
 
 def test_qwen3_mrope_section_scales_the_stock_split():
-    from trainer.tiny_model import qwen3_mrope_section
+    from trainer.learn.tiny_model import qwen3_mrope_section
 
     assert qwen3_mrope_section(128) == [24, 20, 20]  # exactly Qwen3-VL's
     assert qwen3_mrope_section(32) == [6, 5, 5] and sum(qwen3_mrope_section(64)) == 32

@@ -11,7 +11,7 @@ from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
 
 def test_train_sft_from_the_store_route_and_ct_with_an_empty_pool(store, tiny_vlm_dir, tmp_path, capsys, one_thread):  # noqa: F811
     from main import main
-    from trainer.metrics import read_metrics
+    from trainer.learn.metrics import read_metrics
 
     ep = make_episode(store, 2, width=224, height=168)
     store.judge(ep.id, "sft")
@@ -53,7 +53,7 @@ def _every_field_changed():
     """A RecipeConfig whose every setting differs from the default one."""
 
     from trainer.config_flags import flags_of, flatten, with_values
-    from trainer.recipe import SCALE, RecipeConfig
+    from trainer.recipe.default_model import SCALE, RecipeConfig
 
     base = flatten(RecipeConfig())
     values = {fl.path: _changed(base[fl.path], fl.f) for fl in flags_of(RecipeConfig)}
@@ -75,9 +75,9 @@ def test_the_reproduce_command_of_a_run_asks_for_the_same_recipe():
     from dataclasses import asdict
 
     import main
-    from trainer.cli_train import recipe_config
     from trainer.config_flags import with_values
-    from trainer.recipe import RecipeConfig, reproduce_command
+    from trainer.learn.cli import recipe_config
+    from trainer.recipe.default_model import RecipeConfig, reproduce_command
 
     cfg = _every_field_changed()
     line = reproduce_command(asdict(cfg))
@@ -96,7 +96,7 @@ def test_the_reproduce_command_of_a_run_asks_for_the_same_recipe():
 def test_a_recipe_config_saved_flat_still_loads():
     """eval.json and stage_sft.json of runs before the stages nested hold flat sft_*/ppo_* keys."""
     from trainer.config_flags import ConfigError
-    from trainer.recipe import RecipeConfig, reproduce_command, sft_stage_config
+    from trainer.recipe.default_model import RecipeConfig, reproduce_command, sft_stage_config
 
     old = {"width": 336, "height": 252, "observation": "elements", "families": ["radio", "tabs"],
            "demo_episodes_per_family": 60, "demo_slip": 0.3, "grounding_screens_per_family": 15,
@@ -120,7 +120,7 @@ def test_a_recipe_config_saved_flat_still_loads():
 
 def test_the_shipped_recipe_defaults_did_not_move():
     """The shipped model's recipe, as it was before its settings nested."""
-    from trainer.recipe import RecipeConfig, reproduce_command
+    from trainer.recipe.default_model import RecipeConfig, reproduce_command
 
     c = RecipeConfig()
     assert (c.sft.lr, c.sft.epochs, c.sft.batch_size, c.sft.warmup_steps, c.sft.schedule, c.sft.grad_clip) == (
@@ -142,7 +142,7 @@ def test_the_shipped_recipe_defaults_did_not_move():
 
 def test_train_ppo_from_the_cli_with_the_recipe_knobs(tiny_vlm_dir, tmp_path, capsys, one_thread):  # noqa: F811
     from main import main
-    from trainer.metrics import read_metrics
+    from trainer.learn.metrics import read_metrics
 
     data, out = str(tmp_path / "data"), tmp_path / "run" / "ppo1"
     rc = main(["--data", data, "train", "ppo", "--model", str(tiny_vlm_dir), "--out", str(out), "--families", "bogus,radio"])

@@ -13,7 +13,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def test_load_for_training_keeps_float32_weights_on_the_asked_device(tiny_vlm_dir):  # noqa: F811
-    from trainer.sft import load_for_training
+    from trainer.learn.sft import load_for_training
 
     model, _ = load_for_training(tiny_vlm_dir, "cpu")
     assert model.device.type == "cpu"
@@ -24,10 +24,10 @@ def test_load_for_training_keeps_float32_weights_on_the_asked_device(tiny_vlm_di
 
 
 def test_a_device_that_is_not_there_is_refused_by_name(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811
-    from agent.vlm import VLMError
+    from agent.vlm.model import VLMError
     from main import main
-    from trainer.recipe import RecipeConfig, RecipeError, run_recipe
-    from trainer.sft import load_for_training
+    from trainer.learn.sft import load_for_training
+    from trainer.recipe.default_model import RecipeConfig, RecipeError, run_recipe
 
     with pytest.raises(VLMError, match="tpu"):
         load_for_training(tiny_vlm_dir, "tpu")
@@ -48,9 +48,9 @@ def test_a_device_that_is_not_there_is_refused_by_name(tiny_vlm_dir, tmp_path, c
 
 @needs_cuda
 def test_sft_steps_on_the_gpu_lower_the_loss_and_save_a_loadable_checkpoint(store, tiny_vlm_dir, tmp_path):  # noqa: F811
-    from agent.vlm import load_vlm
+    from agent.vlm.model import load_vlm
     from tests.test_train_sft import _samples  # the SFT tests' own episodes, through the store
-    from trainer.sft import SFTConfig, load_for_training, train_sft
+    from trainer.learn.sft import SFTConfig, load_for_training, train_sft
 
     model, proc = load_for_training(tiny_vlm_dir, "cuda")
     res = train_sft(model, proc, _samples(store), SFTConfig(lr=2e-3, max_steps=12, batch_size=2), tmp_path / "out",
@@ -65,9 +65,9 @@ def test_sft_steps_on_the_gpu_lower_the_loss_and_save_a_loadable_checkpoint(stor
 @pytest.mark.parametrize("train_vision", [False, True])
 def test_a_ppo_update_on_the_gpu(tiny_vlm_dir, tmp_path, one_thread, train_vision):  # noqa: F811
     """The learner on the GPU, rollouts in its process (on the GPU too) and in CPU workers."""
-    from trainer.ppo import PPOConfig, train_ppo
-    from trainer.sft import load_for_training
-    from trainer.specs import EnvSpec
+    from trainer.learn.ppo import PPOConfig, train_ppo
+    from trainer.learn.sft import load_for_training
+    from trainer.rollout.specs import EnvSpec
 
     for workers in (0, 1):
         model, proc = load_for_training(tiny_vlm_dir, "cuda")

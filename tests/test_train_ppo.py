@@ -14,10 +14,10 @@ pytest.importorskip("trainer.rl.gae", reason="trainer/rl (the PPO math) is not w
 def test_two_ppo_updates_with_value_pretraining(tiny_any_dir, tmp_path, one_thread):  # noqa: F811
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.metrics import MetricsLog, read_metrics
-    from trainer.ppo import Critic, PPOConfig, train_ppo
-    from trainer.specs import EnvSpec
+    from agent.vlm.model import load_vlm
+    from trainer.learn.metrics import MetricsLog, read_metrics
+    from trainer.learn.ppo import Critic, PPOConfig, train_ppo
+    from trainer.rollout.specs import EnvSpec
 
     model, proc = load_vlm(tiny_any_dir, device="cpu")
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -44,8 +44,8 @@ def test_two_ppo_updates_with_value_pretraining(tiny_any_dir, tmp_path, one_thre
 
 
 def _short_episodes(model, proc, n=2):
-    from trainer.actor import VLMActor
-    from trainer.episodes import run_episode
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     env = SandboxEnv(width=224, height=168)
@@ -62,8 +62,8 @@ def test_image_bank_keeps_each_screenshot_once_and_scores_like_pixels(tiny_any_d
     Qwen3-VL, DeepStack features included)."""
     import torch
 
-    from agent.vlm import action_logprobs, load_vlm
-    from trainer.ppo import Critic, ImageBank, build_turns, turn_values
+    from agent.vlm.model import action_logprobs, load_vlm
+    from trainer.learn.ppo import Critic, ImageBank, build_turns, turn_values
 
     model, proc = load_vlm(tiny_any_dir, device="cpu")
     trajs = _short_episodes(model, proc)
@@ -91,7 +91,7 @@ def test_image_bank_keeps_each_screenshot_once_and_scores_like_pixels(tiny_any_d
 def test_image_bank_refuses_pixels_its_grid_does_not_account_for(tiny_vlm_dir):  # noqa: F811
     import torch
 
-    from trainer.ppo import ImageBank
+    from trainer.learn.ppo import ImageBank
 
     inputs = {"pixel_values": torch.zeros(20, 8), "image_grid_thw": torch.tensor([[1, 2, 8]])}
     with pytest.raises(ValueError, match="20 rows but image_grid_thw accounts for 16"):
@@ -102,8 +102,8 @@ def test_image_bank_refuses_pixels_its_grid_does_not_account_for(tiny_vlm_dir): 
 def test_learner_update_trains_the_vision_tower_only_when_asked(tiny_vlm_dir, one_thread, train_vision):  # noqa: F811
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.ppo import Learner, PPOConfig
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import Learner, PPOConfig
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     trajs = _short_episodes(model, proc)
@@ -133,8 +133,8 @@ def test_target_kl_stops_the_policy_passes_of_an_update(tiny_vlm_dir, one_thread
     tiny target the next one is over the target, so the update stops there, critic passes go on."""
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.ppo import Learner, PPOConfig
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import Learner, PPOConfig
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     trajs = _short_episodes(model, proc, n=3)
@@ -165,10 +165,10 @@ def test_an_update_makes_the_rewarded_reply_likelier_and_the_penalised_one_less_
     under the policy and the second's less likely."""
     import torch
 
-    from agent.vlm import action_logprobs, load_vlm
-    from trainer.actor import VLMActor
-    from trainer.episodes import run_episode
-    from trainer.ppo import Learner, PPOConfig, prepare_turns
+    from agent.vlm.model import action_logprobs, load_vlm
+    from trainer.learn.ppo import Learner, PPOConfig, prepare_turns
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
@@ -203,8 +203,8 @@ def test_kl_coef_holds_the_policy_near_where_it_started(tiny_vlm_dir, one_thread
     batch's own tokens), the copy itself never moves, and with kl_coef 0 no copy is kept."""
     import torch
 
-    from agent.vlm import action_logprobs, load_vlm
-    from trainer.ppo import KL_REF_CAP, Learner, PPOConfig, prepare_turns
+    from agent.vlm.model import action_logprobs, load_vlm
+    from trainer.learn.ppo import KL_REF_CAP, Learner, PPOConfig, prepare_turns
     from trainer.rl.losses import kl_estimate
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
@@ -245,8 +245,8 @@ def test_dual_clip_bounds_the_loss_of_a_bad_token_whose_ratio_ran_away(tiny_vlm_
     constant -A*c, so no gradient reaches the weights, and every token counts as dual-clipped."""
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.ppo import Critic, PPOConfig, policy_step, prepare_turns, score
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import Critic, PPOConfig, policy_step, prepare_turns, score
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     trajs = _short_episodes(model, proc, n=2)
@@ -277,11 +277,11 @@ def test_whitening_the_advantages_can_be_turned_off(tiny_vlm_dir, one_thread):  
     import torch
 
     import main
-    from agent.vlm import load_vlm
-    from trainer.actor import VLMActor
+    from agent.vlm.model import load_vlm
     from trainer.config_flags import from_args
-    from trainer.ppo import Critic, PPOConfig, prepare_turns, score
-    from trainer.rollout import run_episode
+    from trainer.learn.ppo import Critic, PPOConfig, prepare_turns, score
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.pool import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")

@@ -9,13 +9,13 @@ import pytest
 
 from agent.schema import Action
 from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
-from trainer.actor import Actor
+from trainer.rollout.actors import Actor
 
 ENV = {"width": 224, "height": 168, "families": ["click_button", "radio"]}
 
 
 def test_staleness_rule():
-    from trainer.rollout import RolloutError, staleness
+    from trainer.rollout.pool import RolloutError, staleness
 
     assert staleness(5, 5, 0) == 1.0
     assert staleness(4, 5, 1) == 1.0
@@ -26,8 +26,8 @@ def test_staleness_rule():
 
 
 def test_run_episode_records_the_policys_tokens(tiny_vlm_dir, one_thread):  # noqa: F811
-    from trainer.actor import VLMActor
-    from trainer.episodes import run_episode
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     actor = VLMActor.load(tiny_vlm_dir, max_new_tokens=12)
@@ -50,9 +50,9 @@ def test_run_episode_records_the_policys_tokens(tiny_vlm_dir, one_thread):  # no
 def test_two_workers_async_then_sync(tiny_vlm_dir, tmp_path):  # noqa: F811
     """One pool (spawning workers costs seconds each): async first, then the same workers in
     sync mode."""
-    from agent.vlm import load_vlm
-    from trainer.rollout import RolloutError, RolloutPool, RolloutSource, WorkerSpec
-    from trainer.specs import ActorSpec, EnvSpec
+    from agent.vlm.model import load_vlm
+    from trainer.rollout.pool import RolloutError, RolloutPool, RolloutSource, WorkerSpec
+    from trainer.rollout.specs import ActorSpec, EnvSpec
 
     with pytest.raises(RolloutError, match="mode"):
         RolloutPool(WorkerSpec("x", "y"), 1, mode="later")
@@ -99,7 +99,7 @@ def test_two_workers_async_then_sync(tiny_vlm_dir, tmp_path):  # noqa: F811
 
 def test_env_latency_delays_each_step_and_leaves_the_env_as_is():
     """WorkerSpec.env_latency_s (the benchmark's remote-sandbox knob) adds its delay to every step."""
-    from trainer.rollout import _Delayed
+    from trainer.rollout.pool import _Delayed
     from trainer.sandbox.env import SandboxEnv
 
     env = _Delayed(SandboxEnv(width=224, height=168), 0.15)
@@ -121,7 +121,7 @@ class _ScriptedActor(Actor):
         self.replies = list(replies)
 
     def generate(self, messages, *, greedy=False):
-        from trainer.actor import ActorOutput
+        from trainer.rollout.actors import ActorOutput
 
         return ActorOutput(self.replies.pop(0), [7, 2], [-0.5, -0.1])
 
@@ -129,7 +129,7 @@ class _ScriptedActor(Actor):
 def test_end_on_parse_error_ends_the_rollout_at_the_first_unparseable_output():
     """By default an unparseable reply gets feedback and the episode goes on (as in the agent);
     with end_on_parse_error it ends there, terminated and failed, and its progress is recorded."""
-    from trainer.episodes import run_episode
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     junk, wait = "I think I should click", "Thought: wait.\nAction: wait()"
@@ -154,7 +154,7 @@ def test_run_episode_records_whether_each_action_changed_the_screen():
     episode ran no action that could be judged (None)."""
     from agent.grammar import format_normalized
     from agent.schema import Action
-    from trainer.episodes import run_episode
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     env = SandboxEnv(width=320, height=240)
@@ -191,9 +191,9 @@ def test_workers_step_several_env_processes_with_batched_replies(tiny_vlm_dir, t
     the pool leaves no env process behind."""
     import multiprocessing as mp
 
-    from agent.vlm import load_vlm
-    from trainer.rollout import RolloutPool, WorkerSpec
-    from trainer.specs import ActorSpec, EnvSpec
+    from agent.vlm.model import load_vlm
+    from trainer.rollout.pool import RolloutPool, WorkerSpec
+    from trainer.rollout.specs import ActorSpec, EnvSpec
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     spec = WorkerSpec(str(tiny_vlm_dir), str(tmp_path / "w"), env=EnvSpec(**ENV, max_steps=2),
@@ -207,7 +207,7 @@ def test_workers_step_several_env_processes_with_batched_replies(tiny_vlm_dir, t
         # what came through the queue: each turn's prompt ids, each screenshot once, no chats
         assert all(u.messages is None and u.prompt_ids and u.image_keys for t in trajs for u in t.turns)
         assert all(set(t.images) == {k for u in t.turns for k in u.image_keys} for t in trajs)
-        from trainer.ppo_batch import build_turns
+        from trainer.learn.ppo_batch import build_turns
 
         tbs = build_turns(trajs, proc)  # the learner's batch from the carried ids alone
         assert len(tbs) == sum(len(t.turns) for t in trajs)
@@ -248,11 +248,11 @@ def _alive(pid: int) -> bool:
 
 
 def test_the_runner_takes_the_agent_loops_reask_rule():
-    """agent.reask.ReaskRule is the one rule for unparsed replies: with the agent loop's own
+    """agent.run.reask.ReaskRule is the one rule for unparsed replies: with the agent loop's own
     (2 re-asks, executed steps counted) the runner never steps the env for junk, resets the count
     after a reply that parses, and ends the episode at the third junk reply in a row."""
-    from agent.reask import ReaskRule
-    from trainer.episodes import EpisodeRunner
+    from agent.run.reask import ReaskRule
+    from trainer.rollout.runner import EpisodeRunner
     from trainer.sandbox.env import SandboxEnv
 
     junk, wait = "I think I should click", "Thought: wait.\nAction: wait()"
@@ -279,7 +279,7 @@ def test_each_reply_is_parsed_once_with_the_actors_extent_and_the_envs_platform(
     """The runner parses a reply where it arrives (agent.grammar.parse_reply): points in the
     actor's own image extent where it has one (a processor that resizes otherwise), actions the
     env's platform lacks refused there, and only the parsed actions reach the env."""
-    from trainer.episodes import run_episode
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     class Wide(_ScriptedActor):  # a model whose image is 1000 x 500 whatever the screen

@@ -15,8 +15,8 @@ from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
 @pytest.fixture(scope="module")
 def train_jsonl(tmp_path_factory):
     """An `export` JSONL of 3 episodes x 2 steps (6 samples) with their screenshots."""
-    from agent.export import export_jsonl
-    from agent.store import Store
+    from agent.storage.export import export_jsonl
+    from agent.storage.store import Store
 
     root = tmp_path_factory.mktemp("scale_data")
     with Store(root / "store") as store:
@@ -65,10 +65,10 @@ def test_lora_saves_an_adapter_and_merged_weights_that_load(tiny_vlm_dir, train_
     import torch
     import transformers
 
-    from agent.vlm import load_vlm, to_model
+    from agent.vlm.model import load_vlm, to_model
     from main import main
-    from trainer.memory_plan import plan_memory
-    from trainer.sft import encode, jsonl_samples
+    from trainer.learn.memory_plan import plan_memory
+    from trainer.learn.sft import encode, jsonl_samples
 
     assert _sft(main, tiny_vlm_dir, train_jsonl, tmp_path / "adapter", "--lora", "4", "--bf16") == 0
     res = json.loads(capsys.readouterr().out)
@@ -100,8 +100,8 @@ def test_lora_saves_an_adapter_and_merged_weights_that_load(tiny_vlm_dir, train_
 def test_bf16_autocast_and_gradient_checkpointing_take_a_real_step(tiny_vlm_dir, train_jsonl, tmp_path, one_thread):  # noqa: F811
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.sft import SFTConfig, jsonl_samples, load_for_training, train_sft
+    from agent.vlm.model import load_vlm
+    from trainer.learn.sft import SFTConfig, jsonl_samples, load_for_training, train_sft
 
     model, proc = load_for_training(tiny_vlm_dir, "cpu")
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -119,8 +119,8 @@ def test_bf16_autocast_and_gradient_checkpointing_take_a_real_step(tiny_vlm_dir,
                                       {"lora_r": 4, "bf16": True}])
 def test_the_plan_matches_a_measured_step_of_the_tiny_model(tiny_vlm_dir, train_jsonl, settings, one_thread):  # noqa: F811
     """Weights, gradients and AdamW states exactly; activations (what autograd kept) within 20%."""
-    from trainer.memory_plan import measure_step, plan_memory
-    from trainer.sft import SFTConfig, jsonl_samples, load_for_training
+    from trainer.learn.memory_plan import measure_step, plan_memory
+    from trainer.learn.sft import SFTConfig, jsonl_samples, load_for_training
 
     model, proc = load_for_training(tiny_vlm_dir, "cpu")
     measured = measure_step(model, proc, jsonl_samples(train_jsonl)[-1], SFTConfig(**settings))
@@ -180,7 +180,7 @@ def test_lora_on_fsdp_shards_the_base_and_trains_the_same_adapter(tiny_vlm_dir, 
     buffers hold one dtype) under autocast, and the merged save loads."""
     from safetensors.torch import load_file
 
-    from agent.vlm import load_vlm
+    from agent.vlm.model import load_vlm
     from main import main
 
     assert _sft(main, tiny_vlm_dir, train_jsonl, tmp_path / "one", "--lora", "4") == 0
@@ -202,7 +202,7 @@ def test_ppo_with_two_learner_processes_ends_with_the_one_process_weights(tiny_v
     """Rank 0 plays the episodes and broadcasts them; the ranks split each minibatch's micro-batches
     and sum gradients: 2 real PPO updates give the 1-process weights and metrics."""
     from main import main
-    from trainer.metrics import read_metrics
+    from trainer.learn.metrics import read_metrics
 
     def ppo(name, nproc):
         assert main(["--data", str(tmp_path / "data"), "train", "ppo", "--model", str(tiny_vlm_dir),
@@ -228,7 +228,7 @@ def test_ppo_with_ray_actors_as_rollout_workers(tiny_vlm_dir, tmp_path, capsys):
     """A real local Ray: 2 actors, each with its own policy copy and sandboxes, weights through the
     object store; 2 updates logged, the second on episodes played after the first publish."""
     from main import main
-    from trainer.metrics import read_metrics
+    from trainer.learn.metrics import read_metrics
 
     out = tmp_path / "ray"
     rc = main(["--data", str(tmp_path / "data"), "train", "ppo", "--model", str(tiny_vlm_dir), "--out", str(out),
@@ -261,7 +261,7 @@ def test_ray_flags_are_checked_by_name(tiny_vlm_dir, tmp_path, capsys):  # noqa:
 def _grads_job(rank: int, world: int, out: str) -> None:
     import torch
 
-    from trainer.distributed import all_reduce_grads, all_sum_dict, broadcast_object
+    from trainer.learn.distributed import all_reduce_grads, all_sum_dict, broadcast_object
 
     params = [torch.nn.Parameter(torch.zeros(n)) for n in (2, 3, 1, 4)]
     for k, p in enumerate(params):
@@ -278,7 +278,7 @@ def _grads_job(rank: int, world: int, out: str) -> None:
 def test_gradient_sums_over_two_gloo_processes(tmp_path):
     import torch
 
-    from trainer.distributed import launch
+    from trainer.learn.distributed import launch
 
     launch(_grads_job, 2, str(tmp_path / "r.pt"))
     r = torch.load(tmp_path / "r.pt")
@@ -311,7 +311,7 @@ def _listening_job(rank: int, world: int, out: str) -> None:
 def test_the_rendezvous_store_listens_on_loopback_only(tmp_path):
     """--nproc's c10d store has no authentication: it listens on the rendezvous address it was
     given (127.0.0.1), not on every interface as TCPStore's own server does."""
-    from trainer.distributed import launch
+    from trainer.learn.distributed import launch
 
     launch(_listening_job, 2, str(tmp_path / "r.json"))
     r = json.loads((tmp_path / "r.json").read_text())
@@ -324,9 +324,9 @@ def test_train_default_passes_the_rollout_engine_to_its_ppo_stage():
     from dataclasses import asdict
 
     import main
-    from trainer.cli_train import recipe_config
     from trainer.config_flags import ConfigError
-    from trainer.recipe import reproduce_command
+    from trainer.learn.cli import recipe_config
+    from trainer.recipe.default_model import reproduce_command
 
     args = main.build_parser().parse_args(["train", "default", "--engine", "ray", "--ray-address", "auto"])
     cfg = recipe_config(args)
@@ -346,7 +346,7 @@ def test_a_torchrun_launch_joins_torchruns_process_group(tiny_vlm_dir, train_jso
     from pathlib import Path
 
     from main import main
-    from trainer.distributed import free_port
+    from trainer.learn.distributed import free_port
 
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",

@@ -21,7 +21,7 @@ def _ppo(main, model, out, *extra, data=None):
 
 
 def _rows(log_dir, phase="ppo"):
-    from trainer.metrics import read_metrics
+    from trainer.learn.metrics import read_metrics
 
     return [r for r in read_metrics(Path(log_dir) / "metrics.jsonl") if r["phase"] == phase]
 
@@ -32,8 +32,8 @@ def test_plain_state_dict_is_the_model_with_its_adapters_merged(tiny_vlm_dir, bf
     model itself is left exactly as it was (no merge/unmerge drift of a bf16 base)."""
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.lora import apply_lora, plain_state_dict
+    from agent.vlm.model import load_vlm
+    from trainer.learn.lora import apply_lora, plain_state_dict
 
     model, _ = load_vlm(tiny_vlm_dir, device="cpu", dtype="float32")
     base_keys = set(model.state_dict())
@@ -62,7 +62,7 @@ def test_ppo_with_lora_and_checkpointing_ships_merged_weights_to_its_workers(tin
     import torch
     from safetensors.torch import load_file
 
-    from agent.vlm import load_vlm
+    from agent.vlm.model import load_vlm
     from main import main
 
     out = tmp_path / "lora"
@@ -110,7 +110,7 @@ def test_ppo_with_a_bf16_lora_base_in_the_learners_process(tiny_vlm_dir, tmp_pat
     in-process rollouts play the same model. The merged save is a float32 transformers folder."""
     import torch
 
-    from agent.vlm import load_vlm
+    from agent.vlm.model import load_vlm
     from main import main
 
     out = tmp_path / "bf16"
@@ -141,13 +141,13 @@ def test_ppo_memory_flags_are_checked_by_name(tmp_path, capsys):
 def test_the_flywheels_ppo_stage_runs_on_ray_actors(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811
     """A real flywheel iteration whose PPO stage uses `--ppo-engine ray` (a local Ray, one actor);
     the engine is kept in the candidate's lineage. Bad engine settings are refused by name."""
-    from agent.store import Store
+    from agent.storage.store import Store
     from main import main
     from trainer.config_flags import ConfigError
-    from trainer.episodes import demonstrate, plan, trajectory_to_episode
     from trainer.flywheel.iteration import FlywheelConfig, run_iteration
     from trainer.flywheel.registry import Registry
-    from trainer.ppo_config import PPOConfig
+    from trainer.learn.ppo_config import PPOConfig
+    from trainer.rollout.runner import demonstrate, plan, trajectory_to_episode
 
     with pytest.raises(ConfigError, match="ppo.n_workers must be at least 1 with engine 'ray'"):
         FlywheelConfig.from_dict({"families": ["click_button"], "ppo_engine": "ray", "ppo_workers": 0})
@@ -180,12 +180,12 @@ def test_a_mid_sized_model_through_every_scale_flag(tmp_path, capsys):
     SFT step with 2 DDP processes, bf16, checkpointing and LoRA; one with 2 FSDP2 processes, bf16
     and checkpointing; PPO updates with a Ray rollout actor, 2 learner processes, bf16 and
     checkpointing, one with LoRA, one with FSDP2; each result loads, and `train plan` sizes it."""
-    from agent.export import export_jsonl
-    from agent.store import Store
-    from agent.vlm import load_vlm
+    from agent.storage.export import export_jsonl
+    from agent.storage.store import Store
+    from agent.vlm.model import load_vlm
     from main import main
     from tests.factories import make_episode
-    from trainer.tiny_model import build_tiny_model
+    from trainer.learn.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "mid", hidden=768, layers=8, vision_depth=2)
     with Store(tmp_path / "store") as store:
@@ -221,15 +221,15 @@ def test_a_mid_sized_model_through_every_scale_flag(tmp_path, capsys):
 
 
 def _learner_job(rank, world, model_dir, trajs_path, shard, out_path):
-    """Two PPO updates of trainer.ppo.Learner on fixed trajectories (one of the ranks of a
+    """Two PPO updates of trainer.learn.ppo.Learner on fixed trajectories (one of the ranks of a
     `shard` run, or the only process); rank 0 saves the policy's and the critic's whole weights."""
     import random
 
     import torch
 
-    from trainer import distributed as D
-    from trainer.ppo import Learner, PPOConfig
-    from trainer.sft import load_for_training
+    from trainer.learn import distributed as D
+    from trainer.learn.ppo import Learner, PPOConfig
+    from trainer.learn.sft import load_for_training
 
     torch.manual_seed(0)
     random.seed(0)  # the minibatch shuffle: the same on every rank
@@ -251,10 +251,10 @@ def test_fsdp_ppo_updates_equal_the_one_process_updates(tiny_vlm_dir, tmp_path):
     states sharded; uneven micro-batch shares padded) end with the 1-process policy and critic."""
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.actor import VLMActor
-    from trainer.distributed import launch
-    from trainer.episodes import EpisodeRunner
+    from agent.vlm.model import load_vlm
+    from trainer.learn.distributed import launch
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.runner import EpisodeRunner
     from trainer.sandbox.env_process import make_envs
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
@@ -283,7 +283,7 @@ def test_fsdp_ppo_updates_equal_the_one_process_updates(tiny_vlm_dir, tmp_path):
 def test_ppo_on_fsdp_from_the_command_line(tiny_vlm_dir, tmp_path, capsys):  # noqa: F811
     """`train ppo --nproc 2 --shard fsdp` with a rollout worker: the worker plays with the gathered
     weights (importance weights exactly 1 in sync mode), the saved model loads; refusals by name."""
-    from agent.vlm import load_vlm
+    from agent.vlm.model import load_vlm
     from main import main
 
     out = tmp_path / "fsdp"
@@ -314,7 +314,7 @@ def test_lora_ppo_on_fsdp_sends_the_workers_the_merged_gathered_weights(tiny_vlm
     is what the worker was sent last."""
     from safetensors.torch import load_file
 
-    from agent.vlm import load_vlm
+    from agent.vlm.model import load_vlm
     from main import main
 
     out = tmp_path / "fsdp-lora"
@@ -364,15 +364,15 @@ def test_ray_rollout_actors_share_one_inference_actor(tiny_vlm_dir, tmp_path, ca
 @pytest.mark.parametrize("settings", [{}, {"lora_r": 4}, {"kl_coef": 0.1}])
 def test_the_ppo_plan_matches_a_measured_update_of_the_tiny_model(tiny_vlm_dir, settings, one_thread):  # noqa: F811
     """`train plan --ppo`: the policy's, critic's and reference's weights, the gradients and the
-    AdamW states after one real PPO update of trainer.ppo.Learner, byte for byte."""
+    AdamW states after one real PPO update of trainer.learn.ppo.Learner, byte for byte."""
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.actor import VLMActor
-    from trainer.episodes import EpisodeRunner
-    from trainer.lora import apply_lora
-    from trainer.memory_plan import plan_ppo
-    from trainer.ppo import Learner, PPOConfig
+    from agent.vlm.model import load_vlm
+    from trainer.learn.lora import apply_lora
+    from trainer.learn.memory_plan import plan_ppo
+    from trainer.learn.ppo import Learner, PPOConfig
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.runner import EpisodeRunner
     from trainer.sandbox.env_process import make_envs
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")

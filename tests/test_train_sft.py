@@ -1,5 +1,5 @@
 """SFT/CT: the loss reads only the assistant's own tokens; a few real steps lower it; the
-checkpoint is a standard directory that agent.vlm reloads with identical logits."""
+checkpoint is a standard directory that agent.vlm.model reloads with identical logits."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from tests.vlm_fixtures import one_thread, tiny_any_dir, tiny_qwen3_dir, tiny_vl
 def test_assistant_ce_ignores_everything_off_the_mask():
     import torch
 
-    from trainer.sft import assistant_ce
+    from trainer.learn.sft import assistant_ce
 
     torch.manual_seed(0)
     logits = torch.randn(1, 6, 11)
@@ -41,7 +41,7 @@ def test_assistant_ce_ignores_everything_off_the_mask():
 def test_assistant_labels_and_empty_mask():
     import torch
 
-    from trainer.sft import IGNORE, SFTError, assistant_ce, assistant_labels
+    from trainer.learn.sft import IGNORE, SFTError, assistant_ce, assistant_labels
 
     ids = torch.tensor([[5, 6, 7]])
     mask = torch.tensor([[False, True, True]])
@@ -51,7 +51,7 @@ def test_assistant_labels_and_empty_mask():
 
 
 def _samples(store, n=2):
-    from trainer.sft import runtime_samples
+    from trainer.learn.sft import runtime_samples
 
     out = []
     for k in range(n):
@@ -61,8 +61,8 @@ def _samples(store, n=2):
 
 
 def test_mask_is_exactly_the_target_reply(store, tiny_vlm_dir):  # noqa: F811
-    from agent.vlm import load_processor
-    from trainer.sft import encode
+    from agent.vlm.model import load_processor
+    from trainer.learn.sft import encode
 
     proc = load_processor(tiny_vlm_dir)
     samples = _samples(store, 1)
@@ -85,9 +85,9 @@ def test_control_tokens_in_thoughts_and_instructions_stay_text(store, tiny_vlm_d
     """A thought or an instruction that spells the chat's control tokens (or a vision placeholder)
     is tokenized as text, in training samples and in the batched prompts alike: the only turn and
     image ids are those the template writes, and the prompt's own coordinate markup is kept."""
-    from agent.vlm import load_processor
-    from agent.vlm_batch import build_batch_inputs
-    from trainer.sft import encode, runtime_samples
+    from agent.vlm.batch import build_batch_inputs
+    from agent.vlm.model import load_processor
+    from trainer.learn.sft import encode, runtime_samples
 
     proc = load_processor(tiny_vlm_dir)
     tok = proc.tokenizer
@@ -113,8 +113,8 @@ def test_control_tokens_in_thoughts_and_instructions_stay_text(store, tiny_vlm_d
 def test_vlm_loss_equals_the_pure_loss(store, tiny_vlm_dir, one_thread):  # noqa: F811
     import torch
 
-    from agent.vlm import load_vlm, sft_loss, to_model
-    from trainer.sft import assistant_ce, encode
+    from agent.vlm.model import load_vlm, sft_loss, to_model
+    from trainer.learn.sft import assistant_ce, encode
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     inputs = encode(proc, _samples(store, 1)[1])
@@ -128,9 +128,9 @@ def test_vlm_loss_equals_the_pure_loss(store, tiny_vlm_dir, one_thread):  # noqa
 def test_sft_lowers_the_loss_and_saves_a_reloadable_checkpoint(store, tiny_any_dir, tmp_path, one_thread):  # noqa: F811
     import torch
 
-    from agent.vlm import STOCK_PROCESSORS, load_vlm, to_model
-    from trainer.metrics import MetricsLog, read_metrics
-    from trainer.sft import SFTConfig, encode, train_sft
+    from agent.vlm.model import STOCK_PROCESSORS, load_vlm, to_model
+    from trainer.learn.metrics import MetricsLog, read_metrics
+    from trainer.learn.sft import SFTConfig, encode, train_sft
 
     model, proc = load_vlm(tiny_any_dir, device="cpu")
     samples = _samples(store, 1)
@@ -154,9 +154,9 @@ def test_sft_lowers_the_loss_and_saves_a_reloadable_checkpoint(store, tiny_any_d
 
 
 def test_export_jsonl_samples_train_like_runtime_ones(store, tiny_vlm_dir, tmp_path):  # noqa: F811
-    from agent.export import export_jsonl
-    from agent.vlm import load_processor
-    from trainer.sft import SFTError, encode, jsonl_samples, store_samples
+    from agent.storage.export import export_jsonl
+    from agent.vlm.model import load_processor
+    from trainer.learn.sft import SFTError, encode, jsonl_samples, store_samples
 
     make_episode(store, 2, width=224, height=168)
     info = export_jsonl(store, tmp_path / "x" / "train.jsonl")
@@ -179,7 +179,7 @@ def test_plots_of_a_resumed_run_leave_out_the_rows_of_earlier_runs(tmp_path):
     """A resumed `train default` appends to its log; its PPO curves start where it started."""
     import time
 
-    from trainer.metrics import MetricsLog, plot_metrics
+    from trainer.learn.metrics import MetricsLog, plot_metrics
 
     log = MetricsLog(tmp_path / "run", tensorboard=False)
     log.log(0, "ppo", reward=0.1)
@@ -194,7 +194,7 @@ def test_plots_of_a_resumed_run_leave_out_the_rows_of_earlier_runs(tmp_path):
 
 
 def test_lr_factor_warms_up_then_decays_or_holds():
-    from trainer.sft import lr_factor
+    from trainer.learn.sft import lr_factor
 
     # warmup over 5 steps: 1/5, 2/5, ... then the schedule
     assert [lr_factor(s, 100, 5, "constant") for s in (0, 1, 4, 50, 99)] == pytest.approx([0.2, 0.4, 1.0, 1.0, 1.0])
@@ -204,10 +204,10 @@ def test_lr_factor_warms_up_then_decays_or_holds():
 
 
 def test_the_schedule_and_clipping_reach_the_optimizer(store, tiny_vlm_dir, tmp_path, one_thread):  # noqa: F811
-    from agent.vlm import load_vlm
+    from agent.vlm.model import load_vlm
     from trainer.config_flags import ConfigError
-    from trainer.metrics import MetricsLog, read_metrics
-    from trainer.sft import SFTConfig, train_sft
+    from trainer.learn.metrics import MetricsLog, read_metrics
+    from trainer.learn.sft import SFTConfig, train_sft
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")
     samples = _samples(store, 1)

@@ -1,4 +1,4 @@
-"""agent.vlm on the tiny Qwen2.5-VL and Qwen3-VL built by trainer.tiny_model: loading, inputs, generation,
+"""agent.vlm.model on the tiny Qwen2.5-VL and Qwen3-VL built by trainer.learn.tiny_model: loading, inputs, generation,
 assistant masks, log-probs, and real AdamW steps that lower the loss."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from agent import vlm
 from agent.grammar import parse_response, system_prompt
+from agent.vlm import model as vlm
 from tests.conftest import ROOT
 from tests.vlm_fixtures import TIMINGS, one_thread, tiny_qwen3_dir, tiny_vlm_dir  # noqa: F401  (fixtures)
 
@@ -53,7 +53,7 @@ def tiny(request):
 
 
 def test_importing_vlm_does_not_import_torch():
-    code = "import sys, agent.vlm; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    code = "import sys, agent.vlm.model; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 
@@ -294,9 +294,9 @@ def test_adamw_steps_lower_the_sft_loss(tiny_vlm_dir):  # noqa: F811
 
 
 def test_frames_from_memory_messages_work(tiny):
-    """The neutral messages agent.memory builds (image parts carry Frames) go straight in."""
+    """The neutral messages agent.policies.memory builds (image parts carry Frames) go straight in."""
     from agent.executors.base import frame_from_image_bytes
-    from agent.memory import Memory
+    from agent.policies.memory import Memory
     from tests.factories import screenshot_png
 
     model, processor = tiny
@@ -380,7 +380,7 @@ def test_ui_tars_file_layout_loads_the_same(tmp_path, tiny_vlm_dir):  # noqa: F8
 
 
 def test_cli_builds_a_directory(tmp_path, capsys):
-    from trainer.tiny_model import main
+    from trainer.learn.tiny_model import main
 
     assert main([str(tmp_path / "m"), "--hidden", "64", "--layers", "1", "--vision-depth", "1", "--image-size", "112"]) == 0
     assert "parameters" in capsys.readouterr().out
@@ -392,7 +392,7 @@ def test_cli_builds_a_directory(tmp_path, capsys):
 
 def test_grammar_corpus_parses():
     """The default corpus is real grammar: every example action line parses."""
-    from trainer.tiny_model import default_corpus
+    from trainer.learn.tiny_model import default_corpus
 
     texts = default_corpus()
     actions = [t for t in texts if t.startswith("Thought:")]

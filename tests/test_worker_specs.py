@@ -1,4 +1,4 @@
-"""The rollout contracts: typed worker specs (trainer.specs, trainer.rollout.WorkerSpec) check
+"""The rollout contracts: typed worker specs (trainer.rollout.specs, trainer.rollout.pool.WorkerSpec) check
 themselves by field name and survive pickling as they are; both rollout pools are RolloutSources
 and share one staleness bookkeeping (OffPolicy) and one ticket order (Tickets)."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 
 def test_specs_name_the_bad_field():
-    from trainer.rollout import RolloutError, WorkerSpec
-    from trainer.specs import ActorSpec, EnvSpec, MemorySpec, SpecError
+    from trainer.rollout.pool import RolloutError, WorkerSpec
+    from trainer.rollout.specs import ActorSpec, EnvSpec, MemorySpec, SpecError
 
     for bad, field in ((lambda: EnvSpec(observation="smell"), "EnvSpec.observation"),
                        (lambda: EnvSpec(width=0), "EnvSpec.width"),
@@ -31,10 +31,10 @@ def test_specs_name_the_bad_field():
 
 
 def test_a_worker_spec_round_trips_through_pickle_and_builds_what_it_names():
-    from agent.memory import Memory
-    from trainer.rollout import WorkerSpec
+    from agent.policies.memory import Memory
+    from trainer.rollout.pool import WorkerSpec
+    from trainer.rollout.specs import ActorSpec, EnvSpec, EpisodeSpec, MemorySpec
     from trainer.sandbox.env import SandboxEnv
-    from trainer.specs import ActorSpec, EnvSpec, EpisodeSpec, MemorySpec
 
     spec = WorkerSpec("m", "w", env=EnvSpec(width=224, height=168, families=["radio"], max_steps=2, observation="pixels"),
                       memory=MemorySpec(working_steps=2), actor=ActorSpec(temperature=0.7, max_new_tokens=9),
@@ -57,8 +57,8 @@ def test_a_worker_spec_round_trips_through_pickle_and_builds_what_it_names():
 
 
 def test_offpolicy_weighs_counts_and_drops_and_tickets_cycle_families():
-    from trainer.episodes import Trajectory
-    from trainer.rollout import OffPolicy, RolloutSource, Tickets
+    from trainer.rollout.pool import OffPolicy, RolloutSource, Tickets
+    from trainer.rollout.runner import Trajectory
 
     off = OffPolicy(max_staleness=1, decay=0.5)
     fresh, old, older = (Trajectory(0, "radio", "", version=v) for v in (4, 3, 2))
@@ -70,8 +70,8 @@ def test_offpolicy_weighs_counts_and_drops_and_tickets_cycle_families():
     assert t.take(4) == [(10, "b"), (11, "c"), (12, "a"), (13, "b")]  # the family by seed, as before
     assert Tickets(0).take(2) == [(0, None), (1, None)]
 
-    from trainer.ray_rollout import RayRolloutPool
-    from trainer.rollout import RolloutPool, WorkerSpec
+    from trainer.rollout.pool import RolloutPool, WorkerSpec
+    from trainer.rollout.ray_pool import RayRolloutPool
 
     for cls in (RolloutPool, RayRolloutPool):  # structurally: both have what the PPO loop calls
         pool = cls(WorkerSpec("m", "w"), 1)

@@ -14,7 +14,7 @@ def tiny_vlm_dir(tmp_path_factory):
     """Path of a freshly built tiny Qwen2.5-VL directory (random weights, about 5 MB)."""
     import transformers  # noqa: F401  (imported first: its import takes seconds, the build does not)
 
-    from trainer.tiny_model import build_tiny_model
+    from trainer.learn.tiny_model import build_tiny_model
 
     t0 = time.perf_counter()
     out = build_tiny_model(tmp_path_factory.mktemp("tiny_vlm") / "model")
@@ -25,7 +25,7 @@ def tiny_vlm_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory):
     """A tiny Qwen3-VL directory with one DeepStack layer (so its features are exercised)."""
-    from trainer.tiny_model import build_tiny_model
+    from trainer.learn.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3") / "model", arch="qwen3_vl", deepstack=True)
 

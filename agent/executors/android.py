@@ -11,6 +11,7 @@ import threading
 import xml.etree.ElementTree as ET
 
 from agent import coords
+from agent.elements import STATES, Element
 from agent.executors.base import ExecutionError, Frame, interruptible_sleep
 from agent.schema import Action, ScreenGeometry, monotonic
 
@@ -62,8 +63,6 @@ def hierarchy_elements(hierarchy_xml: str, width: int, height: int, scale: float
     clickable container (a settings row) is named by the texts inside it, which are then not listed
     again. A password field gets the state "password" and never a value. Raises ValueError on XML
     that does not parse."""
-    from agent.elements import STATES, Element
-
     try:
         root = ET.fromstring(hierarchy_xml.encode("utf-8") if isinstance(hierarchy_xml, str) else hierarchy_xml)
     except ET.ParseError as e:

@@ -20,10 +20,13 @@ import threading
 import time
 
 from agent import coords
-from agent.actions import canonical_keys
+from agent.actions import REGISTRY, canonical_keys
 from agent.executors.base import ExecutionError, Frame, interruptible_sleep
+from agent.host.atspi_elements import AtspiElements
+from agent.host.focused_window import FocusedWindow
+from agent.host.password_focus import PasswordFocus
+from agent.host.terminal_process import terminal_evidence
 from agent.schema import Action, ScreenGeometry, monotonic
-from agent.terminal_process import terminal_evidence
 
 FOCUS_FACTS = ("focused_window", "password_focused", "focus_unknown")  # the keys _focus_facts may set
 
@@ -58,7 +61,7 @@ class DesktopExecutor:
         settle: seconds to let the screen update after an action before the next screenshot.
         password_fields: watch the accessibility bus and mark observations taken while a password
         field is focused (the gate then asks before typing).
-        elements: put the active window's element list (AT-SPI, agent.atspi_elements) on each frame."""
+        elements: put the active window's element list (AT-SPI, agent.host.atspi_elements) on each frame."""
         self.monitor = monitor
         self.display = display or os.environ.get("DISPLAY")
         self.settle = settle
@@ -73,10 +76,10 @@ class DesktopExecutor:
         self._typing: subprocess.Popen | None = None
         self._last: Frame | None = None
         self.password_fields = password_fields
-        self._password = None  # agent.password_focus.PasswordFocus, started with the first observation
-        self._focus = None  # agent.focused_window.FocusedWindow, opened with the first observation
+        self._password = None  # agent.host.password_focus.PasswordFocus, started with the first observation
+        self._focus = None  # agent.host.focused_window.FocusedWindow, opened with the first observation
         self.elements = elements
-        self._elements = None  # agent.atspi_elements.AtspiElements, connected with the first observation
+        self._elements = None  # agent.host.atspi_elements.AtspiElements, connected with the first observation
         # () -> [(x, y, w, h)] in the OS input space: windows of the app itself (Drive's control
         # strip) painted out of the screenshot, so the agent neither sees nor clicks its own controls
         self.hidden_regions = None
@@ -147,8 +150,6 @@ class DesktopExecutor:
         if not self.elements:
             return None, None
         if self._elements is None:
-            from agent.atspi_elements import AtspiElements
-
             self._elements = AtspiElements(focused_pid=lambda: self._focus.focused_pid() if self._focus else None)
         reading = self._elements.read(geometry, hidden)
         return reading.elements, reading.source
@@ -159,8 +160,6 @@ class DesktopExecutor:
         `processes`, also why the window's process is a terminal, if it is one (a /proc walk of
         its process tree: tests/bench/bench_gate_focus.py measures it)."""
         if self._focus is None:
-            from agent.focused_window import FocusedWindow
-
             self._focus = FocusedWindow()
         facts: dict = {}
         if not self._focus.available:  # Windows, macOS, no DISPLAY: the gate asks before Enter instead
@@ -173,8 +172,6 @@ class DesktopExecutor:
                 facts.setdefault("focused_window", {"title": title, "app": app})["terminal"] = evidence
         if self.password_fields:
             if self._password is None:
-                from agent.password_focus import PasswordFocus
-
                 self._password = PasswordFocus().start(timeout=2.0)
             if self._password.active_at(t):
                 facts["password_focused"] = True
@@ -385,8 +382,6 @@ class DesktopExecutor:
 
 
 def action_platforms(name: str) -> list[str]:
-    from agent.actions import REGISTRY
-
     spec = REGISTRY.get(name)
     return list(spec.platforms) if spec else []
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from agent.executors.base import ExecutionError, Frame
 from agent.schema import Action, ScreenGeometry, monotonic
-from agent.store import atomic_write
+from agent.storage.store import atomic_write
 
 TOOL_ACTIONS = ("run_command", "read_file", "write_file")
 # A text observation has no pixels; this nominal geometry only keeps the schema's

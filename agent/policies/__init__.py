@@ -13,7 +13,7 @@ __all__ = ["Policy", "PolicyError", "Proposal", "build_prompt", "EndpointPolicy"
 
 def __getattr__(name):  # LocalVLMPolicy pulls in torch/transformers: only on demand
     if name == "LocalVLMPolicy":
-        from agent.policies.local import LocalVLMPolicy
+        from agent.policies.local import LocalVLMPolicy  # lazy: cycle with agent.policies.local
 
         return LocalVLMPolicy
     raise AttributeError(name)

@@ -1,7 +1,7 @@
 """The policy interface: propose the next thought and actions.
 
 `Policy.propose(instruction, memory, observation, feedback=None) -> Proposal`. A policy builds
-the UI-TARS prompt (agent.grammar.system_prompt) and the chat messages (agent.memory), asks its
+the UI-TARS prompt (agent.grammar.system_prompt) and the chat messages (agent.policies.memory), asks its
 model for text (`generate`, the one method a back end writes), and parses the text with
 agent.grammar.parse_reply. Bad model output is a Proposal with `parse_error` set, never an
 exception; `PolicyError` is raised only when no text could be had at all (an endpoint that stays
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from agent import coords
 from agent.errors import TandemError
 from agent.grammar import action_space_text, parse_reply, system_prompt
-from agent.memory import Memory
+from agent.policies.memory import Memory
 from agent.schema import Action
 
 

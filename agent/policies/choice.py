@@ -12,8 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import coords
-from agent.model_files import DEFAULT_MODEL_DIR
 from agent.policies.base import Policy, PolicyError
+from agent.policies.endpoint import EndpointPolicy
+from agent.policies.local import LocalVLMPolicy
+from agent.policies.replay import ReplayPolicy
+from agent.storage.model_files import DEFAULT_MODEL_DIR
+from agent.vlm.model import VLMError, lora_adapter_base
 from agent.wording import command_name
 
 POLICY_CHOICES = ("replay", "endpoint", "local", "default")
@@ -41,9 +45,6 @@ def make_policy(choice: str, *, responses=None, base_url: str | None = None, mod
     """The Policy for `choice` (POLICY_CHOICES). "default" is the shipped small model unless
     `model_dir` names another; "local" needs `model_dir`: a whole model or a LoRA adapter naming
     its base. PolicyError names what is missing or unusable."""
-    from agent.policies.endpoint import EndpointPolicy
-    from agent.policies.replay import ReplayPolicy
-
     if choice not in POLICY_CHOICES:
         raise PolicyError(f"policy must be one of {', '.join(POLICY_CHOICES)}, got {choice!r}")
     who = spelling.policy.format(choice=choice)
@@ -62,7 +63,6 @@ def make_policy(choice: str, *, responses=None, base_url: str | None = None, mod
             raise PolicyError(f"{who} needs {spelling.model_dir}")
         d = Path(model_dir) if model_dir else DEFAULT_MODEL_DIR
         check_model_dir(d, who=who, default=choice == "default")
-        from agent.policies.local import LocalVLMPolicy
 
         return LocalVLMPolicy(str(d), **kw)
     except ValueError as e:  # a constructor's refusal (an unknown coordinate space, ...)
@@ -71,8 +71,6 @@ def make_policy(choice: str, *, responses=None, base_url: str | None = None, mod
 
 def check_model_dir(d: Path, *, who: str = "a local policy", default: bool = False) -> None:
     """PolicyError unless `d` holds a whole model (config.json) or a LoRA adapter naming its base."""
-    from agent.vlm import VLMError, lora_adapter_base
-
     hint = f"; train the default model with `{command_name()} train default`" if default else ""
     if not d.is_dir():
         raise PolicyError(f"{who} needs a model directory; {str(d)!r} does not exist{hint}")

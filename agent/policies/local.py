@@ -1,10 +1,10 @@
 """A local transformers vision-language model (the Qwen2.5-VL class of UI-TARS-1.5, or Qwen2-VL
-or Qwen3-VL) from a directory, through agent.vlm (load_vlm, generate). The model loads on first use, not when the
+or Qwen3-VL) from a directory, through agent.vlm.model (load_vlm, generate). The model loads on first use, not when the
 policy is built; device and dtype default to cuda + bf16 with a GPU, else cpu + float32.
 
 Each step's prompt usually extends the last one (working memory appends the reply and the next
 screenshot), so the policy keeps the last step's keys and values and each screenshot's vision
-features (agent.vlm_batch) and a step computes only its new tokens: the same reply, less waiting.
+features (agent.vlm.batch) and a step computes only its new tokens: the same reply, less waiting.
 
 UI-TARS-1.5 writes coordinates in the image its processor actually made (smart_resize with the
 processor's own min/max pixels). For UI-TARS-1.5-7B that equals agent.coords' defaults; for a
@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from agent import coords
 from agent.policies.base import Policy, PolicyError
+from agent.vlm import model as vlm
+from agent.vlm.batch import ImageCache, generate_batch
+from agent.vlm.model import VLMError, load_vlm, resized_image_size
 
 
 class LocalVLMPolicy(Policy):
@@ -34,13 +37,10 @@ class LocalVLMPolicy(Policy):
         self.last_generation = None
         self.calls = 0
         self.keep_turns = keep_turns
-        self.cache = None  # agent.vlm_batch.ImageCache: screenshots and the last step, while the weights stay
+        self.cache = None  # agent.vlm.batch.ImageCache: screenshots and the last step, while the weights stay
 
     def load(self) -> LocalVLMPolicy:
         if self.model is None:
-            from agent.vlm import VLMError, load_vlm
-            from agent.vlm_batch import ImageCache
-
             try:
                 self.model, self.processor = load_vlm(self.model_dir, self.device, self.dtype)
             except VLMError as e:
@@ -50,16 +50,12 @@ class LocalVLMPolicy(Policy):
         return self
 
     def generate(self, messages) -> str:
-        from agent import vlm
-
         self.load()
         # a fixed seed would give a re-ask the very same sample: step it per call, reproducibly
         seed = None if self.seed is None else self.seed + self.calls
         self.calls += 1
         try:
             if self.keep_turns:
-                from agent.vlm_batch import generate_batch
-
                 g = generate_batch(self.model, self.processor, [messages], max_new_tokens=self.max_new_tokens,
                                    temperature=self.temperature, seed=seed, cache=self.cache, slots=[0])[0]
             else:
@@ -83,7 +79,6 @@ def processor_extent(processor, space: str, width: int, height: int) -> tuple[in
     (a processor with other min/max pixels); None when it agrees or the space is not smart_resize."""
     if space != coords.SMART_RESIZE or processor is None:
         return None
-    from agent.vlm import resized_image_size
 
     rw, rh = resized_image_size(processor, width, height)
     return None if (rh, rw) == coords.smart_resize(height, width) else (rw, rh)

@@ -17,6 +17,10 @@ import sys
 import threading
 
 from agent.cli_common import open_store
+from agent.recorder.errors import RecorderError
+from agent.recorder.privacy import DEFAULT_DENYLIST
+from agent.recorder.session import RecorderConfig, RecordingSession, rereduce
+from agent.recorder.transcribe import transcribe_episode
 
 
 def register(sub, common) -> None:
@@ -43,13 +47,10 @@ def _say(obj) -> None:
 
 
 def cmd_record(args) -> int:
-    from agent.recorder.errors import RecorderError
-    from agent.store import NotFound, StoreError
+    from agent.storage.store import NotFound, StoreError  # lazy: sqlite_utils: this module stays light
 
     try:
         if args.rereduce:
-            from agent.recorder.session import rereduce
-
             with open_store(args) as store:
                 ep = rereduce(store, args.rereduce)
                 _say({"episode": ep.id, "status": "rereduced", "steps": len(ep.steps)})
@@ -58,7 +59,6 @@ def cmd_record(args) -> int:
             if not args.asr_model:
                 print("error: --transcribe needs --asr-model PATH (a local Whisper-class model folder)", file=sys.stderr)
                 return 2
-            from agent.recorder.transcribe import transcribe_episode
 
             with open_store(args) as store:
                 ep = transcribe_episode(store, args.transcribe, args.asr_model)
@@ -77,9 +77,6 @@ def cmd_record(args) -> int:
 
 
 def _record(args) -> int:
-    from agent.recorder.privacy import DEFAULT_DENYLIST
-    from agent.recorder.session import RecorderConfig, RecordingSession
-
     device = args.audio_device
     if device is not None and device.isdigit():
         device = int(device)
@@ -102,8 +99,6 @@ def _record(args) -> int:
             signal.signal(signal.SIGTERM, old)
         ep = session.stop()
         if args.asr_model and ep.meta.get("audio"):
-            from agent.recorder.transcribe import transcribe_episode
-
             ep = transcribe_episode(store, ep.id, args.asr_model)
         rec = ep.meta["recording"]
         _say({"episode": ep.id, "status": rec["status"], "steps": len(ep.steps), "events": rec["events"],

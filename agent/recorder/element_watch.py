@@ -1,4 +1,4 @@
-"""The recorder's element lists: the active window's accessibility tree (agent.atspi_elements),
+"""The recorder's element lists: the active window's accessibility tree (agent.host.atspi_elements),
 read over and over in a thread of its own, so that the list beside an action's pre-action frame
 was read before the input began (reading after the input would show what the action did).
 
@@ -18,6 +18,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from agent.host.atspi_elements import AtspiElements
+from agent.host.focused_window import FocusedWindow
 from agent.schema import ScreenGeometry, monotonic
 
 
@@ -62,9 +64,6 @@ class ElementWatcher:
     def start(self) -> ElementWatcher:
         """Connect (never raises: see `available`, `reason`) and begin reading."""
         if self.reader is None:
-            from agent.atspi_elements import AtspiElements
-            from agent.focused_window import FocusedWindow
-
             focus = FocusedWindow()  # X focus follows the pointer without a window manager: whose window is it
             self.reader = AtspiElements(focused_pid=focus.focused_pid)
             self._focus = focus

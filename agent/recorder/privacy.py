@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.focused_window import FocusedWindow  # also imported from here by the recorder session
+from agent.host.focused_window import FocusedWindow  # also imported from here by the recorder session
 from agent.recorder.errors import RecorderError
 
 DEFAULT_DENYLIST = (

@@ -1,6 +1,6 @@
 """Reduction of a recording's raw events to actions and steps: pure functions, versioned.
 
-The recorder keeps every raw event (agent.store raw_events), so a better reducer can be run
+The recorder keeps every raw event (agent.storage.store raw_events), so a better reducer can be run
 again over old recordings; REDUCER_VERSION goes into the episode's meta so one can tell which
 reducer made a recording's steps.
 
@@ -46,6 +46,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from agent import coords
+from agent.elements import elements_from_dicts
 from agent.schema import Action, Observation, Provenance, ScreenGeometry, Step
 
 REDUCER_VERSION = 1
@@ -349,7 +350,6 @@ def elements_for(lists: list[dict], gaps: list[float], t_start: float, after: fl
         return None, NO_FRESH_LIST
     if best.get("elements") is None:
         return None, str(best.get("source") or "none")
-    from agent.elements import elements_from_dicts
 
     return elements_from_dicts(best["elements"], "raw elements event"), str(best.get("source") or "atspi")
 

@@ -14,6 +14,9 @@ import math
 from dataclasses import replace
 
 from agent.recorder.errors import RecorderError
+from agent.recorder.reduce import list_event_for
+from agent.redaction import RedactionError
+from agent.redaction.frames import blur_rects
 
 INPUT_KINDS = ("mouse_down", "mouse_up", "move", "scroll", "key_down", "key_up", "note", "frame")
 
@@ -49,9 +52,6 @@ def delete_steps(store, episode_id: str, indices) -> None:
 
 def blur_image(data: bytes, rect, strength: int = 16) -> bytes:
     """Pixelate then blur a normalized rect (x0, y0, x1, y1) of an encoded image; same format back."""
-    from agent.redaction import RedactionError
-    from agent.redaction.frames import blur_rects
-
     try:
         return blur_rects(data, [rect], strength)
     except RedactionError as e:
@@ -102,8 +102,6 @@ def _blank_covered(elements, rect, width: int, height: int) -> list:
 
 def _blank_raw_lists(store, episode_id: str, listed, rect) -> None:
     """The raw `elements` events the listed steps' lists came from, blanked as the steps' are."""
-    from agent.recorder.reduce import list_event_for
-
     if not listed:
         return
     rows = store.query("SELECT seq, t, data FROM raw_events WHERE episode_id = ? AND kind = 'elements'", [episode_id])

@@ -26,10 +26,16 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.host.password_focus import PasswordFocus
+from agent.recorder.audio import AudioCapture, WavSegment
+from agent.recorder.element_watch import ElementWatcher
+from agent.recorder.encoder import FrameEncoder
 from agent.recorder.errors import NothingRecorded, RecorderError
+from agent.recorder.input import InputCapture, key_name
 from agent.recorder.privacy import DEFAULT_DENYLIST, DEFAULT_HOTKEYS, Denylist, FocusedWindow, Hotkey
 from agent.recorder.reduce import MASK_CHAR, MODIFIERS, REDUCER_VERSION, Thresholds, build_steps
-from agent.schema import Episode, monotonic
+from agent.recorder.screen import FrameRing, ScreenCapture, xft_dpi
+from agent.schema import Episode, ScreenGeometry, monotonic
 from agent.wording import plural
 
 RECORDER_VERSION = 1
@@ -126,22 +132,14 @@ class RecordingSession:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> Episode:
-        from agent.recorder.encoder import FrameEncoder
-        from agent.recorder.input import InputCapture
-        from agent.recorder.screen import FrameRing, ScreenCapture, xft_dpi
-
         cfg = self.config
         self.ring = FrameRing(int(cfg.fps * cfg.ring_seconds) + 2)
         self.screen = ScreenCapture(self.ring, cfg.fps, allowed=lambda: not (self.paused or self.denied))
         self.screen.start_and_wait()  # refuses (RecorderError) before anything is stored
         self.encoder = FrameEncoder(self.store, self._frame_encoded, cfg.image_format, cfg.quality)
         if cfg.password_fields:
-            from agent.password_focus import PasswordFocus
-
             self.password = PasswordFocus().start(timeout=2.0)
         if cfg.elements:
-            from agent.recorder.element_watch import ElementWatcher
-
             self.elements = ElementWatcher(self.screen.geometry, allowed=lambda: not (self.paused or self.denied),
                                            masked=lambda: self.secret or bool(self.password and self.password.active)).start()
         self.focus = None
@@ -172,8 +170,6 @@ class RecordingSession:
             self.store.save_episode(self.episode)
             self.encoder.start()
             if cfg.audio:
-                from agent.recorder.audio import AudioCapture
-
                 self.audio = AudioCapture(cfg.samplerate, 1, cfg.audio_device).start()
             self.input = InputCapture().start()
         except BaseException:
@@ -365,8 +361,6 @@ class RecordingSession:
             self._request_frame(now + 1e-6, "start")
 
     def _handle(self, item) -> None:
-        from agent.recorder.input import key_name
-
         kind, t = item[0], item[1]
         if kind in ("key_down", "key_up"):
             key = key_name(item[2])
@@ -535,7 +529,6 @@ class RecordingSession:
     def _audio_step(self) -> None:
         if self.audio is None:
             return
-        from agent.recorder.audio import WavSegment
 
         for t, data in self.audio.drain():
             if self.paused or self.denied:
@@ -569,8 +562,6 @@ class RecordingSession:
             self.store.append_raw_events(self.episode.id, batch)
 
     def _save_steps(self) -> None:
-        from agent.schema import ScreenGeometry
-
         with self._batch_lock:
             events = list(self.events)
         self.episode.steps = build_steps(events, ScreenGeometry.from_dict(self.episode.meta["screen"]), self.config.thresholds,
@@ -587,8 +578,6 @@ def prune_unused_frames(store, ep: Episode, candidates: set[str]) -> int:
 def rereduce(store, episode_id: str, thresholds: Thresholds | None = None) -> Episode:
     """Rebuild an episode's steps from its raw events (after a crash, or with new thresholds).
     Step edits made since are replaced. Frames whose blobs are gone are skipped."""
-    from agent.schema import ScreenGeometry
-
     ep = store.load_episode(episode_id)
     if "screen" not in ep.meta:
         raise RecorderError(f"episode {episode_id} has no recorded screen geometry: it is not a recording")

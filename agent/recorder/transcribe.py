@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.recorder.audio import resample, wav_to_float
 from agent.recorder.errors import RecorderError
 from agent.recorder.reduce import attach_texts
 
@@ -32,8 +33,6 @@ def load_asr(model_path: str | Path):
 
 def transcribe_wav(data: bytes, asr) -> list[dict]:
     """WAV bytes -> [{'text', 'start', 'end'}] in seconds from the start of the audio."""
-    from agent.recorder.audio import resample, wav_to_float
-
     x, rate = wav_to_float(data)
     if len(x) == 0:
         return []

@@ -11,6 +11,9 @@ from __future__ import annotations
 import sys
 
 from agent.cli_common import open_store
+from agent.redaction import RedactionError, review
+from agent.redaction.plan import counts, plan_of
+from agent.storage.store import NotFound
 
 
 def register(sub, common) -> None:
@@ -34,10 +37,6 @@ def register(sub, common) -> None:
 
 
 def cmd_redact(args) -> int:
-    from agent.redaction import RedactionError, review
-    from agent.redaction.plan import counts, plan_of
-    from agent.store import NotFound
-
     store = open_store(args)
     try:
         if args.redact_command == "scan":

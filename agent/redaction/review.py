@@ -29,6 +29,7 @@ from dataclasses import replace
 
 from agent.redaction import RedactionError
 from agent.redaction.frames import blur_rects, decode, find_regions
+from agent.redaction.ocr import shared_engine
 from agent.redaction.patterns import Span, find_pii, mask
 from agent.redaction.plan import DETECTOR, META_KEY, empty_plan, new_box, plan_of, text_sha
 from agent.redaction.runs import AUTOMATIC, real_run, runs_mode
@@ -37,7 +38,7 @@ from agent.wording import command_name
 
 REQUIRE_REVIEW_KEY = "privacy.require_review"  # default True
 KEEP_ORIGINALS_KEY = "privacy.keep_originals"  # default True
-META_TEXTS = ("end_reason", "unexecuted")  # the run's texts kept in meta (agent.loop)
+META_TEXTS = ("end_reason", "unexecuted")  # the run's texts kept in meta (agent.run.loop)
 _SECRET = "\u2022"  # what the recorder stores for a masked keystroke (agent.recorder.reduce.MASK_CHAR)
 
 
@@ -180,8 +181,6 @@ def scan(store, episode_id: str, *, engine=None, progress=None, cancel=None) -> 
     """Find personal data in frames the plan has not seen and in changed text; saves the plan
     and returns it. progress(done, total, text) is told after each frame; cancel() -> True stops
     early (what was scanned is kept)."""
-    from agent.redaction.ocr import shared_engine
-
     engine = engine or shared_engine()
     ep = store.load_episode(episode_id)
     plan = plan_of(ep) or empty_plan(engine.version())

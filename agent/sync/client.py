@@ -20,7 +20,7 @@ from agent.redaction import RedactionError
 from agent.redaction.review import upload_view
 from agent.retry import Backoff
 from agent.schema import SchemaError
-from agent.store import NotFound, Store
+from agent.storage.store import NotFound, Store
 from agent.sync.outbox import QUIET_S, Outbox
 from agent.sync.session import Session, SyncError
 

@@ -18,7 +18,7 @@ import threading
 import uuid
 
 from agent import protocol as P
-from agent.supervision import RemoteSupervisor, answer_to_wire
+from agent.run.supervision import RemoteSupervisor, answer_to_wire
 from agent.sync.session import Session, SyncError
 
 

@@ -8,7 +8,7 @@ or the next run. A model the backend will not ship (too large) comes back as the
 backend names instead.
 
 What the backend says is checked before it touches the disk: the version must be a plain name
-(agent.model_files.is_model_version) and its folder a child of <data>/models/; the manifest
+(agent.storage.model_files.is_model_version) and its folder a child of <data>/models/; the manifest
 must pass check_manifest, with the model at most `max_bytes` (DEFAULT_MAX_PULL_BYTES unless
 told otherwise). A reply or a chunk that does not arrive within `timeout` ends the try with a
 SyncError naming it, and the pull is tried again (what arrived is kept).
@@ -19,7 +19,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from agent.model_files import (
+from agent.retry import Backoff, retry_async
+from agent.storage.model_files import (
     DEFAULT_MAX_PULL_BYTES,
     ModelDownload,
     ModelFilesError,
@@ -28,7 +29,6 @@ from agent.model_files import (
     model_manifest,
     pulled_record,
 )
-from agent.retry import Backoff, retry_async
 from agent.sync.session import Session, SyncError
 
 WINDOW = 4  # chunks asked for at once: keeps the socket busy without holding much in memory
@@ -109,7 +109,7 @@ def pull_model(url: str, token: str, dest_root, version: str | None = None, *, p
 
 def local_models(store) -> list[dict]:
     """Every model on this machine: the flywheel's versions (its registry) and pulled ones, each
-    with {"version", "source", "path", "hash", "bytes", "in_use"}; hashes from agent.model_files."""
+    with {"version", "source", "path", "hash", "bytes", "in_use"}; hashes from agent.storage.model_files."""
     out = []
     in_use = store.get_setting("models.in_use")
     if store.has_table("flywheel_models"):  # the flywheel's registry (trainer.flywheel.registry), read only

@@ -14,14 +14,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from agent.store import NotFound, Store
+from agent.storage.store import NotFound, Store
 
 TABLE = "sync_outbox"
 ACKS = "sync_acks"
 SERVER_KEY = "sync.server"  # setting: the key of the server this store syncs to now (its id once it said it)
 SERVER_IDS_KEY = "sync.server_ids"  # setting: {URL or EMBEDDED: the id that server's welcome named}
 EMBEDDED = "embedded"  # the app's built-in backend before it named itself (its URL changes every start)
-MIGRATIONS = [  # agent.store.Store.migrate; step 1 is the table as every release before migrations made it
+MIGRATIONS = [  # agent.storage.store.Store.migrate; step 1 is the table as every release before migrations made it
     f"""CREATE TABLE IF NOT EXISTS "{TABLE}" ("episode_id" TEXT PRIMARY KEY, "state" TEXT, "sent_bytes" INTEGER,
         "total_bytes" INTEGER, "error" TEXT, "revision" INTEGER, "content_hash" TEXT, "ack_status" TEXT,
         "attempts" INTEGER, "queued_at" REAL, "updated_at" REAL)""",

@@ -8,7 +8,13 @@ from __future__ import annotations
 import sys
 
 from agent.cli_common import open_store
+from agent.storage.secret_store import SecretStore
+from agent.storage.store import NotFound
+from agent.sync.client import SyncClient
+from agent.sync.outbox import EMBEDDED, Outbox, server_key
 from agent.wording import command_name, plural
+from app.sync import SERVER_URL_KEY, TOKEN_KEY
+from app.sync.embedded import start_embedded_backend
 
 
 def register(sub, common) -> None:
@@ -34,9 +40,6 @@ def register(sub, common) -> None:
 
 
 def cmd_submit(args) -> int:
-    from agent.store import NotFound
-    from agent.sync.outbox import Outbox, server_key
-
     if not args.episodes and not args.all:
         print("submit: give EPISODE_ID(s) or --all", file=sys.stderr)
         return 2
@@ -72,17 +75,12 @@ def cmd_sync(args) -> int:
 
     from tqdm import tqdm
 
-    from agent.sync.client import SyncClient
-    from app.sync import SERVER_URL_KEY, TOKEN_KEY
-
     store = open_store(args)
-    from agent.sync.outbox import Outbox
 
     outbox = Outbox(store)
     if args.status:
         print_status(outbox)
         return 0
-    from agent.secret_store import SecretStore
 
     secrets = SecretStore(store.root)
     url = args.server or store.get_setting(SERVER_URL_KEY)
@@ -98,9 +96,6 @@ def cmd_sync(args) -> int:
         print(f"sync: token saved in {secrets.where}", file=sys.stderr)
     stop_embedded, alias = None, url
     if not url:
-        from agent.sync.outbox import EMBEDDED
-        from app.sync.embedded import start_embedded_backend
-
         url, token, stop_embedded = start_embedded_backend(store)
         alias = EMBEDDED
         print(f"no server configured: syncing to the embedded backend in {store.root / 'backend'}")

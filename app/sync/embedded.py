@@ -2,7 +2,10 @@
 loopback in a background thread, with its data under <local data>/backend. Qt-free."""
 from __future__ import annotations
 
-from agent.store import Store
+from agent.storage.secret_store import SecretStore
+from agent.storage.store import Store
+from trainer.backend.server_thread import start_in_thread
+from trainer.backend.store import BackendError, BackendStore
 
 EMBEDDED_TOKEN_KEY = "sync.embedded_token"
 LOCAL_USER = "local"
@@ -13,10 +16,6 @@ def start_embedded_backend(store: Store, host: str = "127.0.0.1", port: int = 0)
     """Start it and return (url, token, stop_fn). The local user is an admin (it uploads,
     reads and supervises on this machine); its token is kept in the local settings and
     re-issued if the backend no longer accepts it."""
-    from agent.secret_store import SecretStore
-    from trainer.backend_store import BackendError
-    from trainer.server_thread import start_in_thread
-
     backend = start_in_thread(store.root / "backend", host, port)
     bstore = backend.store
     secrets = SecretStore(store.root)
@@ -37,8 +36,6 @@ def embedded_model_path(store: Store, version: str) -> str | None:
     """The folder of a model the embedded backend announced, when it is on this machine (clients
     are not told the backend's paths: the app running the backend reads them from its store)."""
     from pathlib import Path
-
-    from trainer.backend_store import BackendStore
 
     bstore = BackendStore(store.root / "backend")
     try:

@@ -8,6 +8,10 @@ import json
 import sys
 
 from agent.cli_common import open_store
+from agent.storage.model_files import ModelFilesError
+from agent.storage.secret_store import saved_secret
+from agent.sync.model_pull import local_models, max_pull_bytes, models_dir, pull_model
+from agent.sync.session import SyncError
 from agent.wording import command_name
 
 
@@ -30,11 +34,6 @@ def register(sub, common) -> None:
 
 def cmd_pull(args) -> int:
     from tqdm import tqdm
-
-    from agent.model_files import ModelFilesError
-    from agent.secret_store import saved_secret
-    from agent.sync.model_pull import max_pull_bytes, models_dir, pull_model
-    from agent.sync.session import SyncError
 
     store = open_store(args)
     try:
@@ -73,8 +72,6 @@ def cmd_pull(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from agent.sync.model_pull import local_models
-
     store = open_store(args)
     try:
         rows = local_models(store)

@@ -7,7 +7,7 @@ import threading
 
 from PySide6.QtCore import QObject, Signal
 
-from agent.store import Store
+from agent.storage.store import Store
 from agent.sync.client import SyncClient
 from agent.sync.outbox import OutboxEntry
 

@@ -1,6 +1,6 @@
-"""What the gate's fresh look at the focus costs before each action (agent.loop reads it again
+"""What the gate's fresh look at the focus costs before each action (agent.run.loop reads it again
 before every action of a reply): the X11 query for the focused window (title, class, pid via
-X-Resource), the /proc test for a terminal (agent.terminal_process) on a real xterm, on a window
+X-Resource), the /proc test for a terminal (agent.host.terminal_process) on a real xterm, on a window
 whose process has no children, and on a process tree shaped like a browser's (40 children of
 8 threads each, no shell), and the whole DesktopExecutor.focus_now, beside a full observe().
 Starts its own Xvfb; needs Xvfb and xterm.
@@ -57,8 +57,8 @@ def main(argv=None) -> int:
     procs = []
     try:
         from agent.executors.desktop import DesktopExecutor
-        from agent.focused_window import FocusedWindow
-        from agent.terminal_process import terminal_evidence
+        from agent.host.focused_window import FocusedWindow
+        from agent.host.terminal_process import terminal_evidence
 
         term = subprocess.Popen(["xterm", "-geometry", "80x24+0+0", "-title", "bench-shell", "-e", "bash", "--norc"],
                                 cwd=tempfile.gettempdir())

@@ -3,7 +3,7 @@
     python tests/bench/bench_grounding.py [--screens 150 --eval-screens 10 --sizes 128x2x2:260,128x2x2:950,256x4x4:260]
 
 Each size is HIDDEN x LANGUAGE_LAYERS x VISION_LAYERS : SFT_STEPS (batch 8, lr 2e-3), trained from
-random weights on the same "Click on 'X'." samples (trainer.grounding.grounding_samples, 6
+random weights on the same "Click on 'X'." samples (trainer.rollout.grounding.grounding_samples, 6
 families). Prints one row per size: parameters, SFT seconds, last loss, and the share of greedy
 clicks inside the named element on held-out screens and on the training screens, with the ratio
 to the first row. Measured on 2 CPU cores (stop 14, before the tiny model had interleaved MRoPE and
@@ -39,11 +39,11 @@ def parse_sizes(text: str) -> list[tuple[int, int, int, int]]:
 def run(hidden: int, layers: int, vision: int, steps: int, samples, eval_screens: int, workdir: Path) -> dict:
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.actor import VLMActor
-    from trainer.grounding import grounding_eval
-    from trainer.recipe import RecipeConfig, build_default_model
-    from trainer.sft import SFTConfig, train_sft
+    from agent.vlm.model import load_vlm
+    from trainer.learn.sft import SFTConfig, train_sft
+    from trainer.recipe.default_model import RecipeConfig, build_default_model
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.grounding import grounding_eval
 
     torch.manual_seed(0)
     base = build_default_model(workdir / f"{hidden}x{layers}x{vision}-{steps}", RecipeConfig(
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     import torch
 
-    from trainer.grounding import grounding_samples
+    from trainer.rollout.grounding import grounding_samples
 
     torch.set_num_threads(1)
     samples = grounding_samples(FAMILIES, a.screens, width=320, height=240)

@@ -156,7 +156,7 @@ def tally(results: list[str]) -> str:
 async def upload_big(url: str, token: str, size: int) -> str:
     """Store an episode of the user's whose screenshot is a blob of `size` random bytes; its hash."""
     from agent import protocol as P
-    from agent.store import Store
+    from agent.storage.store import Store
     from agent.sync.session import Session
     from tests.factories import make_episode
 
@@ -281,8 +281,8 @@ async def still_answers(url: str, tokens: dict) -> bool:
 IMPORT_CHILD = """
 import json, sys, time
 sys.path.insert(0, sys.argv[3])
-from agent.bundle import ImportError_, import_file
-from agent.store import Store
+from agent.storage.bundle import ImportError_, import_file
+from agent.storage.store import Store
 t0 = time.perf_counter()
 try:
     import_file(Store(sys.argv[2]), sys.argv[1]); outcome = "imported"
@@ -306,7 +306,7 @@ def run_import(path: Path, store: Path) -> dict:
 
 
 def a_source_episode(tmp: Path):
-    from agent.store import Store
+    from agent.storage.store import Store
     from tests.factories import make_episode
 
     src = Store(tmp / "src")

@@ -1,6 +1,6 @@
 """Import memory benchmark (on demand): `python tests/bench/bench_import.py [--blob-mib 1024] [--code DIR]`
 
-Each hostile or large file is imported by `agent.bundle.import_file` into a fresh store in a
+Each hostile or large file is imported by `agent.storage.bundle.import_file` into a fresh store in a
 process of its own; the table prints the file's size, what the import answered, and that
 process's peak RSS (VmHWM: ru_maxrss would count the parent's, kept across exec). The files: a zip holding ~40 MB of JSON `[{}, {}, ...]` (a
 bundle member that parses into millions of dicts), the same as a plain .json, and a bundle within
@@ -29,8 +29,8 @@ from bench_table import print_table
 IMPORT_ONE = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from agent.bundle import ImportError_, import_file
-from agent.store import Store
+from agent.storage.bundle import ImportError_, import_file
+from agent.storage.store import Store
 with Store(sys.argv[3]) as store:
     try:
         res = import_file(store, sys.argv[2])
@@ -54,7 +54,7 @@ def empty_objects_json(mib: int) -> bytes:
 def big_bundle(path: Path, blob_mib: int) -> None:
     """One episode whose steps' screenshots are 8 MiB blobs that compress ~60x."""
     from agent.schema import Action, Episode, Observation, ScreenGeometry, Step
-    from agent.store import sha256
+    from agent.storage.store import sha256
 
     rnd = random.Random(1)
     steps = []

@@ -1,6 +1,6 @@
 """How long the live agent waits for the local model each step (Supervise, Drive, `agent run`
 with a local or the default policy): the shipped default model drives sandbox tasks through the
-real loop (agent.loop.AgentLoop, the sandbox in its own process), with the last step's keys and
+real loop (agent.run.loop.AgentLoop, the sandbox in its own process), with the last step's keys and
 values kept (LocalVLMPolicy(keep_turns=True), the default) and with every prompt computed anew,
 in alternating rounds so machine noise hits both alike. Greedy: both play the same steps.
 
@@ -36,10 +36,10 @@ def main(argv=None) -> int:
     import torch
 
     from agent import coords
-    from agent.loop import AgentLoop, LoopConfig
-    from agent.model_files import DEFAULT_MODEL_DIR
     from agent.policies import LocalVLMPolicy
-    from agent.store import Store
+    from agent.run.loop import AgentLoop, LoopConfig
+    from agent.storage.model_files import DEFAULT_MODEL_DIR
+    from agent.storage.store import Store
     from app.sandbox_executor import SandboxProcessExecutor
 
     torch.set_num_threads(a.threads)

@@ -60,10 +60,10 @@ def main() -> int:
 def bench(args) -> int:
     from agent import coords
     from agent.executors.desktop import DesktopExecutor
-    from agent.loop import AgentLoop, LoopConfig
-    from agent.memory import Memory, MemoryStep
     from agent.policies import ReplayPolicy
-    from agent.store import Store
+    from agent.policies.memory import Memory, MemoryStep
+    from agent.run.loop import AgentLoop, LoopConfig
+    from agent.storage.store import Store
 
     w, h = args.width, args.height
     rh, rw = coords.smart_resize(h, w)

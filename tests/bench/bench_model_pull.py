@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from agent.model_files import ModelDownload, model_manifest
+from agent.storage.model_files import ModelDownload, model_manifest
 from agent.sync.model_pull import pull_model
-from trainer.server_thread import start_in_thread
+from trainer.backend.server_thread import start_in_thread
 
 
 def main() -> int:

@@ -9,9 +9,9 @@ square at a random place; the sample asks "Click the dark square." and the targe
 its centre, in the model's smart_resize pixels. --task words: two 72x24 buttons with action words
 ("Paste", "Print", ...), the sample asks "Click 'X'." for one of them; a model that finds buttons
 but cannot read hits the named one half the time ("other" counts clicks on the wrong one). For each
-LAYOUT:THETA (a Qwen2.5-VL, trainer.tiny_model.mrope_section) or qwen3_vl[:THETA] (a Qwen3-VL) a
+LAYOUT:THETA (a Qwen2.5-VL, trainer.learn.tiny_model.mrope_section) or qwen3_vl[:THETA] (a Qwen3-VL) a
 model of the default shape (128 x 2 x 2, Qwen2's digit-per-token tokenizer) is built from random
-weights and trained by trainer.sft for --steps steps of 8 samples (lr 2e-3; at most 2,400 distinct
+weights and trained by trainer.learn.sft for --steps steps of 8 samples (lr 2e-3; at most 2,400 distinct
 screens, cycled), then answers 60 fresh screens greedily. The table gives the hit rate, the median
 x and y errors in pixels, how many distinct clicks it gave (a model blind to position gives one or
 two), and the x-error ratio to the first row, all from the same run.
@@ -171,10 +171,10 @@ def run(layout: str, theta: float, steps: int, workdir: Path, eval_screens: int 
     import torch
 
     from agent import coords
-    from agent.vlm import load_vlm
-    from trainer.actor import VLMActor
-    from trainer.recipe import RecipeConfig, build_default_model
-    from trainer.sft import Sample, SFTConfig, train_sft
+    from agent.vlm.model import load_vlm
+    from trainer.learn.sft import Sample, SFTConfig, train_sft
+    from trainer.recipe.default_model import RecipeConfig, build_default_model
+    from trainer.rollout.actors import VLMActor
 
     rng = random.Random(0)
     # at most 2,400 distinct screens, cycled (each sample's pixel_values take ~2 MB once encoded)

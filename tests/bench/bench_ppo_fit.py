@@ -5,7 +5,7 @@ then greedy success on those seeds and on held-out seeds, before and after, in o
                                          --pools 4,64 --updates 10 --heldout 20]
 
 For each pool size N, the policy starts again from --model and runs --updates real PPO updates
-(trainer.ppo.Learner: value pretraining, then score, clipped policy epochs, critic epochs) on
+(trainer.learn.ppo.Learner: value pretraining, then score, clipped policy epochs, critic epochs) on
 batches of 32 episodes drawn in turn from N training seeds of one family, with the recipe's
 settings (temperature 0.5, lr 1e-4, 4 epochs, target_kl 0.1, policy alpha 1.0). Rollouts run in
 this process. The table gives greedy success on the training seeds (at most --heldout of them) and
@@ -33,7 +33,7 @@ BATCH = 32
 
 
 def greedy_success(actor, env, seeds, family) -> float:
-    from trainer.episodes import run_episode
+    from trainer.rollout.runner import run_episode
 
     actor.model.eval()
     return sum(run_episode(actor, env, s, family=family, greedy=True).success for s in seeds) / len(seeds)
@@ -43,10 +43,10 @@ def fit(model_dir: str, family: str, pool: int, updates: int, heldout: int, seed
     import torch
     from tqdm import tqdm
 
-    from agent.vlm import load_vlm
-    from trainer.actor import VLMActor
-    from trainer.episodes import run_episode
-    from trainer.ppo import Learner, PPOConfig, batch_metrics
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import Learner, PPOConfig, batch_metrics
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
     from trainer.sandbox.task import HELDOUT_START
 

@@ -104,7 +104,7 @@ def main() -> int:
             print(err)
             return 1
 
-        from agent.store import Store
+        from agent.storage.store import Store
 
         with Store(data) as store:
             ep = store.load_episode(episode_id)

@@ -6,7 +6,7 @@ and the learner's tokens per second.
 
 The policy is the tiny VLM (random weights, so most episodes run to their family's step limit);
 the families mix step limits of 4 and 14-16 steps, which gives the long tail. Each "update" is
-the real PPO learner step of trainer.ppo: the batch's turns scored (proximal log-probs, critic
+the real PPO learner step of trainer.learn.ppo: the batch's turns scored (proximal log-probs, critic
 values, decoupled GAE), then a policy epoch and a critic epoch over every generated token, and
 the new weights broadcast. Both modes use the same worker processes (RolloutPool.set_mode), sync
 first: in sync mode the workers wait for the whole batch and for the update; in async mode they
@@ -46,7 +46,7 @@ FAMILIES = ["click_button", "radio", "list_pick", "click_button", "radio", "form
 
 
 def run(mode: str, pool, model, processor, updates: int, batch: int, learn: bool = True) -> dict:
-    from trainer.ppo import Learner, PPOConfig
+    from trainer.learn.ppo import Learner, PPOConfig
 
     learner = Learner(model, processor, PPOConfig(epochs=1, lr=1e-4))
     pool.set_mode(mode)
@@ -83,12 +83,12 @@ def learner_rows(model_dir, batch: int, repeats: int, devices=("cpu",)) -> list[
     per batch, the default) against trained (every turn's forward re-encodes its screenshots),
     `repeats` updates each from the same starting weights, on each of `devices` (the first row,
     CPU with the tower trained, is the baseline)."""
-    from agent.vlm import load_vlm
-    from trainer.actor import VLMActor
-    from trainer.episodes import run_episode
-    from trainer.ppo import Learner, PPOConfig
+    from agent.vlm.model import load_vlm
+    from trainer.learn.ppo import Learner, PPOConfig
+    from trainer.learn.sft import load_for_training
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
-    from trainer.sft import load_for_training
 
     model, processor = load_vlm(model_dir, device="cpu")
     env = SandboxEnv(width=224, height=168)
@@ -140,10 +140,10 @@ def main(argv=None) -> int:
     if any(d.startswith("cuda") for d in devices) and not torch.cuda.is_available():
         ap.error(f"--learner-devices {a.learner_devices}: torch sees no CUDA GPU")
     torch.set_num_threads(1)
-    from agent.vlm import load_vlm
-    from trainer.rollout import RolloutPool, WorkerSpec
-    from trainer.specs import ActorSpec, EnvSpec
-    from trainer.tiny_model import build_tiny_model
+    from agent.vlm.model import load_vlm
+    from trainer.learn.tiny_model import build_tiny_model
+    from trainer.rollout.pool import RolloutPool, WorkerSpec
+    from trainer.rollout.specs import ActorSpec, EnvSpec
 
     scenarios = ([("local", a.workers, 0.0)] if "local" in wanted else []) + (
         [("remote", a.remote_workers, a.latency)] if a.latency > 0 and "remote" in wanted else [])

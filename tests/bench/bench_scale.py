@@ -5,8 +5,8 @@ costs in step time, and 1 vs 2 learner processes (DDP, FSDP2 on gloo) with the s
 
 Table 1: per setting, the plan's bytes next to the measured ones of one real step, for --model
 and for a 101.6M-parameter model of the same class built here (hidden 768, 12 language layers, 4
-vision blocks; trainer.tiny_model, random weights)
-(trainer.memory_plan.measure_step: tensors of weights, gradients, AdamW states; what autograd
+vision blocks; trainer.learn.tiny_model, random weights)
+(trainer.learn.memory_plan.measure_step: tensors of weights, gradients, AdamW states; what autograd
 saved for backward; the growth of the process's peak RSS, which also holds transients and is
 noisy at this size). Table 2: `train sft --max-steps S --batch B --seed 0` through the CLI with
 each flag, its training-loop seconds per step and wall seconds (process start and model load
@@ -44,8 +44,8 @@ MB = 1e6
 
 
 def make_jsonl(root: Path) -> str:
-    from agent.export import export_jsonl
-    from agent.store import Store
+    from agent.storage.export import export_jsonl
+    from agent.storage.store import Store
     from tests.factories import make_episode
 
     with Store(root / "store") as store:
@@ -57,8 +57,8 @@ def make_jsonl(root: Path) -> str:
 def plan_vs_measured(model_dir: str, jsonl: str) -> list[dict]:
     import torch
 
-    from trainer.memory_plan import measure_step, plan_memory
-    from trainer.sft import SFTConfig, jsonl_samples, load_for_training
+    from trainer.learn.memory_plan import measure_step, plan_memory
+    from trainer.learn.sft import SFTConfig, jsonl_samples, load_for_training
 
     torch.set_num_threads(1)
     sample = jsonl_samples(jsonl)[-1]
@@ -108,7 +108,7 @@ def ppo_runs(model_dir: str, work: Path) -> list[dict]:
     from safetensors.torch import load_file
 
     from main import main
-    from trainer.metrics import read_metrics
+    from trainer.learn.metrics import read_metrics
 
     common = ["--updates", "2", "--batch", "4", "--envs", "4", "--mode", "sync", "--value-pretrain", "1", "--epochs", "2",
               "--max-new-tokens", "16", "--max-steps", "2", "--families", "click_button", "--width", "224",
@@ -141,7 +141,7 @@ def ppo_runs(model_dir: str, work: Path) -> list[dict]:
 
 
 def plan_7b() -> list[dict]:
-    from trainer.memory_plan import GIB, plan_memory
+    from trainer.learn.memory_plan import GIB, plan_memory
 
     rows = []
     for name, kw in {"float32": {}, "bf16": {"bf16": True}, "bf16 + checkpointing": {"bf16": True, "grad_checkpointing": True},
@@ -168,7 +168,7 @@ def main_(argv=None) -> None:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # the sandboxes of the PPO runs
     with tempfile.TemporaryDirectory() as tmp:
         jsonl = make_jsonl(Path(tmp))
-        from trainer.tiny_model import build_tiny_model
+        from trainer.learn.tiny_model import build_tiny_model
 
         mid = (str(build_tiny_model(Path(tmp) / "mid", hidden=768, layers=12, vision_depth=4))
                if args.part in ("all", "plan") else None)

@@ -30,7 +30,7 @@ def ui_frame(width: int, height: int):
 
     from agent.executors.base import Frame
     from agent.schema import ScreenGeometry
-    from agent.store import Store
+    from agent.storage.store import Store
     from app.main_window import MainWindow
 
     with tempfile.TemporaryDirectory() as d:
@@ -52,8 +52,8 @@ def ui_frame(width: int, height: int):
 
 
 def request_for(frame, i: int):
-    from agent.gate import GateRequest
     from agent.policies.base import Proposal
+    from agent.run.gate import GateRequest
     from agent.schema import Action
 
     p = Proposal(f"Step {i}: click the button.", [Action("click", {"start_box": (0.3 + 0.001 * (i % 100), 0.4)})], "raw",
@@ -91,10 +91,10 @@ def run_local(app, frame, n: int) -> list[float]:
 
 
 def run_loopback(app, frame, n: int) -> list[float]:
-    from agent.store import Store
+    from agent.storage.store import Store
     from agent.sync.live_link import RunPublisher
     from app.supervise_view import SupervisePage
-    from trainer.server_thread import start_in_thread
+    from trainer.backend.server_thread import start_in_thread
 
     d = tempfile.mkdtemp()
     b = start_in_thread(Path(d) / "backend")

@@ -28,11 +28,11 @@ from websockets.asyncio.client import connect
 
 from agent import protocol as P
 from agent.schema import Action, Episode, Observation, ScreenGeometry, Step
-from agent.store import Store
+from agent.storage.store import Store
 from agent.sync.client import SyncClient
 from agent.sync.outbox import Outbox
 from agent.sync.session import Session
-from trainer.backend_store import BackendStore
+from trainer.backend.store import BackendStore
 
 RAW_SERVER = """
 import asyncio, sys

@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from factories import make_episode
 
 from agent.schema import Outcome
-from agent.store import Store
+from agent.storage.store import Store
 from agent.sync.client import SyncClient
 from agent.sync.outbox import QUIET_S, Outbox
 from tests.bench.bench_table import print_table
-from trainer.server_thread import start_in_thread
+from trainer.backend.server_thread import start_in_thread
 
 
 def _ms(fn, reps: int) -> tuple[float, float]:

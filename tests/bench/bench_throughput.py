@@ -1,6 +1,6 @@
 """Learning throughput in one run, on one model, the same seeds and this machine: rollout turns
 per second, sequential (today's path: one env, one episode, a batch-of-one `generate` that
-re-encodes every screenshot each turn) against batched (trainer.episodes.EpisodeRunner over
+re-encodes every screenshot each turn) against batched (trainer.rollout.runner.EpisodeRunner over
 `--envs` sandbox processes, one batched generation per round, each screenshot preprocessed and
 encoded once, each slot's last turn kept so a turn computes only its new tokens; also measured
 without kept turns); and learner generated-tokens per second, sequential (one turn per forward,
@@ -36,9 +36,9 @@ FAMILIES = ["click_button", "radio", "list_pick", "check_boxes", "dropdown", "ta
 
 
 def rollouts(model_dir, tickets, n_envs: int, batched: bool, max_new_tokens: int, keep_turns: bool = True) -> tuple[dict, list]:
-    from agent.vlm import load_vlm
-    from trainer.actor import VLMActor
-    from trainer.episodes import EpisodeRunner
+    from agent.vlm.model import load_vlm
+    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.runner import EpisodeRunner
     from trainer.sandbox.env_process import make_envs
 
     model, processor = load_vlm(model_dir, device="cpu")
@@ -65,8 +65,8 @@ def learner(model_dir, trajs, micro_batch_tokens: int, repeats: int, chain: bool
     """micro_batch_tokens 0: today's sequential learner (one turn per forward, nothing shared);
     else packed micro-batches with the shared prompt prefix forwarded once; chain: an episode's
     turns that extend one another share a row."""
-    from trainer.ppo import Learner, PPOConfig
-    from trainer.sft import load_for_training
+    from trainer.learn.ppo import Learner, PPOConfig
+    from trainer.learn.sft import load_for_training
 
     tokens = seconds = 0.0
     for _ in range(repeats):

@@ -31,9 +31,9 @@ def main(argv=None) -> int:
     import torch
     from PIL import Image
 
-    from agent import vlm
     from agent.grammar import system_prompt
-    from trainer.tiny_model import build_tiny_model
+    from agent.vlm import model as vlm
+    from trainer.learn.tiny_model import build_tiny_model
 
     w, h = (int(v) for v in a.screen.lower().split("x"))
     with tempfile.TemporaryDirectory() as tmp:

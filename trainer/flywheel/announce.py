@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 
+from agent.sync.session import RequestRefused, Session, SyncError
+from trainer.backend.store import BackendStore
 from trainer.flywheel import FlywheelError
 
 
@@ -37,8 +39,6 @@ def is_backend_store(store) -> bool:
 async def announce_over_wire(url: str, token: str, version: str, info: dict, timeout: float = 15.0) -> None:
     """hello -> welcome -> announce_model -> ok, through the sync client's session
     (agent.sync.session: trainer never imports app)."""
-    from agent.sync.session import RequestRefused, Session, SyncError
-
     try:
         session = await Session.open(url, token, timeout=timeout, client="tandem-flywheel")
     except SyncError as e:  # refused at the handshake (a bad token), or not reached at all
@@ -64,8 +64,6 @@ def announce(version: str, info: dict, *, target: dict) -> str:
         asyncio.run(announce_over_wire(target["url"], target["token"], version, info))
         return f"announced {version} to the backend at {target['url']}"
     if target.get("data"):
-        from trainer.backend_store import BackendStore
-
         bs = BackendStore(target["data"])
         try:
             bs.announce_model(version, info)

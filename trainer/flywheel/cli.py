@@ -12,6 +12,18 @@ import json
 import sys
 
 from agent.cli_common import fail, open_store
+from trainer.config_flags import ConfigError, add_flags, describe, overrides
+from trainer.flywheel import FlywheelError
+from trainer.flywheel.announce import backend_target
+from trainer.flywheel.config import FlywheelConfig
+from trainer.flywheel.evaluation import evaluate_model, miniwob_summary, reserve_eval_seeds
+from trainer.flywheel.iteration import flywheel_dir
+from trainer.flywheel.merge import check_alphas, merge_models
+from trainer.flywheel.plots import plot_flywheel, summary
+from trainer.flywheel.registry import Registry, eval_summary, paired_comparison
+from trainer.flywheel.routing import Router
+from trainer.flywheel.scoring import OutcomeRewardModel
+from trainer.flywheel.simulated import simulate
 
 
 def register(sub, common) -> None:
@@ -23,8 +35,6 @@ def register(sub, common) -> None:
     r.add_argument("--iterations", type=int, default=1)
     # the settings' flags come from FlywheelConfig's fields (trainer.config_flags); one left out keeps the
     # store's saved value
-    from trainer.config_flags import add_flags
-    from trainer.flywheel.config import FlywheelConfig
 
     add_flags(r, FlywheelConfig, keep=True)
     r.add_argument("--batch", type=int, help="samples per CT and SFT step (both --ct-batch and --sft-batch)")
@@ -68,8 +78,6 @@ def register(sub, common) -> None:
 
 
 def _orm(args):
-    from trainer.flywheel.scoring import OutcomeRewardModel
-
     if args.orm_model:
         return OutcomeRewardModel.local(args.orm_model)
     if args.orm_url:
@@ -82,11 +90,7 @@ def _orm(args):
 def cmd_run(args) -> int:
     from tqdm import tqdm
 
-    from trainer.config_flags import ConfigError, describe, overrides
-    from trainer.flywheel import FlywheelError
-    from trainer.flywheel.announce import backend_target
-    from trainer.flywheel.evaluation import miniwob_summary
-    from trainer.flywheel.iteration import (
+    from trainer.flywheel.iteration import (  # lazy: the name FlywheelConfig is imported differently elsewhere in the module
         CONFIG_KEY,
         STAGE_TEXT,
         FlywheelConfig,
@@ -94,7 +98,6 @@ def cmd_run(args) -> int:
         run_iteration,
         too_little_data,
     )
-    from trainer.flywheel.plots import plot_flywheel
 
     if args.iterations < 1:
         return fail(f"--iterations must be at least 1, got {args.iterations}")
@@ -161,11 +164,12 @@ def cmd_run(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from trainer.flywheel import FlywheelError
-    from trainer.flywheel.iteration import FlywheelConfig, first_model, skipped_last, too_little_data
-    from trainer.flywheel.plots import summary
-    from trainer.flywheel.registry import eval_summary
-    from trainer.flywheel.routing import Router
+    from trainer.flywheel.iteration import (  # lazy: the name FlywheelConfig is imported differently elsewhere in the module
+        FlywheelConfig,
+        first_model,
+        skipped_last,
+        too_little_data,
+    )
 
     store = open_store(args)
     try:
@@ -212,8 +216,6 @@ def cmd_status(args) -> int:
 def version_record(v) -> dict:
     """One registry version for `flywheel status --json`: its id, evaluation in brief, whether it
     was promoted and why, and the full row (metrics with every outcome, lineage)."""
-    from trainer.flywheel.registry import eval_summary
-
     return {"id": v.version, "eval": eval_summary(v.metrics), "promoted": v.status in ("current", "retired"),
             "decision": v.decision or v.note, "comparison": v.metrics.get("comparison"), **v.__dict__}
 
@@ -221,11 +223,10 @@ def version_record(v) -> dict:
 def cmd_merge(args) -> int:
     from pathlib import Path
 
-    from trainer.flywheel import FlywheelError
-    from trainer.flywheel.evaluation import evaluate_model, reserve_eval_seeds
-    from trainer.flywheel.iteration import FlywheelConfig, flywheel_dir
-    from trainer.flywheel.merge import check_alphas, merge_models
-    from trainer.flywheel.registry import Registry, eval_summary, paired_comparison
+    from trainer.flywheel.iteration import (  # lazy: the name FlywheelConfig is imported differently elsewhere in the module
+        FlywheelConfig,
+        flywheel_dir,
+    )
 
     store = open_store(args)
     try:
@@ -271,8 +272,6 @@ def cmd_merge(args) -> int:
 
 
 def cmd_undo(args) -> int:
-    from trainer.flywheel.routing import Router
-
     store = open_store(args)
     try:
         n = Router(store).undo(args.iteration)
@@ -283,8 +282,6 @@ def cmd_undo(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from trainer.flywheel.simulated import simulate
-
     fams = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
     store = open_store(args)
     try:
@@ -296,9 +293,6 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from trainer.flywheel.iteration import flywheel_dir
-    from trainer.flywheel.plots import plot_flywheel
-
     store = open_store(args)
     try:
         png = plot_flywheel(store, args.out or flywheel_dir(store) / "flywheel.png")

@@ -18,15 +18,17 @@ from trainer.config_flags import (
     with_values,
 )
 from trainer.flywheel import FlywheelError
-from trainer.ppo_config import PPOConfig
-from trainer.sft import ScaleConfig, SFTConfig
+from trainer.flywheel.evaluation import seeds_per_family
+from trainer.flywheel.routing import RoutingConfig
+from trainer.learn.ppo_config import PPOConfig
+from trainer.learn.sft import ScaleConfig, SFTConfig
+from trainer.recipe.default_model import RecipeConfig
+from trainer.sandbox.families import FAMILIES
 
 CONFIG_KEY = "flywheel.config"
 
 
 def default_families() -> list[str]:
-    from trainer.recipe import RecipeConfig
-
     return next(f for f in fields(RecipeConfig) if f.name == "families").default_factory()  # not a whole recipe
 
 
@@ -92,14 +94,12 @@ class FlywheelConfig:
         check(self.dpo_beta > 0 and self.dpo_lr > 0, "flywheel.dpo_beta", "and dpo_lr must be > 0",
               (self.dpo_beta, self.dpo_lr))
         check(bool(self.families), "flywheel.families", "is empty", self.families)
-        from trainer.sandbox.families import FAMILIES
 
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown:
             raise ConfigError("flywheel.families", f"has an unknown sandbox family {unknown[0]!r}; known: "
                                                    f"{', '.join(FAMILIES)}")
         validate_nested(self)
-        from trainer.flywheel.routing import RoutingConfig
 
         try:
             RoutingConfig.from_dict(self.routing)
@@ -109,8 +109,6 @@ class FlywheelConfig:
     @property
     def eval_seeds(self) -> int:
         """Held-out seeds per family in one evaluation."""
-        from trainer.flywheel.evaluation import seeds_per_family
-
         return seeds_per_family(self.eval_episodes, self.families)
 
     @property

@@ -17,7 +17,14 @@ import hashlib
 import json
 import math
 
-from trainer.sandbox.miniwob_eval import DEFAULT_TASKS as MINIWOB_TASKS
+from agent.vlm.model import load_vlm
+from trainer.rollout.actors import VLMActor
+from trainer.rollout.miniwob_eval import DEFAULT_TASKS as MINIWOB_TASKS
+from trainer.rollout.miniwob_eval import evaluate_miniwob
+from trainer.rollout.runner import evaluate
+from trainer.sandbox.env import env_kw_for
+from trainer.sandbox.miniwob_env import available
+from trainer.sandbox.task import HELDOUT_START
 
 # MiniWoB's own clock is 10 s an episode in most tasks; a model on a CPU thinks for seconds a step
 MINIWOB_EPISODE_SECONDS = 120.0
@@ -42,8 +49,6 @@ def seeds_per_family(episodes: int, families) -> int:
 def reserve_eval_seeds(store, per_family: int) -> int:
     """The first seed of a block of `per_family` held-out seeds no earlier evaluation of this
     store used; the block is taken before anything is played, so a crash never reuses it."""
-    from trainer.sandbox.task import HELDOUT_START
-
     with store.transaction():
         offset = int(store.get_setting(NEXT_SEEDS_KEY) or FLYWHEEL_EVAL_OFFSET)
         store.set_setting(NEXT_SEEDS_KEY, offset + int(per_family))
@@ -55,10 +60,6 @@ def evaluate_model(model_dir, families: list[str], seeds_per_family: int, *, env
                    miniwob_episodes: int = MINIWOB_EPISODES_PER_TASK) -> dict:
     """Metrics of the checkpoint in model_dir on held-out seeds (from seed_start, default the
     split's first). progress(done, total)."""
-    from agent.vlm import load_vlm
-    from trainer.actor import VLMActor
-    from trainer.sandbox.env import env_kw_for
-
     model, processor = load_vlm(model_dir, device="cpu")
     return evaluate_actor(VLMActor(model, processor, max_new_tokens=max_new_tokens), families, seeds_per_family,
                           env_kw=env_kw_for(env_kw, model_dir), max_new_tokens=max_new_tokens, progress=progress, miniwob=miniwob,
@@ -68,10 +69,8 @@ def evaluate_model(model_dir, families: list[str], seeds_per_family: int, *, env
 def evaluate_actor(actor, families: list[str], seeds_per_family: int, *, env_kw: dict, max_new_tokens: int = 48,
                    progress=None, miniwob: bool = False, n_envs: int = 16, seed_start: int | None = None,
                    miniwob_episodes: int = MINIWOB_EPISODES_PER_TASK) -> dict:
-    """trainer.episodes.evaluate (batched, the one runner), plus the signature that says which
+    """trainer.rollout.runner.evaluate (batched, the one runner), plus the signature that says which
     evaluations compare. progress(done, total)."""
-    from trainer.episodes import evaluate
-
     missing = miniwob_missing() if miniwob else "not asked for"
     total, done = len(families) * seeds_per_family, [0]
     total += 0 if missing else len(MINIWOB_TASKS) * miniwob_episodes
@@ -93,16 +92,12 @@ def evaluate_actor(actor, families: list[str], seeds_per_family: int, *, env_kw:
 
 def miniwob_missing() -> str | None:
     """None when MiniWoB++ can run here, else what is missing (without importing it when absent)."""
-    from trainer.sandbox.miniwob_env import available
-
     return available()
 
 
 def evaluate_on_miniwob(actor, episodes_per_task: int, *, max_steps: int | None = None, progress=None) -> dict:
     """The actor's greedy episodes on MINIWOB_TASKS (seeds 0.. of each), with MiniWoB's clock at
     MINIWOB_EPISODE_SECONDS: per task ("families") and overall success with Wilson intervals."""
-    from trainer.sandbox.miniwob_eval import evaluate_miniwob
-
     env_kw = {"episode_seconds": MINIWOB_EPISODE_SECONDS, **({"max_steps": max_steps} if max_steps else {})}
     try:
         out = evaluate_miniwob(actor, MINIWOB_TASKS, episodes_per_task, env_kw=env_kw, progress=progress)

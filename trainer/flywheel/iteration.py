@@ -28,9 +28,14 @@ import traceback
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from agent.model_files import DEFAULT_MODEL_DIR
+from agent import coords
+from agent.grammar import format_normalized
+from agent.storage.model_files import DEFAULT_MODEL_DIR
+from agent.vlm.model import load_vlm
 from trainer.flywheel import FlywheelError
+from trainer.flywheel.announce import announce, backend_target
 from trainer.flywheel.config import CONFIG_KEY, FlywheelConfig, default_families  # noqa: F401  (re-exported)
+from trainer.flywheel.evaluation import MINIWOB_TASKS, evaluate_model, miniwob_missing, reserve_eval_seeds
 from trainer.flywheel.registry import Registry
 from trainer.flywheel.routing import (
     Router,
@@ -40,6 +45,15 @@ from trainer.flywheel.routing import (
     load_or_skip,
     pool_samples,
 )
+from trainer.learn.dpo import DPOConfig, preference_pairs, train_dpo
+from trainer.learn.metrics import MetricsLog, read_metrics
+from trainer.learn.sft import load_for_training, save_checkpoint, train_sft
+from trainer.recipe.default_model import RecipeConfig, build_default_model
+from trainer.rollout.actors import VLMActor
+from trainer.rollout.runner import play, trajectory_to_episode
+from trainer.rollout.specs import EnvSpec
+from trainer.sandbox.env import env_kw_for
+from trainer.sandbox.env_process import make_envs
 
 ROLLOUT_SEED_BASE = 500_000  # on-policy data uses training seeds far from `sandbox generate`'s
 # share of the iteration's progress bar per stage
@@ -94,8 +108,6 @@ class _StageLog:
     and each row can report progress."""
 
     def __init__(self, log, iteration: int, on_row=None):
-        from trainer.metrics import read_metrics
-
         self.log_, self.iteration, self.on_row = log, iteration, on_row
         self.offsets: dict[str, int] = {}
         if log.path.exists():
@@ -176,10 +188,6 @@ def bootstrap_model(store, cfg: FlywheelConfig, registry: Registry):
     """The first current model (v0000), measured later beside the first candidate; only when the
     registry has no model at all. The shipped default model when it fits (cfg.base "default"), else a tiny
     Qwen2.5-VL with random weights whose tokenizer learned the store's texts."""
-    from agent import coords
-    from agent.grammar import format_normalized
-    from trainer.recipe import RecipeConfig, build_default_model
-
     version = registry.next_version()
     out = flywheel_dir(store) / "models" / version
     fits, why = shipped_model_fits(cfg) if cfg.base == "default" else (False, "base: scratch")
@@ -200,7 +208,7 @@ def bootstrap_model(store, cfg: FlywheelConfig, registry: Registry):
                 except Exception:  # a step that cannot be written only misses the tokenizer corpus
                     pass
         build_default_model(out, RecipeConfig(width=cfg.width, height=cfg.height, seed=cfg.seed), texts)
-        lineage = {"parents": [], "built_from": "trainer.recipe.build_default_model", "tokenizer_texts": len(texts)}
+        lineage = {"parents": [], "built_from": "trainer.recipe.default_model.build_default_model", "tokenizer_texts": len(texts)}
         note = f"base model (random weights): {why}"
     mv = registry.register(out, iteration=0, version=version, lineage=lineage, note=note)
     registry.make_first(mv.version, "first model: nothing to compare with")
@@ -215,15 +223,9 @@ def collect_rollouts(store, model_dir, version: str, cfg: FlywheelConfig, iterat
         return []
     import torch
 
-    from agent.vlm import load_vlm
-    from trainer.actor import VLMActor
-    from trainer.episodes import play, trajectory_to_episode
-    from trainer.sandbox.env_process import make_envs
-
     model, processor = load_vlm(model_dir, device="cpu")
     actor = VLMActor(model, processor, temperature=cfg.rollout_temperature, max_new_tokens=cfg.max_new_tokens)
     tickets = [(ROLLOUT_SEED_BASE + iteration * 1000 + k, cfg.families[k % len(cfg.families)]) for k in range(cfg.rollouts)]
-    from trainer.sandbox.env import env_kw_for
 
     envs = make_envs(min(n_envs, len(tickets)), **env_kw_for(cfg.env_kw, model_dir))
     done = [0]
@@ -247,9 +249,7 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
                     skipped: dict | None = None) -> list[dict]:
     """CT -> SFT -> DPO -> PPO from the parent checkpoint; saves the candidate; returns stage
     summaries. An episode that cannot be read is left out and named in `skipped`."""
-    from trainer.dpo import DPOConfig, preference_pairs, train_dpo
-    from trainer.ppo import train_ppo
-    from trainer.sft import load_for_training, save_checkpoint, train_sft
+    from trainer.learn.ppo import train_ppo  # lazy: torch: this module stays light
 
     model, processor = load_for_training(parent_dir)  # the GPU when there is one
     stages = []
@@ -307,8 +307,6 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
         pc = replace(cfg.ppo, seed=cfg.seed + slog.iteration)
         work = Path(out_dir).parent / (Path(out_dir).name + "-ppo")
         t0 = time.perf_counter()
-        from trainer.sandbox.env import env_kw_for
-        from trainer.specs import EnvSpec
 
         res = train_ppo(model, processor, pc, model_dir=parent_dir, work_dir=work, env=EnvSpec(**env_kw_for(cfg.env_kw, parent_dir)),
                         families=cfg.families, log=slog, progress=False)
@@ -326,9 +324,6 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
 def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, orm=None, announce_target=None) -> dict:
     """One iteration; returns a report (also written to <data>/flywheel/iteration-N.json)."""
     import torch
-
-    from trainer.flywheel.evaluation import MINIWOB_TASKS, evaluate_model, miniwob_missing, reserve_eval_seeds
-    from trainer.metrics import MetricsLog
 
     cfg = cfg or FlywheelConfig.load(store)
     torch.set_num_threads(cfg.threads)
@@ -438,8 +433,6 @@ def skipped_last(store) -> tuple[int | None, dict]:
 
 def _announce(version: str, info: dict, store, target) -> str:
     """Tell the apps through the backend; a failure is reported, never fatal (announce again later)."""
-    from trainer.flywheel.announce import announce, backend_target
-
     info = {**info, "path": str(Path(info["path"]).resolve())}  # the backend may run from another folder
     try:
         return announce(version, info, target=target or backend_target(store))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainer.flywheel.registry import Registry
+from trainer.flywheel.routing import Router
+
 
 def summary(store) -> dict:
     """{"versions": [...], "growth": [...], "pools": {...}, "current": version | None}."""
-    from trainer.flywheel.registry import Registry
-    from trainer.flywheel.routing import Router
-
     reg, router = Registry(store), Router(store)
     cur = reg.current()
     return {"versions": reg.versions(), "growth": router.growth(), "pools": router.pools(),

@@ -12,12 +12,13 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from agent.model_files import ModelFilesError, check_model_version
-from agent.store import AddColumn
+from agent.storage.model_files import ModelFilesError, check_model_version
+from agent.storage.store import AddColumn
 from trainer.flywheel import FlywheelError
+from trainer.stats import paired_difference
 
 MODELS_TABLE = "flywheel_models"
-MIGRATIONS = [  # agent.store.Store.migrate; step 1 is the table every release before migrations made
+MIGRATIONS = [  # agent.storage.store.Store.migrate; step 1 is the table every release before migrations made
     f"""CREATE TABLE IF NOT EXISTS "{MODELS_TABLE}" ("version" TEXT PRIMARY KEY, "path" TEXT, "status" TEXT,
         "parent" TEXT, "iteration" INTEGER, "metrics" TEXT, "lineage" TEXT, "created_at" REAL, "note" TEXT)""",
     AddColumn(MODELS_TABLE, "decision", "TEXT"),  # why it was or was not promoted
@@ -60,8 +61,6 @@ def eval_summary(metrics: dict) -> dict | None:
 def paired_comparison(current: dict, candidate: dict) -> dict:
     """Candidate minus current on the same episodes (family, seed), with the paired 95% interval
     (trainer.stats.paired_difference). Refuses evaluations that are not on the same episodes."""
-    from trainer.stats import paired_difference
-
     if candidate.get("eval_signature") != current.get("eval_signature"):
         raise FlywheelError("the two models were evaluated differently "
                             f"({candidate.get('eval_signature')!r} vs {current.get('eval_signature')!r}); re-evaluate")

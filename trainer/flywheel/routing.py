@@ -1,6 +1,6 @@
 """Routing: high-quality episodes to the SFT pool, the rest to the CT pool, the unusable ones to
 "rejected" (kept, never trained on). A decision is the store's judgement of the content it
-scored (agent.store.Store.judge: route, judged outcome, reasons), never written into the episode,
+scored (agent.storage.store.Store.judge: route, judged outcome, reasons), never written into the episode,
 so an annotator's next upload of new content starts unscored and leaves the judgement of the old
 content as it was. Every decision is also a row of `flywheel_routes` in the store's database
 (episode, the content's hash, iteration, route, the route and outcome before, reasons, time), so
@@ -8,7 +8,7 @@ an iteration's routing can be undone exactly, content by content.
 
 Corrections (steps a supervisor edited: provenance "corrected" with the agent's proposal kept)
 become SFT samples of the corrected step, whatever the episode's route; corrections and rejected
-proposals become preference pairs (trainer.dpo.preference_pairs); both are exported as JSONL.
+proposals become preference pairs (trainer.learn.dpo.preference_pairs); both are exported as JSONL.
 """
 from __future__ import annotations
 
@@ -19,12 +19,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agent.schema import Episode, Outcome, SchemaError
-from agent.store import AddColumn
+from agent.storage.store import AddColumn
 from trainer.flywheel import FlywheelError
-from trainer.flywheel.scoring import Score, score_episode
+from trainer.flywheel.scoring import Score, score_episode, step_problems
+from trainer.learn.dpo import episode_pairs, pair_record, sample_record
+from trainer.learn.sft import runtime_samples
 
 ROUTES_TABLE = "flywheel_routes"
-ROUTES_MIGRATIONS = [  # agent.store.Store.migrate; step 1 is the table every release before migrations made
+ROUTES_MIGRATIONS = [  # agent.storage.store.Store.migrate; step 1 is the table every release before migrations made
     f"""CREATE TABLE IF NOT EXISTS "{ROUTES_TABLE}" ("id" INTEGER PRIMARY KEY, "episode_id" TEXT, "iteration" INTEGER,
         "route" TEXT, "previous_route" TEXT, "outcome" TEXT, "previous_outcome" TEXT, "quality" REAL, "reasons" TEXT,
         "time" REAL, "undone_at" REAL);
@@ -184,7 +186,7 @@ class Router:
 
 # ---------------------------------------------------------------- episodes the flywheel cannot read
 
-UNREADABLE = (SchemaError, ValueError, KeyError, OSError)  # KeyError: agent.store.NotFound (an episode, a blob)
+UNREADABLE = (SchemaError, ValueError, KeyError, OSError)  # KeyError: agent.storage.store.NotFound (an episode, a blob)
 
 
 def load_or_skip(store, episode_id: str, skipped: dict | None, *, with_hash: bool = False):
@@ -202,10 +204,8 @@ def load_or_skip(store, episode_id: str, skipped: dict | None, *, with_hash: boo
 
 
 def samples_or_skip(store, ep: Episode, skipped: dict | None) -> list:
-    """trainer.sft.runtime_samples of the episode, or [] (named in `skipped`) when they cannot be
+    """trainer.learn.sft.runtime_samples of the episode, or [] (named in `skipped`) when they cannot be
     built, e.g. a screenshot missing from the store."""
-    from trainer.sft import runtime_samples
-
     try:
         return runtime_samples(ep, store.get_blob)
     except UNREADABLE as e:
@@ -224,11 +224,9 @@ def corrected_steps(ep: Episode) -> list:
 
 
 def pool_samples(store, route: str, skipped: dict | None = None) -> list:
-    """SFT samples (trainer.sft.Sample) of a pool's episodes, prompted as the agent was, leaving
+    """SFT samples (trainer.learn.sft.Sample) of a pool's episodes, prompted as the agent was, leaving
     out the steps that failed the rule checks (an unparseable output must not become a target).
     An episode that cannot be read is left out and named in `skipped` (load_or_skip)."""
-    from trainer.flywheel.scoring import step_problems
-
     out = []
     for e in store.list_episodes(route=route):
         ep = load_or_skip(store, e.id, skipped)
@@ -241,7 +239,7 @@ def pool_samples(store, route: str, skipped: dict | None = None) -> list:
 
 
 def correction_samples(store, episode_ids, skipped: dict | None = None) -> list:
-    """SFT samples (trainer.sft.Sample) of the corrected steps only, prompted as the agent was."""
+    """SFT samples (trainer.learn.sft.Sample) of the corrected steps only, prompted as the agent was."""
     out = []
     for eid in episode_ids:
         ep = load_or_skip(store, eid, skipped)
@@ -254,11 +252,9 @@ def correction_samples(store, episode_ids, skipped: dict | None = None) -> list:
 
 def export_corrections(store, out_dir, episode_ids=None, skipped: dict | None = None) -> dict:
     """Write corrections.jsonl (each corrected step's SFT sample) and preferences.jsonl (the pairs
-    of trainer.dpo.preference_pairs: {prompt messages, images, chosen, rejected, decision, ...},
+    of trainer.learn.dpo.preference_pairs: {prompt messages, images, chosen, rejected, decision, ...},
     the usual DPO layout) into out_dir. Both in one layout, the one the flywheel trains on: the
-    prompt the agent saw (trainer.dpo.sample_record), so a pair's prompt is its step's sample's."""
-    from trainer.dpo import episode_pairs, pair_record, sample_record
-
+    prompt the agent saw (trainer.learn.dpo.sample_record), so a pair's prompt is its step's sample's."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ids = list(episode_ids) if episode_ids is not None else store.episode_ids()

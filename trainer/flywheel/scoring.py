@@ -5,7 +5,7 @@ Outcome, first that applies (the source is kept in Outcome.source):
      annotator's mark ("annotator") or the supervisor's ("supervisor");
   2. an outcome reward model (ORM, source "orm"): a policy-class VLM shown the last screenshots
      and the instruction and asked for yes or no (a local transformers directory through
-     agent.vlm, or an OpenAI-compatible endpoint); an answer that is neither leaves it unknown;
+     agent.vlm.model, or an OpenAI-compatible endpoint); an answer that is neither leaves it unknown;
   3. otherwise unknown (success None): routing decides what unjudged data is worth.
 
 Rule checks (`rule_checks`) return reasons, one per problem found: a step without a screenshot,
@@ -17,7 +17,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from agent import coords
+from agent.actions import validate
+from agent.executors.base import Frame
+from agent.grammar import format_normalized, parse_normalized, parse_response
+from agent.policies.endpoint import EndpointPolicy
 from agent.schema import Episode, Outcome
+from agent.vlm.model import generate as vlm_generate
+from agent.vlm.model import load_vlm
 
 TRUSTED_SOURCES = ("verifier", "annotator", "supervisor")
 TERMINAL_ACTIONS = ("finished", "call_user")
@@ -50,9 +57,6 @@ class Score:
 
 def _round_trip(step) -> str | None:
     """None when the step's action survives format -> parse in model space, else why not."""
-    from agent import coords
-    from agent.grammar import format_normalized, parse_normalized
-
     w, h = step.observation.width, step.observation.height
     try:
         text = format_normalized(step.thought or "", [step.action], coords.SMART_RESIZE, w, h)
@@ -73,9 +77,6 @@ def _round_trip(step) -> str | None:
 
 def step_problems(ep: Episode) -> dict[int, list[str]]:
     """{step index: problems} for the steps that have any."""
-    from agent.actions import validate
-    from agent.grammar import parse_response
-
     out: dict[int, list[str]] = {}
     finished_at = None
     for pos, s in enumerate(ep.steps):
@@ -145,13 +146,10 @@ class OutcomeRewardModel:
 
     @classmethod
     def local(cls, model_dir, *, max_new_tokens: int = 8, **kw) -> OutcomeRewardModel:
-        """A transformers checkpoint directory, loaded on first use (agent.vlm)."""
+        """A transformers checkpoint directory, loaded on first use (agent.vlm.model)."""
         loaded = {}
 
         def generate(messages):
-            from agent.vlm import generate as vlm_generate
-            from agent.vlm import load_vlm
-
             if not loaded:
                 loaded["m"] = load_vlm(model_dir, device="cpu")
             model, processor = loaded["m"]
@@ -162,14 +160,10 @@ class OutcomeRewardModel:
     @classmethod
     def endpoint(cls, base_url: str, model: str, api_key: str | None = None, **kw) -> OutcomeRewardModel:
         """An OpenAI-compatible chat-completions server (vLLM, SGLang, hosted)."""
-        from agent.policies.endpoint import EndpointPolicy
-
         pol = EndpointPolicy(base_url, model, api_key, max_tokens=8, max_images=kw.get("last_screenshots", 2))
         return cls(pol.generate, name=f"orm:{model}@{base_url}", **kw)
 
     def messages(self, ep: Episode, image_of) -> list[dict]:
-        from agent.executors.base import Frame
-
         shots = [s for s in ep.steps if s.observation.screenshot][-self.last_screenshots:]
         if not shots:
             raise ValueError(f"episode {ep.id}: no screenshot to judge")

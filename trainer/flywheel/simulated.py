@@ -13,6 +13,8 @@ from __future__ import annotations
 import random
 
 from agent.schema import Action, Outcome, Provenance
+from trainer.rollout.runner import demonstrate, trajectory_to_episode
+from trainer.sandbox.families import FAMILIES
 
 
 def _jitter(action: Action, rng: random.Random, px: float, w: int, h: int) -> Action:
@@ -26,9 +28,6 @@ def simulate(store, *, recordings: int = 0, supervised: int = 0, families=None, 
              jitter_px: float = 1.5, empty_thought_rate: float = 0.1, unmarked_rate: float = 0.0, seed: int = 0,
              seed_start: int = 700_000) -> dict:
     """Store `recordings` + `supervised` simulated human episodes; returns their ids by kind."""
-    from trainer.episodes import demonstrate, trajectory_to_episode
-    from trainer.sandbox.families import FAMILIES
-
     fams = list(families or FAMILIES)
     rng = random.Random(seed)
     n = recordings + supervised

@@ -1,4 +1,4 @@
-"""Reward shaping for multi-turn GUI episodes, as trainer.ppo.shaped_turn_rewards uses it. Each
+"""Reward shaping for multi-turn GUI episodes, as trainer.learn.ppo.shaped_turn_rewards uses it. Each
 turn's shaped reward (placed on its last generated token by trainer.rl.gae.place_turn_rewards):
     the env's reward              (the verifier's outcome on the turn that reached it)
   - format_penalty                (the output does not parse into executable actions)

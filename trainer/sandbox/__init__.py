@@ -9,6 +9,6 @@ ENV_ID = "Tandem/Sandbox-v0"
 
 
 def register() -> None:
-    from trainer.sandbox.env import register as _register
+    from trainer.sandbox.env import register as _register  # lazy: cycle with trainer.sandbox.env
 
     _register()

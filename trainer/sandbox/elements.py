@@ -14,6 +14,8 @@ property "elementRole" (its name: "elementName", else its text).
 from __future__ import annotations
 
 from agent.elements import Element
+from trainer.sandbox.screen import Screen
+from trainer.sandbox.task import Task
 
 MIN_SIDE = 3  # a clipped box thinner than this (a row's last pixels at a viewport edge) is left out
 DIALOG_BAR = 18  # the title bar Screen._paint_frame draws above a dialog
@@ -28,8 +30,6 @@ def shown_tab_rect(bar, index: int):
     """The part of tab `index` that its QTabBar shows (bar coordinates): clipped by the bar's
     parents and stopping before the scroll arrows, which cover the bar's right end."""
     from PySide6.QtWidgets import QToolButton
-
-    from trainer.sandbox.screen import Screen
 
     part = bar.tabRect(index).intersected(Screen.shown_rect(bar))
     arrows = [b for b in bar.findChildren(QToolButton) if b.isVisible()]
@@ -97,8 +97,6 @@ class _Walker:
     def box(self, widget, rect=None):
         """The screen box of `rect` (widget coordinates; the whole widget by default) as shown:
         clipped by the widget's parents and the screen; None when too little of it is left."""
-        from trainer.sandbox.screen import Screen
-
         r = (rect if rect is not None else widget.rect()).intersected(Screen.shown_rect(widget))
         if r.isEmpty():
             return None
@@ -193,8 +191,6 @@ class _Walker:
     # ------------------------------------------------------------ kinds
     def button(self, b) -> None:
         from PySide6.QtWidgets import QCheckBox, QRadioButton
-
-        from trainer.sandbox.task import Task
 
         states = [] if b.isEnabled() else ["disabled"]
         if isinstance(b, (QCheckBox, QRadioButton)):

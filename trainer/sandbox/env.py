@@ -22,8 +22,12 @@ import numpy as np
 
 from agent import coords
 from agent.actions import SCROLL_DIRECTIONS, validate
+from agent.elements import Element
+from agent.grammar import format_normalized
 from agent.schema import Action, ScreenGeometry
-from trainer.sandbox.screen import SandboxError
+from agent.vlm.pointer import HEAD_FILE
+from trainer.sandbox.families import FAMILIES, family_class, family_for_seed
+from trainer.sandbox.screen import SandboxError, Screen
 from trainer.sandbox.task import HELDOUT_START, RUNNING, SEED_LIMIT, SUCCESS, split_of
 
 ENV_ID = "Tandem/Sandbox-v0"
@@ -35,10 +39,8 @@ OBSERVATIONS = ("elements", "pixels")
 
 def observation_for(model_dir) -> str:
     """What a checkpoint should observe: "elements" when it has the element-list pointer
-    (agent.pointer's side file), else "pixels" (the earlier default model, UI-TARS checkpoints)."""
+    (agent.vlm.pointer's side file), else "pixels" (the earlier default model, UI-TARS checkpoints)."""
     from pathlib import Path
-
-    from agent.pointer import HEAD_FILE
 
     return "elements" if model_dir and (Path(model_dir) / HEAD_FILE).is_file() else "pixels"
 
@@ -77,8 +79,6 @@ class ElementsSpace(gym.Space):
         return []
 
     def contains(self, x) -> bool:
-        from agent.elements import Element
-
         if x is None:
             return True
         return isinstance(x, list) and all(
@@ -147,7 +147,7 @@ class ActionSpace(gym.Space):
 
 class StepLater:
     """`send_step(action)` / `recv_step()` for an env that steps in its own process only in name:
-    the step runs at send, its result waits for recv (trainer.episodes.TaskEnv; EnvProcess
+    the step runs at send, its result waits for recv (trainer.rollout.runner.TaskEnv; EnvProcess
     overlaps real steps)."""
 
     _sent = None
@@ -169,8 +169,6 @@ class SandboxEnv(StepLater, gym.Env):
     def __init__(self, width: int = 320, height: int = 240, families: list[str] | None = None, split: str = "train",
                  max_steps: int | None = None, coords_space: str = coords.SMART_RESIZE, render_mode: str | None = None,
                  observation: str = "elements"):
-        from trainer.sandbox.families import FAMILIES, family_class
-
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if observation not in OBSERVATIONS:
@@ -199,9 +197,6 @@ class SandboxEnv(StepLater, gym.Env):
 
     # ------------------------------------------------------------ gym API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
-        from trainer.sandbox.families import family_class, family_for_seed
-        from trainer.sandbox.screen import Screen
-
         super().reset(seed=seed)
         options = dict(options or {})
         task_seed = options.get("task_seed", seed)
@@ -300,8 +295,6 @@ class SandboxEnv(StepLater, gym.Env):
 
     def expert_response(self) -> str:
         """The expert's next step as UI-TARS text in this env's coordinate space."""
-        from agent.grammar import format_normalized
-
         thought, action = self.expert_action()
         return format_normalized(thought, [action], self.coords_space, self.width, self.height)
 

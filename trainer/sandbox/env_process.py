@@ -19,6 +19,7 @@ import sys
 import traceback
 
 from trainer.errors import TrainerError
+from trainer.sandbox.env import ActionSpace, SandboxEnv
 
 _CTX = None
 
@@ -42,7 +43,6 @@ def _serve(conn, env_kw: dict) -> None:
     import os
 
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from trainer.sandbox.env import SandboxEnv
 
     try:
         env = SandboxEnv(**env_kw)
@@ -80,7 +80,6 @@ class EnvProcess:
         self.width, self.height = attrs["width"], attrs["height"]
         self.coords_space, self.families, self.split = attrs["coords_space"], attrs["families"], attrs["split"]
         self.platform = attrs["platform"]
-        from trainer.sandbox.env import ActionSpace
 
         self.action_space = ActionSpace()  # the env's (a plain sampler): the random policy draws here
 
@@ -157,8 +156,6 @@ class EnvProcess:
 def make_envs(n: int, **env_kw) -> list:
     """`n` sandbox environments for one runner: one in this process when n is 1 (nothing else
     shares its Qt application), else one process each."""
-    from trainer.sandbox.env import SandboxEnv
-
     if n < 1:
         raise ValueError(f"need at least one environment, got {n}")
     if n == 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from agent.schema import Action
-from trainer.sandbox.task import FAILED, RUNNING, SUCCESS, Task, Verdict
+from trainer.sandbox.task import FAILED, RUNNING, SUCCESS, WORDS, Task, Verdict
 
 
 def _grid(task: Task, parent, widgets, cols: int):
@@ -176,8 +176,6 @@ class Dropdown(Task):
         self.instruction = self.instruction.format(f=self.field, v=self.target)
 
     def rng_pool(self, vocab):
-        from trainer.sandbox.task import WORDS
-
         return WORDS[vocab]
 
     def check(self):
@@ -234,8 +232,6 @@ class ListPick(Task):
 
 
 def random_text(rng) -> str:
-    from trainer.sandbox.task import WORDS
-
     kind = rng.randrange(4)
     if kind == 0:
         return f"{rng.choice(WORDS['names']).lower()}@{rng.choice(('mail.com', 'example.org', 'tandem.dev'))}"

@@ -32,6 +32,7 @@ BINARY_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-
 DRIVER_NAMES = ("chromedriver", "chromium.chromedriver")
 FALLBACK_DIRS = ("/usr/bin", "/usr/lib/chromium")
 CHROME_FLAGS = ("headless", "disable-gpu", "no-sandbox", "disable-dev-shm-usage")  # miniwob's, plus /dev/shm off
+TASK_WIDTH, TASK_HEIGHT = 160, 210  # MiniWoB's task area in CSS pixels (miniwob.constants), also the screenshot
 
 
 class MiniWoBError(TrainerError, RuntimeError):

@@ -5,7 +5,7 @@
     obs, reward, terminated, truncated, info = env.step(Action("click", {"start_box": (0.4, 0.6)}))
 
 The same contract as trainer.sandbox.env.SandboxEnv, so the one episode runner
-(trainer.episodes) plays it: obs = {"screenshot": 210x160x3 RGB (MiniWoB's task area), "geometry"}
+(trainer.rollout.runner) plays it: obs = {"screenshot": 210x160x3 RGB (MiniWoB's task area), "geometry"}
 and, with observation="elements" (the default), "elements": the page's element list read from its
 DOM (agent.elements.Element, screenshot pixels; trainer.sandbox.miniwob_elements) and
 "elements_source": "dom", or why the list is None (the scan ran past `elements_budget` seconds,
@@ -36,13 +36,31 @@ import numpy as np
 
 from agent import coords
 from agent.actions import KEY_ALIASES, validate
+from agent.grammar import format_normalized
 from agent.schema import Action, ScreenGeometry
-from trainer.sandbox.env import StepLater
-from trainer.sandbox.miniwob_browser import Deadline, MiniWoBError, MiniWoBTimeout, check_versions, chromium_paths
-from trainer.sandbox.miniwob_elements import SOURCE
+from trainer.sandbox.env import (
+    OBSERVATIONS,
+    ActionSpace,
+    ElementsSpace,
+    GeometrySpace,
+    NoteSpace,
+    StepLater,
+    to_actions,
+)
+from trainer.sandbox.miniwob_browser import (
+    TASK_HEIGHT,
+    TASK_WIDTH,
+    Deadline,
+    MiniWoBError,
+    MiniWoBTimeout,
+    check_versions,
+    chromium_paths,
+    make_environment,
+)
+from trainer.sandbox.miniwob_elements import SOURCE, read_elements, screen_scale
+from trainer.sandbox.miniwob_oracle import element_box, oracle_action
 
 PREFIX = "miniwob/"
-TASK_WIDTH, TASK_HEIGHT = 160, 210  # MiniWoB's task area in CSS pixels (miniwob.constants), also the screenshot
 
 # WebDriver's key names (miniwob.constants.WEBDRIVER_SPECIAL_KEYS) for the key words UI-TARS writes
 KEY_NAMES = {"enter": "<Enter>", "tab": "<Tab>", "space": "<Space>", "backspace": "<Backspace>", "delete": "<Delete>",
@@ -164,8 +182,6 @@ class MiniWoBEnv(StepLater, gym.Env):
                  episode_seconds: float | None = None, reset_timeout: float = 30.0, step_timeout: float = 30.0, launch_timeout: float = 60.0,
                  coords_space: str = coords.SMART_RESIZE, render_mode: str | None = None,
                  observation: str = "elements", elements_budget: float = 1.0):
-        from trainer.sandbox.env import OBSERVATIONS, ActionSpace, ElementsSpace, GeometrySpace, NoteSpace
-
         missing = available()
         if missing:
             raise MiniWoBError(f"MiniWoB++ is not available: {missing}")
@@ -245,8 +261,6 @@ class MiniWoBEnv(StepLater, gym.Env):
         return self._obs, self._info()
 
     def step(self, action):
-        from trainer.sandbox.env import to_actions
-
         if self._raw is None:
             raise RuntimeError("call reset() before step()")
         extra: dict = {}
@@ -314,16 +328,12 @@ class MiniWoBEnv(StepLater, gym.Env):
     # ------------------------------------------------------------ the oracle (expert) and the DOM
     def expert_action(self) -> tuple[str, Action]:
         """The DOM oracle's next (thought, action) (trainer.sandbox.miniwob_oracle)."""
-        from trainer.sandbox.miniwob_oracle import oracle_action
-
         if self._raw is None:
             raise RuntimeError("call reset() before expert_action()")
         return oracle_action(self._task, self._raw)
 
     def expert_response(self) -> str:
         """The oracle's next step as UI-TARS text in this env's coordinate space."""
-        from agent.grammar import format_normalized
-
         thought, action = self.expert_action()
         return format_normalized(thought, [action], self.coords_space, self.width, self.height)
 
@@ -338,8 +348,6 @@ class MiniWoBEnv(StepLater, gym.Env):
 
     def labelled_targets(self) -> list[tuple[str, Action, tuple[float, float, float, float]]]:
         """(text, click, normalized box) for each leaf element with text on the page now."""
-        from trainer.sandbox.miniwob_oracle import element_box
-
         if self._raw is None:
             raise RuntimeError("call reset() before labelled_targets()")
         out = []
@@ -367,8 +375,6 @@ class MiniWoBEnv(StepLater, gym.Env):
         if self._env is not None:
             return
         from miniwob.action import ActionSpaceConfig, ActionTypes
-
-        from trainer.sandbox.miniwob_browser import make_environment
 
         T = ActionTypes
         config = ActionSpaceConfig(
@@ -445,8 +451,6 @@ class MiniWoBEnv(StepLater, gym.Env):
     def _read_elements(self) -> None:
         """The page's element list into the observation (observation="elements"); once the task
         has ended, MiniWoB shows no page, and the list is empty."""
-        from trainer.sandbox.miniwob_elements import read_elements
-
         if self.observation != "elements" or not self._raw["dom_elements"]:
             return
         items, source = read_elements(self._env.instance.driver, self.scale, self.width, self.height,
@@ -455,8 +459,6 @@ class MiniWoBEnv(StepLater, gym.Env):
 
     def _measure(self) -> None:
         """self.scale from the page's viewport, as miniwob's screenshot crops and resizes it."""
-        from trainer.sandbox.miniwob_elements import screen_scale
-
         inst = self._env.instance
         ratio = float(inst.driver.execute_script("return window.devicePixelRatio;") or 1.0)
         self.scale = screen_scale(inst.inner_width, inst.inner_height, ratio, self.width, self.height)

@@ -8,8 +8,7 @@ the tasks in ORACLES; `oracle_action` names them for any other.
 from __future__ import annotations
 
 from agent.schema import Action
-from trainer.sandbox.miniwob_browser import MiniWoBError
-from trainer.sandbox.miniwob_env import TASK_HEIGHT, TASK_WIDTH
+from trainer.sandbox.miniwob_browser import TASK_HEIGHT, TASK_WIDTH, MiniWoBError
 
 
 def _num(v) -> float:

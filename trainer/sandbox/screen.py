@@ -250,7 +250,7 @@ class Screen:
     def elements(self) -> list:
         """The screen's element list (agent.elements.Element, screenshot pixels): what a user can act
         on in every visible window, bottom to top (trainer.sandbox.elements)."""
-        from trainer.sandbox.elements import screen_elements
+        from trainer.sandbox.elements import screen_elements  # lazy: cycle with trainer.sandbox.elements
 
         return screen_elements(self)
 

@@ -266,7 +266,7 @@ class Task:
         from PySide6.QtCore import Qt
         from PySide6.QtWidgets import QToolButton
 
-        from trainer.sandbox.elements import shown_tab_rect
+        from trainer.sandbox.elements import shown_tab_rect  # lazy: cycle with trainer.sandbox.elements
 
         bar = tabs.tabBar()
         i = [tabs.tabText(k) for k in range(tabs.count())].index(name)

@@ -1,0 +1,2 @@
+"""What is kept on disk: the store (SQLite and blobs), bundles, export, model files, secrets and the
+flywheel's routes."""

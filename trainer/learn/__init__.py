@@ -1,0 +1,2 @@
+"""Learning from episodes: SFT, DPO, PPO, LoRA, distributed training, memory plans, metrics,
+checkpoints and the `train` command."""

@@ -1,0 +1,1 @@
+"""The default model's recipe: the data, the stages and the settings that build it."""

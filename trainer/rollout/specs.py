@@ -1,0 +1,101 @@
+"""What a rollout worker is made of, as typed, frozen, picklable values: the environment it plays
+(EnvSpec), its policy copy's sampling (ActorSpec), the agent's memory (MemorySpec) and the episode
+rules (EpisodeSpec). They travel from the PPO loop through both rollout pools to a worker process
+or a Ray actor as they are, and each checks itself when made, so a bad setting is named where it
+is written, not three layers down where a keyword dict meets a constructor."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from agent import coords
+from agent.policies.memory import Memory
+from trainer.errors import TrainerError
+from trainer.sandbox.env import OBSERVATIONS, SPLITS
+
+
+class SpecError(TrainerError, ValueError):
+    """A worker spec's field holds a value its component cannot use; the message names the field."""
+
+
+def _kwargs(spec) -> dict:
+    return {f.name: getattr(spec, f.name) for f in fields(spec)}
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """trainer.sandbox.env.SandboxEnv's settings (every env of every worker is made from one)."""
+    width: int = 320
+    height: int = 240
+    families: tuple[str, ...] | None = None  # None: every family
+    split: str = "train"
+    max_steps: int | None = None  # None: each task's own limit
+    coords_space: str = coords.SMART_RESIZE
+    observation: str = "elements"
+
+    def __post_init__(self):
+        if self.width < 1 or self.height < 1:
+            raise SpecError(f"EnvSpec.width and .height must be positive, got {self.width}x{self.height}")
+        if self.families is not None:
+            object.__setattr__(self, "families", tuple(self.families))  # a list from a caller stays hashable
+        if self.split not in SPLITS:
+            raise SpecError(f"EnvSpec.split must be one of {SPLITS}, got {self.split!r}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise SpecError(f"EnvSpec.max_steps must be at least 1 (or None), got {self.max_steps}")
+        if self.observation not in OBSERVATIONS:
+            raise SpecError(f"EnvSpec.observation must be one of {OBSERVATIONS}, got {self.observation!r}")
+
+    def kwargs(self) -> dict:
+        """SandboxEnv's (and trainer.sandbox.env_process.make_envs's) keyword arguments."""
+        out = _kwargs(self)
+        out["families"] = list(self.families) if self.families is not None else None
+        return out
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """A worker's policy copy (trainer.rollout.actors.VLMActor): how it samples."""
+    temperature: float = 1.0
+    max_new_tokens: int = 64
+
+    def __post_init__(self):
+        if not self.temperature > 0:
+            raise SpecError(f"ActorSpec.temperature must be > 0 for sampling rollouts, got {self.temperature}")
+        if self.max_new_tokens < 1:
+            raise SpecError(f"ActorSpec.max_new_tokens must be at least 1, got {self.max_new_tokens}")
+
+    def kwargs(self) -> dict:
+        return asdict(self)
+
+
+_HISTORY_VIEWS = ("auto", "screenshots")
+
+
+@dataclass(frozen=True)
+class MemorySpec:
+    """The agent's hierarchical memory (agent.policies.memory.Memory) per episode; the defaults are Memory's."""
+    working_steps: int = Memory.working_steps
+    token_budget: int = Memory.token_budget
+    note_limit: int = Memory.note_limit
+    history_view: str = Memory.history_view
+
+    def __post_init__(self):
+        for name in ("working_steps", "token_budget", "note_limit"):
+            if getattr(self, name) < 0:
+                raise SpecError(f"MemorySpec.{name} must be >= 0, got {getattr(self, name)}")
+        if self.history_view not in _HISTORY_VIEWS:
+            raise SpecError(f"MemorySpec.history_view must be one of {_HISTORY_VIEWS}, got {self.history_view!r}")
+
+    def kwargs(self) -> dict:
+        """Memory's keyword arguments (trainer.rollout.runner.EpisodeRunner's memory_kw)."""
+        return _kwargs(self)
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """The episode rules a worker's trainer.rollout.runner.EpisodeRunner plays by."""
+    end_on_parse_error: bool = False  # a reply that does not parse ends the episode (no re-ask)
+    platform: str = "desktop"  # the prompt's platform (agent.policies.build_prompt)
+
+    def kwargs(self) -> dict:
+        """EpisodeRunner's keyword arguments."""
+        return _kwargs(self)

@@ -281,7 +281,7 @@ def test_whitening_the_advantages_can_be_turned_off(tiny_vlm_dir, one_thread):  
     from trainer.config_flags import from_args
     from trainer.learn.ppo import Critic, PPOConfig, prepare_turns, score
     from trainer.rollout.actors import VLMActor
-    from trainer.rollout.pool import run_episode
+    from trainer.rollout.runner import run_episode
     from trainer.sandbox.env import SandboxEnv
 
     model, proc = load_vlm(tiny_vlm_dir, device="cpu")

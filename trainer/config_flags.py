@@ -25,8 +25,10 @@ import types
 import typing
 from dataclasses import MISSING, field, fields, is_dataclass, replace
 
+from trainer.errors import TrainerError
 
-class ConfigError(ValueError):
+
+class ConfigError(TrainerError, ValueError):
     """A setting that cannot work. `field` is its dotted name ("ppo.clip_high"); the command
     line says it with the flag instead (describe)."""
 

@@ -30,9 +30,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.bench.bench_table import print_table
+from trainer.rollout.actors import Actor
 
 MODEL = Path(__file__).resolve().parents[2] / "assets" / "default_model"
 FAMILIES = ["click_button", "radio", "list_pick", "check_boxes", "dropdown", "tabs"]
+
+
+class _OneAtATime(Actor):
+    """The one-at-a-time path: every chat through the actor's own batch-of-one `generate`."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    def generate(self, messages, *, greedy=False):
+        return self.actor.generate(messages, greedy=greedy)
+
+    def model_extent(self, width, height):
+        return self.actor.model_extent(width, height)
+
+
+class _NoKeptTurns(_OneAtATime):
+    """Batched generation with no slot keeping its last turn (every prompt computed in full)."""
+
+    def generate_batch(self, chats, *, greedy=False, slots=None):
+        return self.actor.generate_batch(chats, greedy=greedy, slots=None)
 
 
 def rollouts(model_dir, tickets, n_envs: int, batched: bool, max_new_tokens: int, keep_turns: bool = True) -> tuple[dict, list]:
@@ -43,9 +64,11 @@ def rollouts(model_dir, tickets, n_envs: int, batched: bool, max_new_tokens: int
 
     model, processor = load_vlm(model_dir, device="cpu")
     actor = VLMActor(model, processor, temperature=1.0, max_new_tokens=max_new_tokens)
+    # the baseline answers each chat with its own generate; without kept turns no slot keeps its last turn
+    player = _OneAtATime(actor) if not batched else actor if keep_turns else _NoKeptTurns(actor)
     envs = make_envs(n_envs if batched else 1)  # started before the clock: a run starts them once
     try:
-        runner = EpisodeRunner(actor, envs, batched=batched, keep_turns=keep_turns)
+        runner = EpisodeRunner(player, envs)
         t0 = time.perf_counter()
         trajs = runner.run_all(tickets)
         wall = time.perf_counter() - t0

@@ -30,7 +30,7 @@ from trainer.rollout.pool import OffPolicy, RolloutError, Tickets, WorkerSpec, c
 from trainer.rollout.runner import EpisodeRunner, Trajectory
 from trainer.sandbox.env_process import make_envs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Inference:

@@ -60,6 +60,11 @@ def test_load_vlm_installs_it_and_the_env_var_turns_it_off(tiny, tiny_vlm_dir, t
     r = subprocess.run([sys.executable, "-c", code, str(tiny_vlm_dir)], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+    twin = fast_vision.vision_tower(copy.deepcopy(model))  # the PPO critic's copy: its own overrides and hooks
+    assert twin.blocks[0].attn.forward.__self__ is twin.blocks[0].attn and len(twin._forward_pre_hooks) == 1
+    fast_vision.uninstall(twin)
+    assert not twin._forward_pre_hooks and "forward" not in twin.blocks[0].attn.__dict__
+    assert len(fast_vision.vision_tower(model)._forward_pre_hooks) == 1  # the original untouched
     q3, _ = vlm.load_vlm(tiny_qwen3_dir)  # other classes keep the stock path
     assert fast_vision.vision_tower(q3) is None and not fast_vision.install(q3, force=True)
 

@@ -63,8 +63,8 @@ def install(model, force: bool = False) -> bool:
     for blk in tower.blocks:
         blk.attn.forward = types.MethodType(_attention_forward, blk.attn)
     # module-level functions, not closures: a deepcopy of the model (the PPO critic) keeps working
-    tower._fast_vision_hooks = (tower.register_forward_pre_hook(_begin_forward),
-                                tower.register_forward_hook(_end_forward))
+    tower.register_forward_pre_hook(_begin_forward)
+    tower.register_forward_hook(_end_forward)
     tower._fast_vision = True
     return True
 
@@ -76,9 +76,10 @@ def uninstall(model) -> None:
         return
     for m in [tower.patch_embed, tower.rotary_pos_emb] + [blk.attn for blk in tower.blocks]:
         m.__dict__.pop("forward", None)
-    for h in tower._fast_vision_hooks:
-        h.remove()
-    del tower._fast_vision_hooks
+    # found by function, not by handle: a deepcopy's handles point at the original's hook dicts
+    for hooks in (tower._forward_pre_hooks, tower._forward_hooks):
+        for k in [k for k, fn in hooks.items() if fn in (_begin_forward, _end_forward)]:
+            del hooks[k]
     tower._fast_vision = False
 
 

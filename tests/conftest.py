@@ -16,6 +16,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# the CLIs under test pick torch threads from the free cores (agent.threads); tests run on one, as their fixtures do
+os.environ.setdefault("TANDEM_THREADS", "1")
 os.environ.setdefault("TANDEM_DATA", str(Path(os.environ.get("TMPDIR", "/tmp")) / f"tandem-test-data-{os.getpid()}"))
 
 

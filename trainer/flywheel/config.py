@@ -70,7 +70,8 @@ class FlywheelConfig:
     min_gain: float = knob(0.0, "promote only if the paired 95%% interval of the gain lies above this")
     base: str = knob("default", "the first model: the shipped default model when it fits the screen size (default), or "
                                 "random weights (scratch)", choices=("default", "scratch"))
-    threads: int = knob(1, "torch threads (tiny models lose to thread wake-ups on 2 busy cores)")
+    # none: the cores other work leaves free (agent.threads), so 2 busy cores give 1 thread, not 2 that wait on each other
+    threads: int | None = knob(None, "torch threads (none: the cores other work leaves free)")
     seed: int = knob(0, "random seed")
     routing: dict = knob(help="RoutingConfig fields", factory=dict, cli=False)
 
@@ -86,7 +87,8 @@ class FlywheelConfig:
     def validate(self) -> None:
         """Raise config_flags.ConfigError naming the first setting that cannot work."""
         check_choices(self)
-        for name in ("eval_episodes", "threads", "max_new_tokens"):
+        check(self.threads is None or int(self.threads) >= 1, "flywheel.threads", "must be at least 1", self.threads)
+        for name in ("eval_episodes", "max_new_tokens"):
             check(int(getattr(self, name)) >= 1, f"flywheel.{name}", "must be at least 1", getattr(self, name))
         for name in ("miniwob_episodes", "dpo_steps", "rollouts"):
             check(int(getattr(self, name)) >= 0, f"flywheel.{name}", "must be >= 0", getattr(self, name))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 import traceback
 from dataclasses import asdict, replace
@@ -31,6 +32,7 @@ from pathlib import Path
 from agent import coords
 from agent.grammar import format_normalized
 from agent.storage.model_files import DEFAULT_MODEL_DIR
+from agent.threads import choose_threads
 from agent.vlm.model import load_vlm
 from trainer.flywheel import FlywheelError
 from trainer.flywheel.announce import announce, backend_target
@@ -326,7 +328,8 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
     import torch
 
     cfg = cfg or FlywheelConfig.load(store)
-    torch.set_num_threads(cfg.threads)
+    threads = choose_threads(cfg.threads).apply()
+    print(threads.line(), file=sys.stderr)
     torch.manual_seed(cfg.seed)
     registry, router = Registry(store), Router(store, RoutingConfig.from_dict(cfg.routing), orm=orm)
     prog = _Progress(progress)
@@ -335,7 +338,7 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
     iteration = max([v.iteration for v in registry.versions()] + [0]) + 1
     slog = _StageLog(log, iteration)
     t0 = time.perf_counter()
-    report: dict = {"iteration": iteration, "started_at": time.time(), "config": asdict(cfg)}
+    report: dict = {"iteration": iteration, "started_at": time.time(), "config": asdict(cfg), "torch_threads": threads.threads}
 
     # -- 0. the model to start from
     current = registry.current()

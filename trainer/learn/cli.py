@@ -13,6 +13,7 @@ import json
 
 from agent.cli_common import fail as _fail  # the name its many call sites use
 from agent.cli_common import open_store
+from agent.threads import ThreadsError, choose_threads, set_threads
 from agent.vlm.model import VLMError
 from trainer.config_flags import ConfigError, add_flags, describe, from_args
 from trainer.learn.distributed import (
@@ -115,9 +116,30 @@ def _add_nproc_arg(s) -> None:
 
 
 def _add_launch_args(s) -> None:
-    """Where the learner runs: --device and --nproc (the memory flags are ScaleConfig's fields)."""
+    """Where the learner runs: --device, --nproc and --threads (the memory flags are ScaleConfig's fields)."""
     _add_nproc_arg(s)
     _add_device_arg(s)
+    s.add_argument("--threads", type=int, default=None,
+                   help="torch threads of each learner process (default: the cores other work leaves free, "
+                        "divided among the processes; TANDEM_THREADS sets it too)")
+
+
+def _pick_threads(args, beside: int = 0) -> str | None:
+    """Decide the learner processes' torch threads (agent.threads), say so on stderr and keep the
+    count in args.threads for each rank to set; `beside`: rollout worker processes training in
+    parallel with the learner, which take their share of the free cores. The error, or None."""
+    import os
+    import sys
+
+    # under torchrun each rank is a `main.py train` of its own: its machine's ranks share the cores
+    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", args.nproc))
+    try:
+        choice = choose_threads(args.threads, workers=per_machine + beside)
+    except ThreadsError as e:
+        return str(e)
+    print(choice.line(), file=sys.stderr)
+    args.threads = choice.threads
+    return None
 
 
 def _add_device_arg(s) -> None:
@@ -150,6 +172,9 @@ def cmd_sft(args) -> int:
         check_nproc(args.nproc, args.device)
     except DistributedError as e:
         return _fail(str(e))
+    error = _pick_threads(args)
+    if error:
+        return _fail(error)
     res = _run_job(sft_job, args, cfg)
     if "error" in res:
         return _fail(res["error"])
@@ -201,6 +226,7 @@ def sft_job(rank: int, world: int, job: dict, result_path: str, cfg) -> None:
 
     args = argparse.Namespace(**job)
     try:
+        set_threads(args.threads)  # as cmd_sft decided
         model, processor = load_for_training(args.model, rank_device(args.device, rank, world))
         if args.jsonl:
             samples = jsonl_samples(args.jsonl)
@@ -248,6 +274,10 @@ def cmd_ppo(args) -> int:
 
         if importlib.util.find_spec("ray") is None:
             return _fail("--engine ray needs Ray: pip install 'ray==2.60.0' (the [scale] extra)")
+    # async rollout workers on this machine play while the learner trains: they share the free cores
+    error = _pick_threads(args, beside=cfg.n_workers if cfg.mode == "async" and not cfg.ray_address else 0)
+    if error:
+        return _fail(error)
     res = _run_job(ppo_job, args, families, cfg)
     if "error" in res:
         return _fail(res["error"])
@@ -264,6 +294,7 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families, cfg) -
     from trainer.learn.ppo import train_ppo  # lazy: torch: this module stays light
 
     args = argparse.Namespace(**job)
+    set_threads(args.threads)  # as cmd_ppo decided
     try:
         model, processor = load_for_training(args.model, rank_device(args.device, rank, world))
     except VLMError as e:

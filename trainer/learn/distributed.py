@@ -18,6 +18,7 @@ import contextlib
 import os
 import socket
 
+from agent.threads import choose_threads
 from trainer.errors import TrainerError
 
 STRATEGIES = ("ddp", "fsdp")
@@ -124,8 +125,9 @@ def _join(rank: int, world: int, fn, args, store=None) -> None:
 
     local = int(os.environ.get("LOCAL_RANK", rank))
     per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    # the machine's cores split between its ranks (oversubscribed threads thrash)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_machine))
+    # the machine's cores split between its ranks (oversubscribed threads thrash); TANDEM_THREADS wins.
+    # Not sampled for other work: the sibling ranks starting at this moment would count as such
+    torch.set_num_threads(choose_threads(workers=per_machine, busy=0.0).threads)
     nccl = torch.cuda.is_available() and torch.cuda.device_count() >= per_machine
     if nccl:
         torch.cuda.set_device(local)

@@ -16,14 +16,15 @@ to agent.policies.memory's history and to LocalVLMPolicy, and the checkpoint run
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
 from agent import coords
+from agent.threads import choose_threads
 from agent.vlm import pointer
 from agent.vlm.model import VLMError, load_processor, load_vlm, name_stock_processor, resized_image_size
 from trainer.config_flags import (
@@ -125,9 +126,11 @@ class RecipeConfig:
     ppo_max_steps: int = knob(5, "rollouts are cut (and bootstrapped) at this many steps; evaluation keeps each "
                                  "family's limit")
     threads: int = knob(1, "torch threads of the PPO learner beside its rollout workers (they take the other cores)")
-    # torch threads of SFT and the held-out evaluations, when nothing else runs (None: all cores). Measured on
-    # 2 cores: an SFT step of the default shape 1.06 s with 1 thread, 0.65 s with 2; of 256x4x4 3.5 s, 2.0 s
-    sft_threads: int | None = knob(None, "torch threads of SFT and the held-out evaluations (none: all cores)")
+    # torch threads of SFT and the held-out evaluations, when nothing else runs (None: the cores other work leaves
+    # free, agent.threads). Measured on 2 cores: an SFT step of the default shape 1.06 s with 1 thread, 0.65 s with
+    # 2; of 256x4x4 3.5 s, 2.0 s
+    sft_threads: int | None = knob(None, "torch threads of SFT and the held-out evaluations (none: the cores other "
+                                         "work leaves free)")
     seed: int = knob(0, "random seed (of every stage)")
 
     # keys of recipe configs saved before the stages nested (eval.json, stage_sft.json), where "<stage>_<field>"
@@ -253,7 +256,8 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
         raise RecipeError(f"--device: {e}") from None
 
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.sft_threads or os.cpu_count() or 1)
+    sft_threads = choose_threads(cfg.sft_threads, flag="--sft-threads").apply()
+    print(sft_threads.line("torch threads of SFT and evaluation"), file=sys.stderr)
     out = Path(out_dir)
     work = Path(work_dir) if work_dir else out.parent / (out.name + "-work")
     work.mkdir(parents=True, exist_ok=True)
@@ -325,7 +329,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     res = train_ppo(model, processor, cfg.ppo, model_dir=work / "sft", work_dir=work / "ppo",
                     env=EnvSpec(**{**env_kw, "max_steps": cfg.ppo_max_steps}),
                     families=cfg.families, log=log, progress=progress)
-    torch.set_num_threads(cfg.sft_threads or os.cpu_count() or 1)  # the workers have stopped
+    sft_threads.apply()  # the workers have stopped
     res["critic"].save(work / "critic")
     report["ppo"] = {"updates": res["updates"], "last": res["history"][-1] if res["history"] else None}
     report["eval_ppo"] = heldout("ppo")

@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import os
 import queue as queue_mod
+import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from agent.threads import ENV, choose_threads
 from trainer.errors import TrainerError
 from trainer.learn.lora import plain_state_dict
 from trainer.rollout.actors import VLMActor
@@ -176,7 +178,9 @@ class WorkerSpec:
     memory: MemorySpec = field(default_factory=MemorySpec)
     actor: ActorSpec = field(default_factory=ActorSpec)
     episode: EpisodeSpec = field(default_factory=EpisodeSpec)
-    threads: int = 1  # torch threads per worker
+    # torch threads per worker; None: the cores other work leaves free divided among the workers
+    # (less the learner's threads in async mode, where it trains beside them): resolve_threads
+    threads: int | None = None
     # seconds added to every env step: a sandbox in a VM or a remote browser waits on its screen
     # this long per action, the regime asynchronous rollouts are built for (the benchmark's knob)
     env_latency_s: float = 0.0
@@ -194,7 +198,7 @@ class WorkerSpec:
             if not isinstance(getattr(self, name), kind):
                 raise RolloutError(f"WorkerSpec.{name} must be a trainer.rollout.specs.{kind.__name__}, "
                                    f"got {type(getattr(self, name)).__name__}")
-        if self.threads < 1 or self.n_envs < 1:
+        if (self.threads is not None and self.threads < 1) or self.n_envs < 1:
             raise RolloutError(f"WorkerSpec.threads and .n_envs must be at least 1, got {self.threads}, {self.n_envs}")
         if self.env_latency_s < 0:
             raise RolloutError(f"WorkerSpec.env_latency_s must be >= 0, got {self.env_latency_s}")
@@ -258,6 +262,24 @@ def _worker_main(rank: int, spec: WorkerSpec, version_value, tickets, results, s
         results.put(("error", f"worker {rank}: {traceback.format_exc()}"))
 
 
+def resolve_threads(spec: WorkerSpec, n_workers: int, mode: str, *, cores: int | None = None,
+                    busy: float | None = None) -> WorkerSpec:
+    """`spec` with its torch threads per worker decided: as given, else TANDEM_THREADS, else the free
+    cores (agent.threads) split among the `n_workers` workers, so that workers x threads never
+    exceed the free cores (each still gets at least 1). In async mode the learner trains beside the
+    workers, so its own torch threads are taken off first; in sync mode it waits while they play.
+    Says what it chose on stderr."""
+    if spec.threads is not None:
+        return spec
+    import torch  # as the workers do: this module's import stays light
+
+    reserved = torch.get_num_threads() if mode == "async" else 0
+    choice = choose_threads(workers=n_workers, reserved=reserved, cores=cores, busy=busy, flag=ENV)
+    aside = f", the learner's {reserved} set aside" if reserved and choice.source == "auto" else ""
+    print(choice.line("rollout workers' torch threads") + aside, file=sys.stderr)
+    return replace(spec, threads=choice.threads)
+
+
 class _Delayed:
     """An env whose every step takes `latency` seconds longer, sleeping (no CPU), like a remote one;
     steps sent together (send_step) wait out their latency together, as remote envs would."""
@@ -291,7 +313,7 @@ class RolloutPool:
         import multiprocessing as mp
 
         check_pool(mode, n_workers, max_staleness, staleness_decay)
-        self.spec, self.n_workers, self.mode = spec, n_workers, mode
+        self.spec, self.n_workers, self.mode = resolve_threads(spec, n_workers, mode), n_workers, mode
         self.offpolicy = OffPolicy(max_staleness, staleness_decay)
         self.tickets_out = Tickets(seed_start, families)
         self.prefetch = prefetch

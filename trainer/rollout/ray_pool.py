@@ -22,11 +22,12 @@ Ray is imported only here, when the engine is asked for: the rest of Tandem runs
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from trainer.learn.lora import plain_state_dict
 from trainer.rollout.actors import Actor, VLMActor
-from trainer.rollout.pool import OffPolicy, RolloutError, Tickets, WorkerSpec, check_pool
+from trainer.rollout.pool import OffPolicy, RolloutError, Tickets, WorkerSpec, check_pool, resolve_threads
 from trainer.rollout.runner import EpisodeRunner, Trajectory
 from trainer.sandbox.env_process import make_envs
 
@@ -186,6 +187,10 @@ class RayRolloutPool:
                  staleness_decay: float = 1.0, seed_start: int = 0, families: list[str] | None = None,
                  address: str | None = None):
         check_pool(mode, n_workers, max_staleness, staleness_decay)
+        if address and spec.threads is None:  # actors on other machines, whose free cores this one cannot see
+            spec = replace(spec, threads=1)
+        # a local Ray: the free cores divided among the actors (the shared inference actor is one more)
+        spec = resolve_threads(spec, n_workers + (spec.inference == "shared"), mode)
         self.spec, self.n_workers, self.mode, self.address = spec, n_workers, mode, address
         self.offpolicy = OffPolicy(max_staleness, staleness_decay)
         self.tickets_out = Tickets(seed_start, families)

@@ -13,6 +13,7 @@ from agent.executors.base import encode_pixels
 from agent.policies.choice import CLI
 from agent.policies.choice import make_policy as choose
 from agent.storage.model_files import DEFAULT_MODEL_DIR
+from agent.threads import choose_threads
 from agent.vlm.model import load_vlm
 from trainer.rollout import miniwob_eval
 from trainer.rollout.actors import ExpertActor, PolicyActor, RandomActor, VLMActor
@@ -77,6 +78,9 @@ def register(sub, common) -> None:
     s.add_argument("--envs", type=int, default=16,
                    help="model policies: environments played together, one batched generation per round (default 16)")
     s.add_argument("--max-new-tokens", type=int, default=128, help="model policies: reply length limit (default 128)")
+    s.add_argument("--threads", type=int, default=None,
+                   help="model policies: torch threads (default: the cores other work leaves free; TANDEM_THREADS "
+                        "sets it too)")
     s.add_argument("--json", action="store_true",
                    help='print {"overall": rate, "families": {NAME: rate}, "intervals": {...}} (intervals: episodes and '
                         'Wilson 95%% interval per family and overall)')
@@ -247,6 +251,8 @@ def make_actor(args):
     if args.policy == "endpoint":
         return PolicyActor(policy)
 
+    # decided before the sandbox processes start, so their start-up does not count as other work
+    print(choose_threads(args.threads).apply().line(), file=sys.stderr)
     model, processor = load_vlm(policy.model_dir)
     return VLMActor(model, processor, max_new_tokens=args.max_new_tokens)
 

@@ -30,7 +30,7 @@ MANIFEST_FILE = ".tandem_model.json"  # written beside a pulled model's files (n
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # the flywheel's are v0001, v0002, ...
 # the small model shipped in the repository, built by `train default`: the one place its path is written
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "default_model"
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "default_model"
 DEFAULT_MAX_PULL_BYTES = 16 * 2**30  # the most a pull writes unless told otherwise (a 7B model in bf16 fits)
 _NAME_BYTES, _PATH_BYTES = 255, 1024  # a file name's and a path's longest in the manifest (ext4's NAME_MAX)
 

@@ -18,6 +18,7 @@ from trainer.rollout import miniwob_eval
 from trainer.rollout.actors import ExpertActor, PolicyActor, RandomActor, VLMActor
 from trainer.rollout.grounding import grounding_eval
 from trainer.rollout.runner import EpisodeRunner, demonstrate, plan, rates, trace_summary, trajectory_to_episode
+from trainer.rollout.specs import INFERENCE_DTYPES
 from trainer.sandbox.env import SandboxEnv, observation_for
 from trainer.sandbox.env_process import make_envs
 from trainer.sandbox.families import FAMILIES, parse_families
@@ -77,6 +78,9 @@ def register(sub, common) -> None:
     s.add_argument("--envs", type=int, default=16,
                    help="model policies: environments played together, one batched generation per round (default 16)")
     s.add_argument("--max-new-tokens", type=int, default=128, help="model policies: reply length limit (default 128)")
+    s.add_argument("--inference-dtype", choices=INFERENCE_DTYPES, default="fp32",
+                   help="--policy default/local: the dtype the model's weights run in (default fp32; see the README's "
+                        "bf16 result for what bf16 changes)")
     s.add_argument("--json", action="store_true",
                    help='print {"overall": rate, "families": {NAME: rate}, "intervals": {...}} (intervals: episodes and '
                         'Wilson 95%% interval per family and overall)')
@@ -247,8 +251,8 @@ def make_actor(args):
     if args.policy == "endpoint":
         return PolicyActor(policy)
 
-    model, processor = load_vlm(policy.model_dir)
-    return VLMActor(model, processor, max_new_tokens=args.max_new_tokens)
+    model, processor = load_vlm(policy.model_dir, dtype=args.inference_dtype)
+    return VLMActor(model, processor, max_new_tokens=args.max_new_tokens, inference_dtype=args.inference_dtype)
 
 
 def _play(args, make, tickets, n_envs: int, bar) -> list:
@@ -337,6 +341,9 @@ def _suite_problem(args) -> str | None:
             return "--policy oracle is MiniWoB++'s DOM oracle: add --suite miniwob (the sandbox's is --policy expert)"
         if args.tasks or args.episode_seconds is not None:
             return "--tasks and --episode-seconds are for --suite miniwob"
+    if getattr(args, "inference_dtype", "fp32") != "fp32" and (args.policy not in ("default", "local") or args.grounding):
+        return ("--inference-dtype is for the episodes of a local model (--policy default or local, without "
+                "--grounding): an endpoint, the expert and the random policy have no weights here")
     return None
 
 

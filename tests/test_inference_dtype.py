@@ -15,9 +15,9 @@ ENV = {"width": 224, "height": 168, "families": ["click_button", "radio"]}
 # |log p_bf16 - log p_fp32| per generated token, bf16 actor against the fp32 learner on the same tokens. bf16
 # keeps 8 bits of mantissa (relative rounding 2^-9 = 0.2%) in every weight and activation. Measured on the
 # tiny model (random weights, flat distributions): mean 0.001, max 0.003, bounded here by TINY_MEAN and
-# TINY_MAX. The trained default model's peaked distributions round further from fp32 on its less likely
-# tokens: mean 0.018-0.029 on a few episodes (the README's bf16 table: over hundreds of turns), bounded by
-# DEFAULT_MEAN; exp(0.05) = 1.05 is well inside PPO's clip range (0.8-1.28).
+# TINY_MAX. On the default model the median is 2e-5 and the mean within 0.002 of the fp32 actor's own (both
+# ~0.14 from the pointer's rewritten coordinates: the README's bf16 table); DEFAULT_MEAN bounds the excess.
+# exp(0.05) = 1.05 is well inside PPO's clip range (0.8-1.28).
 TINY_MEAN, TINY_MAX, DEFAULT_MEAN = 0.02, 0.2, 0.05
 
 
@@ -66,9 +66,11 @@ def test_bf16_actor_logprobs_are_within_tolerance_of_the_fp32_learner(tiny_vlm_d
 
 def test_bf16_default_model_replies_parse_and_score_close_to_fp32(one_thread):  # noqa: F811
     """The shipped element-list model in bf16, greedy on held-out seeds at its own screen: every
-    reply parses, and the fp32 model scores its tokens within the tolerance. (The seeds are ones
-    whose fp32 replies all parse too: in check_boxes and type_text the model writes some replies
-    that do not parse in either dtype, the same turns in both.)"""
+    reply parses, and the fp32 learner scores its tokens as closely as it scores the fp32 actor's.
+    (The seeds are ones whose fp32 replies all parse too: in check_boxes and type_text the model
+    writes some replies that parse in neither dtype. Both actors' gaps include the tokens after a
+    coordinate the pointer rewrote, recorded after the model's own digits: see the README's bf16
+    table.)"""
     import torch
 
     from agent.storage.model_files import DEFAULT_MODEL_DIR
@@ -81,20 +83,24 @@ def test_bf16_default_model_replies_parse_and_score_close_to_fp32(one_thread):  
 
     if not (DEFAULT_MODEL_DIR / "config.json").is_file():
         pytest.skip(f"no default model at {DEFAULT_MODEL_DIR}")
-    actor = VLMActor.load(DEFAULT_MODEL_DIR, inference_dtype="bf16", max_new_tokens=128)
-    env = SandboxEnv(**model_screen(DEFAULT_MODEL_DIR), observation=observation_for(DEFAULT_MODEL_DIR))
-    try:
-        trajs = play(actor, [(HELDOUT_START, "click_button"), (HELDOUT_START + 2, "radio"),
-                             (HELDOUT_START + 4, "list_pick")], envs=[env], greedy=True)
-    finally:
-        env.close()
-    turns = [t for tr in trajs for t in tr.turns]
-    assert turns and all(t.parse_error is None for t in turns), [t.text for t in turns if t.parse_error]
     learner, processor = load_vlm(DEFAULT_MODEL_DIR, device="cpu")
-    fp32, bf16 = _fp32_scores(trajs, learner, processor)
-    gap = (fp32 - bf16).abs()
-    assert gap.mean() <= DEFAULT_MEAN, float(gap.mean())
-    assert torch.isfinite(gap).all()
+    tickets = [(HELDOUT_START, "click_button"), (HELDOUT_START + 2, "radio"), (HELDOUT_START + 4, "list_pick")]
+    gaps = {}
+    for dtype in ("fp32", "bf16"):
+        actor = VLMActor.load(DEFAULT_MODEL_DIR, inference_dtype=dtype, max_new_tokens=128)
+        env = SandboxEnv(**model_screen(DEFAULT_MODEL_DIR), observation=observation_for(DEFAULT_MODEL_DIR))
+        try:
+            trajs = play(actor, tickets, envs=[env], greedy=True)
+        finally:
+            env.close()
+        turns = [t for tr in trajs for t in tr.turns]
+        assert turns and all(t.parse_error is None for t in turns), (dtype, [t.text for t in turns if t.parse_error])
+        fp32, recorded = _fp32_scores(trajs, learner, processor)
+        gaps[dtype] = (fp32 - recorded).abs()
+        assert torch.isfinite(gaps[dtype]).all()
+    assert gaps["bf16"].median() <= 1e-3, float(gaps["bf16"].median())
+    assert gaps["bf16"].mean() <= gaps["fp32"].mean() + DEFAULT_MEAN, (float(gaps["bf16"].mean()),
+                                                                       float(gaps["fp32"].mean()))
 
 
 def test_weights_published_to_a_bf16_worker_arrive_cast_and_the_learner_stays_fp32(tiny_vlm_dir, tmp_path):  # noqa: F811

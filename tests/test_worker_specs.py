@@ -22,7 +22,7 @@ def test_specs_name_the_bad_field():
                        (lambda: MemorySpec(working_steps=-1), "MemorySpec.working_steps")):
         with pytest.raises(SpecError, match=field.replace(".", r"\.")):
             bad()
-    with pytest.raises(RolloutError, match=r"WorkerSpec\.env must be a trainer\.specs\.EnvSpec, got dict"):
+    with pytest.raises(RolloutError, match=r"WorkerSpec\.env must be a trainer\.rollout\.specs\.EnvSpec, got dict"):
         WorkerSpec("m", "w", env={"width": 224})  # the old keyword dict is refused, not half-used
     with pytest.raises(RolloutError, match=r"WorkerSpec\.inference"):
         WorkerSpec("m", "w", inference="remote")
@@ -37,7 +37,7 @@ def test_a_worker_spec_round_trips_through_pickle_and_builds_what_it_names():
     from trainer.sandbox.env import SandboxEnv
 
     spec = WorkerSpec("m", "w", env=EnvSpec(width=224, height=168, families=["radio"], max_steps=2, observation="pixels"),
-                      memory=MemorySpec(working_steps=2), actor=ActorSpec(temperature=0.7, max_new_tokens=9),
+                      memory=MemorySpec(working_steps=2), actor=ActorSpec(temperature=0.7, max_new_tokens=9, inference_dtype="bf16"),
                       episode=EpisodeSpec(end_on_parse_error=True), n_envs=3)
     back = pickle.loads(pickle.dumps(spec))
     assert back == spec and hash(back.env) == hash(spec.env)  # frozen all the way down
@@ -51,7 +51,7 @@ def test_a_worker_spec_round_trips_through_pickle_and_builds_what_it_names():
     finally:
         env.close()
     assert Memory(**back.memory.kwargs()).working_steps == 2
-    assert back.actor.kwargs() == {"temperature": 0.7, "max_new_tokens": 9}
+    assert back.actor.kwargs() == {"temperature": 0.7, "max_new_tokens": 9, "inference_dtype": "bf16"}
     assert back.episode.kwargs() == {"end_on_parse_error": True, "platform": "desktop"}
     assert MemorySpec().kwargs() == {k: getattr(Memory(), k) for k in MemorySpec().kwargs()}  # Memory's defaults
 

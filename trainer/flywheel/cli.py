@@ -249,7 +249,8 @@ def cmd_merge(args) -> int:
         if not args.no_eval:
             cfg = FlywheelConfig.load(store, eval_episodes=args.eval_episodes)
             start = reserve_eval_seeds(store, cfg.eval_seeds)  # the merge and its parents on one fresh block
-            kw = dict(env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens, seed_start=start)
+            kw = dict(env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens, seed_start=start,
+                      inference_dtype=cfg.inference_dtype)
             metrics = evaluate_model(out, cfg.families, cfg.eval_seeds, **kw)
             result["merged"] = {**eval_summary(metrics), "families": {k: v["success"] for k, v in metrics["families"].items()}}
             result["parents"] = {}

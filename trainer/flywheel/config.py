@@ -20,7 +20,7 @@ from trainer.config_flags import (
 from trainer.flywheel import FlywheelError
 from trainer.flywheel.evaluation import seeds_per_family
 from trainer.flywheel.routing import RoutingConfig
-from trainer.learn.ppo_config import PPOConfig
+from trainer.learn.ppo_config import INFERENCE_DTYPES, PPOConfig
 from trainer.learn.sft import ScaleConfig, SFTConfig
 from trainer.recipe.default_model import RecipeConfig
 from trainer.sandbox.families import FAMILIES
@@ -64,8 +64,10 @@ class FlywheelConfig:
                                               max_new_tokens=48),
                             "PPO on the sandbox", prefix="ppo-", bare=("ray_address",),
                             helps={"updates": "PPO updates (0: skip PPO)"}, skip=SCALE,
-                            tied=("seed", "max_new_tokens"))
+                            tied=("seed", "max_new_tokens", "inference_dtype"))
     max_new_tokens: int = knob(48, "tokens a model may generate per turn (rollouts, PPO, evaluation)")
+    inference_dtype: str = knob("fp32", "dtype of the models that play (rollouts, PPO's rollouts, evaluation); "
+                                        "training keeps float32 weights", choices=INFERENCE_DTYPES)
     max_steps: int | None = knob(None, "cap on an episode's steps (none: each family's own limit)")
     min_gain: float = knob(0.0, "promote only if the paired 95%% interval of the gain lies above this")
     base: str = knob("default", "the first model: the shipped default model when it fits the screen size (default), or "

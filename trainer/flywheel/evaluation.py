@@ -17,7 +17,6 @@ import hashlib
 import json
 import math
 
-from agent.vlm.model import load_vlm
 from trainer.rollout.actors import VLMActor
 from trainer.rollout.miniwob_eval import DEFAULT_TASKS as MINIWOB_TASKS
 from trainer.rollout.miniwob_eval import evaluate_miniwob
@@ -34,10 +33,13 @@ FLYWHEEL_EVAL_OFFSET = 100_000
 NEXT_SEEDS_KEY = "flywheel.eval_seed_next"
 
 
-def eval_signature(families, seeds_per_family: int, env_kw: dict, max_new_tokens: int, seed_start: int | None = None) -> str:
-    """Two evaluations compare only when this matches (same tasks, seeds, screen, budget)."""
+def eval_signature(families, seeds_per_family: int, env_kw: dict, max_new_tokens: int, seed_start: int | None = None,
+                   inference_dtype: str = "fp32") -> str:
+    """Two evaluations compare only when this matches (same tasks, seeds, screen, budget, and
+    inference dtype: fp32 leaves the signatures of evaluations before the option as they were)."""
     key = json.dumps({"families": list(families), "seeds": seeds_per_family, "env": env_kw, "tokens": max_new_tokens,
-                      **({"seed_start": seed_start} if seed_start is not None else {})}, sort_keys=True)
+                      **({"seed_start": seed_start} if seed_start is not None else {}),
+                      **({"dtype": inference_dtype} if inference_dtype != "fp32" else {})}, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -57,11 +59,11 @@ def reserve_eval_seeds(store, per_family: int) -> int:
 
 def evaluate_model(model_dir, families: list[str], seeds_per_family: int, *, env_kw: dict, max_new_tokens: int = 48,
                    progress=None, miniwob: bool = False, seed_start: int | None = None,
-                   miniwob_episodes: int = MINIWOB_EPISODES_PER_TASK) -> dict:
-    """Metrics of the checkpoint in model_dir on held-out seeds (from seed_start, default the
-    split's first). progress(done, total)."""
-    model, processor = load_vlm(model_dir, device="cpu")
-    return evaluate_actor(VLMActor(model, processor, max_new_tokens=max_new_tokens), families, seeds_per_family,
+                   miniwob_episodes: int = MINIWOB_EPISODES_PER_TASK, inference_dtype: str = "fp32") -> dict:
+    """Metrics of the checkpoint in model_dir, its weights in `inference_dtype` (fp32 or bf16), on
+    held-out seeds (from seed_start, default the split's first). progress(done, total)."""
+    actor = VLMActor.load(model_dir, inference_dtype=inference_dtype, max_new_tokens=max_new_tokens)
+    return evaluate_actor(actor, families, seeds_per_family,
                           env_kw=env_kw_for(env_kw, model_dir), max_new_tokens=max_new_tokens, progress=progress, miniwob=miniwob,
                           seed_start=seed_start, miniwob_episodes=miniwob_episodes)
 
@@ -81,7 +83,8 @@ def evaluate_actor(actor, families: list[str], seeds_per_family: int, *, env_kw:
 
     out = evaluate(actor, families, seeds_per_family, env_kw=env_kw, n_envs=n_envs, seed_start=seed_start,
                    progress=tick if progress else None)
-    out["eval_signature"] = eval_signature(families, seeds_per_family, env_kw, max_new_tokens, seed_start)
+    out["eval_signature"] = eval_signature(families, seeds_per_family, env_kw, max_new_tokens, seed_start,
+                                           getattr(actor, "inference_dtype", "fp32"))
     if seed_start is not None:
         out.update(seed_start=seed_start, seeds_per_family=seeds_per_family)
     if miniwob:

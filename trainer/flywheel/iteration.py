@@ -33,7 +33,6 @@ from agent import coords
 from agent.grammar import format_normalized
 from agent.storage.model_files import DEFAULT_MODEL_DIR
 from agent.threads import choose_threads
-from agent.vlm.model import load_vlm
 from trainer.flywheel import FlywheelError
 from trainer.flywheel.announce import announce, backend_target
 from trainer.flywheel.config import CONFIG_KEY, FlywheelConfig, default_families  # noqa: F401  (re-exported)
@@ -225,8 +224,8 @@ def collect_rollouts(store, model_dir, version: str, cfg: FlywheelConfig, iterat
         return []
     import torch
 
-    model, processor = load_vlm(model_dir, device="cpu")
-    actor = VLMActor(model, processor, temperature=cfg.rollout_temperature, max_new_tokens=cfg.max_new_tokens)
+    actor = VLMActor.load(model_dir, inference_dtype=cfg.inference_dtype, temperature=cfg.rollout_temperature,
+                          max_new_tokens=cfg.max_new_tokens)
     tickets = [(ROLLOUT_SEED_BASE + iteration * 1000 + k, cfg.families[k % len(cfg.families)]) for k in range(cfg.rollouts)]
 
     envs = make_envs(min(n_envs, len(tickets)), **env_kw_for(cfg.env_kw, model_dir))
@@ -384,7 +383,8 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
         # the candidate also plays MiniWoB++ where it can run: counted in the stage's episodes
         browser = cfg.miniwob_episodes > 0 and not miniwob_missing()
         total = 2 * n + (len(MINIWOB_TASKS) * cfg.miniwob_episodes if browser else 0)
-        kw = dict(env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens, seed_start=seed_start)
+        kw = dict(env_kw=cfg.env_kw, max_new_tokens=cfg.max_new_tokens, seed_start=seed_start,
+                  inference_dtype=cfg.inference_dtype)
         current_metrics = {**evaluate_model(current.path, cfg.families, per_family,
                                             progress=lambda d, _n: prog.stage("eval", d, total, "episode"), **kw),
                            "measured_at_iteration": iteration}

@@ -458,7 +458,8 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env: En
     trained = prepare_model(policy, cfg, bf16_base=not fsdp)
     peft_model = trained if cfg.lora_r else None  # peft's wrapper of `policy`: it saves the adapter
     work_dir = Path(work_dir)
-    actor = ActorSpec(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    actor = ActorSpec(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                      inference_dtype=cfg.inference_dtype)
     rank, world = D.rank_world()
     progress = progress and rank == 0
 
@@ -481,13 +482,18 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env: En
                                families=families).start(policy)
         collect = lambda: pool.collect(cfg.batch_episodes)
     else:
-        local = VLMActor(policy, processor, **actor.kwargs())
+        # fp32: the learner's own model plays; bf16: a copy of its own, the master weights cast into it per batch
+        copy = cfg.inference_dtype != "fp32"
+        local = (VLMActor.load(model_dir, **actor.kwargs()) if copy else
+                 VLMActor(policy, processor, temperature=actor.temperature, max_new_tokens=actor.max_new_tokens))
         envs = make_envs(min(cfg.n_envs, cfg.batch_episodes), **env.kwargs())
         runner = EpisodeRunner(local, envs, memory_kw=memory.kwargs(), end_on_parse_error=cfg.end_on_parse_error)
         seeds = iter(range(cfg.seed * 100_000, 10**9))
 
         def collect():
             policy.eval()
+            if copy:
+                local.load_state(plain_state_dict(policy), "the learner's weights")
             local.cache.clear_features()  # the weights changed in place: cached features and prefixes with them
             fams = families or [None]
             return runner.run_all([(s, fams[s % len(fams)]) for s in (next(seeds) for _ in range(cfg.batch_episodes))])

@@ -9,6 +9,7 @@ from trainer.config_flags import check, knob
 from trainer.learn.sft import ScaleConfig
 
 ENGINES, MODES, INFERENCE = ("local", "ray"), ("async", "sync"), ("own", "shared")
+INFERENCE_DTYPES = ("fp32", "bf16")  # trainer.rollout.specs's (kept here too: reading a config needs no sandbox)
 
 
 @dataclass
@@ -45,6 +46,11 @@ class PPOConfig(ScaleConfig):
     value_pretrain_epochs: int = knob(4, "passes over each value-pretraining batch")
     temperature: float = knob(1.0, "sampling temperature of the rollouts")
     max_new_tokens: int = knob(64, "tokens the policy may generate per turn")
+    # the rollout copies' dtype; the learner's master weights stay float32 and are cast for each copy they
+    # are published to. fp32 by default: see the README's "bf16 inference" result for what bf16 changes
+    inference_dtype: str = knob("fp32", "dtype of the policy copies that play the rollouts (each worker's, or one in "
+                                        "this process with workers 0); the learner stays float32",
+                                choices=INFERENCE_DTYPES)
     # an unparseable turn costs this. It does not end the episode (the agent is asked again)
     # while a wrong click may, so the penalty must outweigh what a retry can still win, or the
     # policy is paid to stall. On the default model, at 0.1 the share of unparseable turns climbed
@@ -143,6 +149,8 @@ class PPOConfig(ScaleConfig):
               "must be >= 0 (0: one turn per forward)", self.micro_batch_tokens)
         check(self.imp_weight_cap is None or self.imp_weight_cap > 1, "ppo.imp_weight_cap", "must be > 1 (none: no cap)",
               self.imp_weight_cap)
+        check(self.inference_dtype in INFERENCE_DTYPES, "ppo.inference_dtype", f"must be one of {INFERENCE_DTYPES}",
+              self.inference_dtype)
         ray = self.engine == "ray"
         check(not ray or self.n_workers >= 1, "ppo.n_workers", "must be at least 1 with engine 'ray' (Ray actors)",
               self.n_workers)

@@ -15,6 +15,7 @@ from agent.policies.local import processor_extent
 from agent.schema import Action
 from agent.vlm.batch import ImageCache, generate_batch
 from agent.vlm.model import generate, load_vlm
+from trainer.rollout.specs import INFERENCE_DTYPES
 
 Slot = tuple  # the runner's key of an environment slot: (worker, index of the env in the runner's list)
 
@@ -59,20 +60,36 @@ class VLMActor(Actor):
     """`generate(messages)` answers one chat (agent.vlm.model.generate, batch of one, every screenshot
     encoded again: the sequential path); `generate_batch(chats)` answers many in one batched
     generation, each distinct screenshot preprocessed and encoded once while the weights stay
-    (agent.vlm.batch.ImageCache)."""
+    (agent.vlm.batch.ImageCache).
 
-    def __init__(self, model, processor, *, temperature: float = 1.0, max_new_tokens: int = 64):
+    inference_dtype ("fp32" or "bf16"; None: whatever the model is in) says what the model's
+    weights must be in; `load` loads them so. A bf16 actor is always a copy of its own: new
+    weights (`load_state`, the learner's float32 master weights) are cast into it, never the
+    other way round."""
+
+    def __init__(self, model, processor, *, temperature: float = 1.0, max_new_tokens: int = 64,
+                 inference_dtype: str | None = None):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling rollouts, got {temperature}")
+        if inference_dtype is not None:
+            if inference_dtype not in INFERENCE_DTYPES:
+                raise ValueError(f"inference_dtype must be one of {INFERENCE_DTYPES}, got {inference_dtype!r}")
+            have = str(model.dtype).removeprefix("torch.")
+            if have != {"fp32": "float32", "bf16": "bfloat16"}[inference_dtype]:
+                raise ValueError(f"inference_dtype {inference_dtype!r}, but the model's weights are {have}: load it "
+                                 "in that dtype (VLMActor.load, agent.vlm.model.load_vlm's dtype)")
 
         self.model, self.processor = model, processor
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.inference_dtype = inference_dtype or ("bf16" if str(model.dtype) == "torch.bfloat16" else "fp32")
         self.cache = ImageCache()
 
     @classmethod
-    def load(cls, model_dir, device: str = "cpu", **kw) -> VLMActor:
-        model, processor = load_vlm(model_dir, device=device)
-        return cls(model, processor, **kw)
+    def load(cls, model_dir, device: str = "cpu", inference_dtype: str = "fp32", **kw) -> VLMActor:
+        if inference_dtype not in INFERENCE_DTYPES:
+            raise ValueError(f"inference_dtype must be one of {INFERENCE_DTYPES}, got {inference_dtype!r}")
+        model, processor = load_vlm(model_dir, device=device, dtype=inference_dtype)
+        return cls(model, processor, inference_dtype=inference_dtype, **kw)
 
     def generate(self, messages, *, greedy: bool = False) -> ActorOutput:
         g = generate(self.model, self.processor, messages, max_new_tokens=self.max_new_tokens,
@@ -97,7 +114,10 @@ class VLMActor(Actor):
         self.load_state(load_file(str(path)), f"weights {path}")
 
     def load_state(self, state: dict, name: str = "the published weights") -> None:
-        """New weights from a state dict (a file's, or one sent through Ray's object store)."""
+        """New weights from a state dict (a file's, or one sent through Ray's object store). They
+        are copied into this model's own parameters, each cast to its dtype (a bf16 copy takes the
+        learner's float32 weights rounded; the float32 pointer head stays float32), so whoever
+        sent them keeps theirs as they were."""
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if unexpected or [k for k in missing if "lm_head" not in k]:  # lm_head may be tied
             raise RuntimeError(f"{name} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")

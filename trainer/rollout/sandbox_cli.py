@@ -19,6 +19,7 @@ from trainer.rollout import miniwob_eval
 from trainer.rollout.actors import ExpertActor, PolicyActor, RandomActor, VLMActor
 from trainer.rollout.grounding import grounding_eval
 from trainer.rollout.runner import EpisodeRunner, demonstrate, plan, rates, trace_summary, trajectory_to_episode
+from trainer.rollout.specs import INFERENCE_DTYPES
 from trainer.sandbox.env import SandboxEnv, observation_for
 from trainer.sandbox.env_process import make_envs
 from trainer.sandbox.families import FAMILIES, parse_families
@@ -81,6 +82,9 @@ def register(sub, common) -> None:
     s.add_argument("--threads", type=int, default=None,
                    help="model policies: torch threads (default: the cores other work leaves free; TANDEM_THREADS "
                         "sets it too)")
+    s.add_argument("--inference-dtype", choices=INFERENCE_DTYPES, default="fp32",
+                   help="--policy default/local: the dtype the model's weights run in (default fp32; see the README's "
+                        "bf16 result for what bf16 changes)")
     s.add_argument("--json", action="store_true",
                    help='print {"overall": rate, "families": {NAME: rate}, "intervals": {...}} (intervals: episodes and '
                         'Wilson 95%% interval per family and overall)')
@@ -253,8 +257,8 @@ def make_actor(args):
 
     # decided before the sandbox processes start, so their start-up does not count as other work
     print(choose_threads(args.threads).apply().line(), file=sys.stderr)
-    model, processor = load_vlm(policy.model_dir)
-    return VLMActor(model, processor, max_new_tokens=args.max_new_tokens)
+    model, processor = load_vlm(policy.model_dir, dtype=args.inference_dtype)
+    return VLMActor(model, processor, max_new_tokens=args.max_new_tokens, inference_dtype=args.inference_dtype)
 
 
 def _play(args, make, tickets, n_envs: int, bar) -> list:
@@ -343,6 +347,9 @@ def _suite_problem(args) -> str | None:
             return "--policy oracle is MiniWoB++'s DOM oracle: add --suite miniwob (the sandbox's is --policy expert)"
         if args.tasks or args.episode_seconds is not None:
             return "--tasks and --episode-seconds are for --suite miniwob"
+    if getattr(args, "inference_dtype", "fp32") != "fp32" and (args.policy not in ("default", "local") or args.grounding):
+        return ("--inference-dtype is for the episodes of a local model (--policy default or local, without "
+                "--grounding): an endpoint, the expert and the random policy have no weights here")
     return None
 
 

@@ -21,6 +21,10 @@ def _kwargs(spec) -> dict:
     return {f.name: getattr(spec, f.name) for f in fields(spec)}
 
 
+# the dtypes a rollout or evaluation copy of the policy may run in (the learner's master weights stay float32)
+INFERENCE_DTYPES = ("fp32", "bf16")
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """trainer.sandbox.env.SandboxEnv's settings (every env of every worker is made from one)."""
@@ -53,15 +57,19 @@ class EnvSpec:
 
 @dataclass(frozen=True)
 class ActorSpec:
-    """A worker's policy copy (trainer.rollout.actors.VLMActor): how it samples."""
+    """A worker's policy copy (trainer.rollout.actors.VLMActor): how it samples, and the dtype its
+    weights are held in (the learner publishes float32 weights; a bf16 copy takes them cast)."""
     temperature: float = 1.0
     max_new_tokens: int = 64
+    inference_dtype: str = "fp32"
 
     def __post_init__(self):
         if not self.temperature > 0:
             raise SpecError(f"ActorSpec.temperature must be > 0 for sampling rollouts, got {self.temperature}")
         if self.max_new_tokens < 1:
             raise SpecError(f"ActorSpec.max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.inference_dtype not in INFERENCE_DTYPES:
+            raise SpecError(f"ActorSpec.inference_dtype must be one of {INFERENCE_DTYPES}, got {self.inference_dtype!r}")
 
     def kwargs(self) -> dict:
         return asdict(self)

@@ -213,7 +213,7 @@ def load_vlm(model_dir, device=None, dtype=None):
     except Exception as e:  # a damaged side file names itself
         raise VLMError(f"{model_dir}: the pointer head did not load: {e}") from e
     model.to(dev).eval()
-    from agent.vlm import fast_vision  # imports torch: importing this module stays cheap
+    from agent.vlm import fast_vision  # lazy: imports torch at its top; agent.vlm.model stays cheap to import
     fast_vision.install(model)  # exact vision-tower savings (TANDEM_FAST_VISION=0: the stock path)
     return model, processor
 

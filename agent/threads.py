@@ -18,6 +18,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from agent.errors import TandemError
+
 ENV = "TANDEM_THREADS"
 # a core at most this busy with other work still counts as free: an idle desktop shows a few
 # percent of background load, which should not halve a 2-core machine's threads
@@ -25,7 +27,7 @@ SLACK = 0.25
 SAMPLE_S = 0.25  # the /proc/stat interval: 25 ticks per CPU at USER_HZ 100
 
 
-class ThreadsError(ValueError):
+class ThreadsError(TandemError, ValueError):
     """A thread count that cannot work (from --threads or TANDEM_THREADS); the message names it."""
 
 

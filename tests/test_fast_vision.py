@@ -153,11 +153,20 @@ def test_tower_matches_stock_on_a_batch_of_sizes(tiny):
         assert fast.shape == stock.shape and (fast - stock).abs().max() < 1e-5
 
 
-def test_tower_gradients_match_stock(tiny):
-    """The learner with train_vision on: the tower's gradients through every saving."""
+def test_training_takes_the_stock_path_and_inference_the_fast_one(tiny):
+    """With grad on (the learner, train_vision) the tower runs the stock code, whose memory the
+    memory plan measures, and its gradients equal the uninstalled tower's; under no_grad (rollouts,
+    evaluation) the savings run: their reused buffers appear."""
     model, processor = tiny
     tower = copy.deepcopy(fast_vision.vision_tower(model))
     pv, grid = pixels(processor, [screenshot(320, 200), screenshot(150, 400, seed=1)])
+    fast_vision.install(tower, force=True)
+    fast_vision._CTX.__dict__.pop("scratch", None)
+    tower(pv, grid_thw=grid)
+    assert not fast_vision._CTX.__dict__.get("scratch"), "a forward with grad on used the fast path"
+    with torch.no_grad():
+        tower(pv, grid_thw=grid)
+    assert fast_vision._CTX.__dict__.get("scratch"), "an inference forward did not take the fast path"
     grads = []
     for fast in (False, True):
         (fast_vision.install(tower, force=True) if fast else fast_vision.uninstall(tower))

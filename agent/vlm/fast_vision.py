@@ -123,6 +123,8 @@ def _cached(key_tensor, kind, build):
 # ---------------------------------------------------------------- patch embedding
 
 def _patch_embed_forward(self, hidden_states):
+    if torch.is_grad_enabled():  # training: the stock path, so memory plans (trainer.learn.memory_plan) hold
+        return type(self).forward(self, hidden_states)
     w = self.proj.weight
     x = hidden_states.view(-1, self.in_channels, self.temporal_patch_size, self.patch_size * self.patch_size)
     x = x.to(dtype=w.dtype)
@@ -222,8 +224,8 @@ def _attention_plan(cu_seqlens, n):
 
 def _attention_forward(self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
     cos, sin = position_embeddings
-    half = _cached(cos, "rope", lambda: _half_cos_sin(cos, sin))
-    if half is None:
+    half = None if torch.is_grad_enabled() else _cached(cos, "rope", lambda: _half_cos_sin(cos, sin))
+    if half is None:  # training (the stock path: its memory is what the plans measure), or a layout this does not cover
         return type(self).forward(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
     c, s = half
     n = hidden_states.shape[0]

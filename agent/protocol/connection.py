@@ -39,6 +39,7 @@ from itertools import accumulate
 from typing import Any
 
 from agent.errors import TandemError
+from agent.protocol.events import DecisionReceived, ErrorReceived, ProposalReceived, ProtocolError
 from agent.storage.model_files import is_model_version  # a model version names the folder it is pulled into
 
 PROTOCOL_VERSION = 1
@@ -284,26 +285,6 @@ def decode_blob(data: bytes, limits: Limits = Limits()) -> tuple[str, bytes] | t
     if hashlib.sha256(payload).hexdigest() != digest:
         return None, ("hash_mismatch", f"blob {digest} does not match its content")
     return digest, bytes(payload)
-
-
-# ---------------------------------------------------------------- events (agent.protocol.events)
-from agent.protocol.events import (  # noqa: F401  (re-exported: the events are part of this module's API)
-    Acked,
-    BlobReceived,
-    BlobsNeeded,
-    ClaimChanged,
-    DecisionReceived,
-    ErrorReceived,
-    HelloReceived,
-    ManifestReceived,
-    Message,
-    ModelVersion,
-    ProposalReceived,
-    ProtocolError,
-    RunEnded,
-    UploadComplete,
-    Welcome,
-)
 
 
 # ---------------------------------------------------------------- connections

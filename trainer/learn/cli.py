@@ -164,14 +164,22 @@ def _config(cls, args):
         return None, describe(e, cls)
 
 
-def cmd_sft(args) -> int:
-    cfg, error = _config(SFTConfig, args)
+def _learner_config(cls, args):
+    """_config, and the learner processes it asks for checked against the device (--nproc)."""
+    cfg, error = _config(cls, args)
     if error:
-        return _fail(error)
+        return None, error
     try:
         check_nproc(args.nproc, args.device)
     except DistributedError as e:
-        return _fail(str(e))
+        return None, str(e)
+    return cfg, None
+
+
+def cmd_sft(args) -> int:
+    cfg, error = _learner_config(SFTConfig, args)
+    if error:
+        return _fail(error)
     error = _pick_threads(args)
     if error:
         return _fail(error)
@@ -253,13 +261,9 @@ def cmd_ppo(args) -> int:
         families = parse_families(args.families)
     except SandboxError as e:
         return _fail(str(e))
-    cfg, error = _config(PPOConfig, args)
+    cfg, error = _learner_config(PPOConfig, args)
     if error:
         return _fail(error)
-    try:
-        check_nproc(args.nproc, args.device)
-    except DistributedError as e:
-        return _fail(str(e))
     from pathlib import Path
 
     if cfg.lora_r and not Path(args.model).is_dir():

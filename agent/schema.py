@@ -197,6 +197,9 @@ class Observation:
     elements: list | None = None
     # where the list came from (atspi | uiautomator2 | dom | sandbox), or why there is none ("none: ...")
     elements_source: str | None = None
+    # what the previous tool action (run_command, read_file, write_file) gave back, seen with this frame:
+    # {"tool", "target" (the command or the path), "exit_code" (int, None for file tools), "output", "truncated"}
+    tool_output: dict | None = None
 
     def to_dict(self) -> dict:
         d: dict = {
@@ -214,6 +217,8 @@ class Observation:
             d["elements"] = [e.to_dict() for e in self.elements]
         if self.elements_source is not None:
             d["elements_source"] = self.elements_source
+        if self.tool_output is not None:
+            d["tool_output"] = dict(self.tool_output)
         return d
 
     @classmethod
@@ -231,6 +236,7 @@ class Observation:
                 extra=dict(d.get("extra") or {}),
                 elements=_elements(d.get("elements"), where),
                 elements_source=_elements_source(d.get("elements_source"), where),
+                tool_output=_tool_output(d.get("tool_output"), where),
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, SchemaError):
@@ -247,6 +253,28 @@ def _elements(items, where: str) -> list | None:
         return elements_from_dicts(items, f"{where}: elements")
     except ElementError as e:
         raise SchemaError(str(e)) from None
+
+
+TOOL_OUTPUT_TOOLS = ("run_command", "read_file", "write_file")
+
+
+def _tool_output(out, where: str) -> dict | None:
+    """A tool action's result beside an observation, validated; None stays None (no tool ran)."""
+    if out is None:
+        return None
+    where = f"{where}: tool_output"
+    if not isinstance(out, dict):
+        raise SchemaError(f"{where} must be an object, got {type(out).__name__}")
+    if out.get("tool") not in TOOL_OUTPUT_TOOLS:
+        raise SchemaError(f"{where}: tool must be one of {TOOL_OUTPUT_TOOLS}, got {out.get('tool')!r}")
+    for name in ("target", "output"):
+        if not isinstance(out.get(name), str):
+            raise SchemaError(f"{where}: {name} must be a string, got {type(out.get(name)).__name__}")
+    code = out.get("exit_code")
+    if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
+        raise SchemaError(f"{where}: exit_code must be an integer or null, got {code!r}")
+    return {"tool": out["tool"], "target": out["target"], "exit_code": code, "output": out["output"],
+            "truncated": bool(out.get("truncated", False))}
 
 
 def _elements_source(source, where: str) -> str | None:

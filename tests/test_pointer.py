@@ -170,6 +170,39 @@ def test_ppo_logprob_of_a_pointer_choice_is_the_heads_softmax(model_and_processo
     model.zero_grad(set_to_none=True)
 
 
+def test_tokens_after_a_rewritten_site_take_the_proximal_logprob_as_behaviour(model_and_processor, one_thread):  # noqa: F811
+    # the actor sampled "')" after its own digits; the reply holds the entry's, so the log-probs it
+    # recorded after the site describe another context: decoupled PPO must not weigh them by it
+    from agent.vlm.inputs import build_inputs
+    from trainer.learn.ppo import behaviour_after_rewrite
+    from trainer.learn.ppo_batch import Pack, build_turns, pack_logprobs
+    from trainer.rollout.runner import Trajectory, Turn
+
+    model, processor = model_and_processor
+    tok = processor.tokenizer
+    messages = chat()
+    prompt_ids = build_inputs(processor, messages, add_generation_prompt=True)["input_ids"][0].tolist()
+    rid = tok("Thought: I'll click 'Paste'.\nAction: click(start_box='(5,7)')<|im_end|>", add_special_tokens=False)["input_ids"]
+    lay = pointer.layout(tok, prompt_ids + rid, len(prompt_ids))
+    for choice, rewritten in ((1, True), (lay.none, False)):
+        ids, lps = pointer.rewrite(tok, lay, len(prompt_ids), rid, [-9.0] * len(rid), [choice], [-0.25])
+        turn = Turn(messages, ids, lps, tok.decode(ids, skip_special_tokens=True), pointer=[choice])
+        tb, = build_turns([Trajectory(1, "click_button", "Click 'Paste'.", [turn])], processor)
+        with torch.no_grad():
+            tb.old_lp = pack_logprobs(model, Pack.build([tb], 0), temperature=1.0)
+        before = tb.behaviour_lp.clone()
+        n = behaviour_after_rewrite(tb)
+        site = tb.pointer.sites[0]
+        after = site.digits[-1] + 1 - len(prompt_ids)  # the reply index of the token after the digits
+        if rewritten:
+            assert n == len(ids) - after and n >= 2  # "')" and the stop token
+            assert torch.equal(tb.behaviour_lp[after:], tb.old_lp[after:])
+            assert torch.equal(tb.behaviour_lp[:after], before[:after])  # the thought and the choice keep theirs
+            assert float(before[after]) == -9.0 and float(tb.behaviour_lp[after]) != -9.0
+        else:  # "no entry": the model's own digits stayed, so did the context
+            assert n == 0 and torch.equal(tb.behaviour_lp, before)
+
+
 # ---------------------------------------------------------------- SFT and the side file
 
 

@@ -406,6 +406,18 @@ def rewrite(tokenizer, lay: Layout, n_prompt: int, reply_ids: list[int], reply_l
     return ids, lps
 
 
+def rewritten_from(lay: Layout, n_prompt: int) -> int | None:
+    """The reply index from which a generation's recorded log-probs no longer describe the reply it
+    returns: the token after the first site whose digits the pointer wrote. The model sampled the
+    tokens after it, and chose any later site from hidden states, in the context of its own digits;
+    the reply carries the entry's, so a learner rescoring it sees another context (up to 14 nats
+    apart on the token after the digits, measured on the default model). None: nothing rewritten."""
+    for s in lay.sites:
+        if s.choice is not None and s.choice < lay.none:
+            return (s.digits[-1] if s.digits else s.query) + 1 - n_prompt
+    return None
+
+
 def list_start(tokenizer, ids) -> int | None:
     """The token index where the last element list of a prompt starts, or None without one: a
     generation that reuses cached keys and values must compute the list's tokens itself, since the

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from agent.vlm import pointer
 from agent.vlm.model import build_inputs
 from trainer.learn import distributed as D
 from trainer.learn.lora import plain_state_dict
@@ -169,9 +170,11 @@ def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConf
         if ref is not None:
             p.scatter("ref_lp", pack_logprobs(ref, p, cfg.temperature, prefix=kv_r))
         p.scatter("values", turn_values(critic, p, kv_c))
+    rescored = 0
     for tb in turns:
         if tb.behaviour_lp is not None:
             tb.behaviour_lp = tb.behaviour_lp.to(dev)
+            rescored += behaviour_after_rewrite(tb)
     stats = {"returns": [], "values": [], "lambdas": []}
     for i, tr in enumerate(trajs):
         mine = [tb for tb in turns if tb.traj == i]
@@ -199,7 +202,22 @@ def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConf
     # so "length-adaptive" is constant for short GUI episodes; logged so a run shows which regime it is in
     return {"explained_variance": float(rl_losses.explained_variance(val, ret)),
             "lambda_policy": sum(stats["lambdas"]) / max(1, len(stats["lambdas"])),
-            "lambda_at_floor": sum(x <= rl_gae.LAMBDA_MIN for x in stats["lambdas"]) / max(1, len(stats["lambdas"]))}
+            "lambda_at_floor": sum(x <= rl_gae.LAMBDA_MIN for x in stats["lambdas"]) / max(1, len(stats["lambdas"])),
+            "behaviour_rescored": rescored / max(1, sum(tb.tokens for tb in turns))}
+
+
+def behaviour_after_rewrite(tb: TurnBatch) -> int:
+    """Give the tokens after the pointer's first rewritten site (agent.vlm.pointer.rewritten_from) the
+    proximal log-probs as their behaviour log-probs, so decoupled PPO weighs them 1: the actor
+    recorded theirs after its own digits, which the reply no longer holds. Returns how many."""
+    if tb.pointer is None or tb.old_lp is None or tb.behaviour_lp is None:
+        return 0
+    start = pointer.rewritten_from(tb.pointer, int(tb.target.shape[1]) - tb.tokens)
+    if start is None or start >= tb.tokens:
+        return 0
+    tb.behaviour_lp = tb.behaviour_lp.clone()
+    tb.behaviour_lp[start:] = tb.old_lp[start:].to(tb.behaviour_lp.dtype)
+    return tb.tokens - start
 
 
 # ---------------------------------------------------------------- the updates

@@ -539,8 +539,11 @@ class BulkRename(HybridTask):
         self.max_steps = 3 * n + 8  # the GUI route: select, Rename…, type the new name, per file
 
     def _refresh(self):
+        bar = self.list.verticalScrollBar()
+        at = bar.value()
         self.list.clear()
         self.list.addItems(self.files())
+        bar.setValue(at)  # the view stays where it was, as a file manager's does
 
     def after_tool(self, action, output, error=None):
         super().after_tool(action, output, error)
@@ -601,7 +604,15 @@ class BulkRename(HybridTask):
             return ("Every file has its new name.", Action("finished", {}))
         if self.tools and self.output_of("run_command", self.command) is None:
             return (f"{len(pending)} files to rename: one shell loop does them all.", self.run(self.command))
-        old, new = pending[0]
+        shown = self.list.viewport().rect()
+        rows = {self.list.item(i).text(): i for i in range(self.list.count())}
+
+        def order(p):  # a file on screen first, then the list's order (the fewest scrolls)
+            rect = self.list.visualItemRect(self.list.item(rows[p[0]]))
+            return (not shown.contains(rect.adjusted(0, 0, 0, -1)), rows[p[0]])
+
+        old, new = min(pending, key=order) if not self.dialog.isVisible() else next(
+            (p for p in pending if p[0] == self.renaming), pending[0])
         if self.dialog.isVisible():
             if self.renaming == old:
                 return (f"The rename dialog is open for {old}; I'll type {new}.", Action("type", {"content": new + "\n"}))

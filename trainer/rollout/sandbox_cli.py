@@ -41,6 +41,7 @@ def register(sub, common) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--png", metavar="PATH", help="save the screenshot here instead of opening a window")
     s.add_argument("--expert-steps", type=int, default=0, metavar="K", help="let the expert act K steps first")
+    _tools_flag(s, both=False)
     s.set_defaults(func=cmd_show)
 
     s = ss.add_parser("families", parents=[common], help="list the task families, easiest first")
@@ -201,12 +202,16 @@ def cmd_show(args) -> int:
 
     resolve_screen(args)
     try:
-        env = SandboxEnv(args.width, args.height)
+        env = SandboxEnv(args.width, args.height, tools=tools_modes(args.tools, [args.family])[0])
         obs, info = env.reset(seed=args.seed, options={"family": args.family})
         for _ in range(args.expert_steps):
             thought, action = env.expert_action()
             print(f"expert: {thought}")
             obs, _, term, trunc, info = env.step(action)
+            if obs.get("tool_output"):
+                out = obs["tool_output"]
+                print(f"  {out['tool']} {out['target']!r} (exit code {out['exit_code']}):\n" + "".join(
+                    f"    {line}\n" for line in out["output"].splitlines()[:8]), end="")
             if term or trunc:
                 break
     except (SandboxError, ValueError) as e:

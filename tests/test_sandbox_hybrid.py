@@ -58,6 +58,9 @@ def test_six_hybrid_families_kept_apart_from_the_gui_families():
     assert SandboxEnv().families == list(FAMILIES)  # the default draws no hybrid family
     with pytest.raises(SandboxError, match="unknown sandbox families: nope"):
         parse_families("nope")
+    with pytest.raises(ValueError, match="config_to_form cannot be played without the tools"):
+        SandboxEnv(families=["form_to_file", "config_to_form"])
+    assert SandboxEnv(families=["config_to_form"], tools=True).families == ["config_to_form"]
 
 
 @pytest.mark.parametrize("family", list(HYBRID_FAMILIES))
@@ -280,3 +283,44 @@ def test_demonstrations_hold_the_tool_action_and_its_output():
         chat = traj.turns[k + 1].messages
         texts = [m["content"] for m in chat if isinstance(m["content"], str)]
         assert any(t.startswith("Output:") and target.strip().splitlines()[0] in t for t in texts), texts
+
+
+def test_env_processes_play_hybrid_tickets():
+    from trainer.sandbox.env_process import make_envs
+
+    envs = make_envs(2, tools=True)
+    try:
+        assert all(e.tools and e.platforms == ("sandbox", "terminal") for e in envs)
+        trajs = EpisodeRunner(ExpertActor(envs), envs, greedy=True).run_all(
+            [(SEEDS[0], "bulk_rename"), (SEEDS[1], "export_count"), (SEEDS[2], "form_to_file")])
+    finally:
+        for e in envs:
+            e.close()
+    assert all(t.success for t in trajs)
+    ec = trajs[1]
+    assert any(u.tool_output and u.tool_output["tool"] == "run_command" for u in ec.turns)
+
+
+def test_eval_cli_tools_both_reports_steps_side_by_side(capsys):
+    from main import main
+
+    assert main(["sandbox", "eval", "--policy", "expert", "--families", "bulk_rename,config_to_form", "--episodes", "4",
+                 "--tools", "both", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tools"] == "both" and out["on"]["families"] == {"bulk_rename": 1.0, "config_to_form": 1.0}
+    assert out["off"]["families"] == {"bulk_rename": 1.0} and "config_to_form" in out["off"]["not_playable"]
+    assert out["on"]["intervals"]["families"]["bulk_rename"]["episodes"] == 2
+    steps = out["mean_steps"]["bulk_rename"]
+    assert steps["on"] == 1.0 and steps["off"] > 10 and out["mean_steps"]["config_to_form"]["off"] is None
+    # no --tools: on, since a hybrid family is asked for
+    assert main(["sandbox", "eval", "--policy", "expert", "--families", "form_to_file", "--episodes", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tools"] == "on" and out["families"] == {"form_to_file": 1.0} and out["mean_steps"]["form_to_file"] == 1.0
+    assert main(["sandbox", "eval", "--policy", "expert", "--families", "bulk_rename", "--episodes", "2",
+                 "--tools", "both"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].count("tools on") == 1 and table[0].count("tools off") == 1
+    assert table[1].split()[0] == "bulk_rename" and table[1].count("100.00%") == 2
+    # generate refuses a family the tools-off setting cannot play, naming it
+    assert main(["sandbox", "generate", "--episodes", "1", "--families", "config_to_form", "--tools", "off"]) == 2
+    assert "config_to_form needs the tools" in capsys.readouterr().err

@@ -229,6 +229,9 @@ class SandboxEnv(StepLater, gym.Env):
         if not isinstance(tools, bool):
             raise ValueError(f"tools must be True or False, got {tools!r}")
         self.tools = tools
+        blocked = [f for f in self.families if not tools and getattr(family_class(f), "gui_route", True) is False]
+        if blocked:
+            raise ValueError(f"families {', '.join(blocked)} cannot be played without the tools: pass tools=True")
         # the platforms a reply's actions may come from: the GUI's, and the terminal's with the tools
         self.platforms = (self.platform, "terminal") if tools else (self.platform,)
         self.observation_space = gym.spaces.Dict({

@@ -151,7 +151,9 @@ class TaskEnv(Protocol):
     """What the runner plays: a Gymnasium-style task env (trainer.sandbox's SandboxEnv, MiniWoBEnv,
     EnvProcess) that takes parsed actions, never text. `send_step` starts a step and `recv_step`
     returns its (obs, reward, terminated, truncated, info), so envs in processes of their own step
-    at once. `platform`: the action platform it performs (agent.actions), what a reply is parsed for."""
+    at once. `platform`: the action platform it performs (agent.actions), what a reply is parsed for;
+    an env with the terminal and file tools also has `platforms` (its GUI's and "terminal", see
+    platforms_of), and its observations carry "tool_output"."""
 
     width: int
     height: int

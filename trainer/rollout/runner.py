@@ -67,6 +67,9 @@ class Turn:
     image_keys: list[str] | None = None
     thought: str = ""  # the reply's thought and actions as parsed (once, by the runner); empty when it did not parse
     actions: list[Action] = field(default_factory=list)
+    # what the previous turn's tool action gave back, seen with this turn's frame (the env's
+    # obs["tool_output"]: agent.schema.Observation.tool_output's dict); None when no tool ran
+    tool_output: dict | None = None
 
     @property
     def frame(self) -> Frame | None:
@@ -119,17 +122,38 @@ class Trajectory:
 
 def frame_of(obs) -> Frame:
     """An env's observation as the agent's Frame: the screenshot and, where the env reads one, the
-    element list with its source ("sandbox", MiniWoB's "dom", or why there is none)."""
+    element list with its source ("sandbox", MiniWoB's "dom", or why there is none); a tool's
+    output beside it (obs["tool_output"]) goes into the frame's extra["tool_output"]."""
     elements = obs.get("elements")
     source = obs.get("elements_source") or ("sandbox" if elements is not None else None)
-    return Frame(geometry=obs["geometry"], pixels=obs["screenshot"], elements=elements, elements_source=source)
+    extra = {"tool_output": obs["tool_output"]} if obs.get("tool_output") is not None else {}
+    return Frame(geometry=obs["geometry"], pixels=obs["screenshot"], elements=elements, elements_source=source,
+                 extra=extra)
+
+
+def tool_note(out: dict | None) -> str | None:
+    """A tool's output as the agent loop remembers it (agent.executors.terminal's text: the command,
+    its output and exit code; a file's content; what was written): the note of the step that ran it
+    (agent.policies.memory.MemoryStep.note), which the next prompt shows."""
+    if out is None:
+        return None
+    if out["tool"] == "run_command":
+        return f"$ {out['target']}\n{out['output']}\n[exit code {out['exit_code']}]"
+    return out["output"]
+
+
+def platforms_of(env) -> tuple[str, ...]:
+    """The action platforms an env performs: its GUI's, and the terminal's where it has the tools."""
+    return tuple(getattr(env, "platforms", None) or (env.platform,))
 
 
 class TaskEnv(Protocol):
     """What the runner plays: a Gymnasium-style task env (trainer.sandbox's SandboxEnv, MiniWoBEnv,
     EnvProcess) that takes parsed actions, never text. `send_step` starts a step and `recv_step`
     returns its (obs, reward, terminated, truncated, info), so envs in processes of their own step
-    at once. `platform`: the action platform it performs (agent.actions), what a reply is parsed for."""
+    at once. `platform`: the action platform it performs (agent.actions), what a reply is parsed for;
+    an env with the terminal and file tools also has `platforms` (its GUI's and "terminal", see
+    platforms_of), and its observations carry "tool_output"."""
 
     width: int
     height: int
@@ -262,7 +286,8 @@ class EpisodeRunner:
                                version=self.version, worker=self.worker,
                                start_progress=float(info.get("progress", 0.0)))
         slot.memory = Memory(**self.memory_kw)
-        slot.prompt = build_prompt(info["instruction"], (self.platform,))
+        # the tools' actions join the prompt's action space where the env has them
+        slot.prompt = build_prompt(info["instruction"], (self.platform,) + platforms_of(slot.env)[1:])
         slot.limit = self.max_steps or info.get("max_steps") or 10
         self.actor.start_episode(self._key(slot), int(seed))
 
@@ -280,7 +305,7 @@ class EpisodeRunner:
         frame = frame_of(slot.obs)
         expert = env.expert_click()  # before the step: the state the reply answers
         w, h = frame.size
-        parsed = parse_reply(gen.text, env.coords_space, w, h, platforms=(env.platform,),
+        parsed = parse_reply(gen.text, env.coords_space, w, h, platforms=platforms_of(env),
                              extent=self.actor.model_extent(w, h))
         hit = None
         if parsed:
@@ -293,7 +318,8 @@ class EpisodeRunner:
         """Record the turn from the env's answer; True when the episode ended."""
         env, traj = slot.env, slot.traj
         turn = Turn(messages, list(gen.ids), list(gen.logprobs), gen.text, expert_point=expert, hit=hit,
-                    version=self.version, space=env.coords_space, pointer=gen.pointer)
+                    version=self.version, space=env.coords_space, pointer=gen.pointer,
+                    tool_output=slot.obs.get("tool_output"))
         if parsed:
             obs, reward, terminated, truncated, info = env.recv_step()
             slot.failures, slot.feedback = 0, None
@@ -302,7 +328,8 @@ class EpisodeRunner:
             turn.reward, turn.progress, turn.changed = float(reward), float(info.get("progress", 0.0)), info.get("screen_changed")
             turn.action_error, turn.action, turn.point = info.get("action_error"), first.name, tuple(box[:2]) if box else None
             turn.thought, turn.actions = parsed.thought, list(parsed.actions)
-            slot.memory.add(MemoryStep(parsed.thought, list(parsed.actions), frame))
+            slot.memory.add(MemoryStep(parsed.thought, list(parsed.actions), frame,
+                                       note=tool_note(obs.get("tool_output"))))
         else:  # never executed: the env is not stepped, the agent is asked again (agent.run.reask)
             obs, info, truncated = slot.obs, slot.info, False
             slot.failures += 1
@@ -495,7 +522,8 @@ def trajectory_to_episode(traj: Trajectory, store, producer: str, policy_version
         listed = list(frame.elements) if frame.elements is not None else None
         obs = Observation(screenshot=store.put_blob(encode_pixels(frame.pixels, "image/png")), width=w, height=h,
                           geometry=ScreenGeometry.simple(w, h), time=turn.t[0], elements=listed,
-                          elements_source=frame.elements_source if listed is not None else None)
+                          elements_source=frame.elements_source if listed is not None else None,
+                          tool_output=turn.tool_output)
         info: dict = {"progress": turn.progress}
         if len(acts) > 1:
             info["more_actions"] = [a.to_dict() for a in acts[1:]]

@@ -22,7 +22,7 @@ from trainer.rollout.runner import EpisodeRunner, demonstrate, plan, rates, trac
 from trainer.rollout.specs import INFERENCE_DTYPES
 from trainer.sandbox.env import SandboxEnv, observation_for
 from trainer.sandbox.env_process import make_envs
-from trainer.sandbox.families import FAMILIES, parse_families
+from trainer.sandbox.families import FAMILIES, HYBRID_FAMILIES, family_class, is_hybrid, parse_families
 from trainer.sandbox.miniwob_browser import MiniWoBError
 from trainer.sandbox.miniwob_env import available
 from trainer.sandbox.screen import SandboxError
@@ -41,6 +41,7 @@ def register(sub, common) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--png", metavar="PATH", help="save the screenshot here instead of opening a window")
     s.add_argument("--expert-steps", type=int, default=0, metavar="K", help="let the expert act K steps first")
+    _tools_flag(s, both=False)
     s.set_defaults(func=cmd_show)
 
     s = ss.add_parser("families", parents=[common], help="list the task families, easiest first")
@@ -53,6 +54,7 @@ def register(sub, common) -> None:
     s.add_argument("--families", help="comma-separated families (default: all)")
     s.add_argument("--start", type=int, default=0, help="offset of the first seed within the split")
     s.add_argument("--workers", type=int, default=1, help="worker processes (one environment each)")
+    _tools_flag(s, both=False)
     s.set_defaults(func=cmd_generate)
 
     s = ss.add_parser("eval", parents=[common, size], help="success rate of a policy per family and overall",
@@ -68,7 +70,9 @@ def register(sub, common) -> None:
     s.add_argument("--episodes", type=int, required=True,
                    help="episodes in all, spread evenly over the families (or --tasks)")
     s.add_argument("--split", choices=("train", "heldout"), default="heldout")
-    s.add_argument("--families", help="comma-separated families (default: all)")
+    s.add_argument("--families", help="comma-separated families (default: all the GUI-only ones; 'hybrid': every "
+                                      "hybrid GUI+tools family)")
+    _tools_flag(s, both=True)
     s.add_argument("--tasks", help="--suite miniwob: comma-separated MiniWoB++ tasks (default: "
                                    "click-test,click-button,click-link,focus-text,enter-text,click-checkboxes)")
     s.add_argument("--episode-seconds", type=float, metavar="S",
@@ -96,6 +100,36 @@ def register(sub, common) -> None:
                         "(or none) and whether it changed the screen; per family, the shares of clicks on no "
                         "labelled element and of actions that changed nothing")
     s.set_defaults(func=cmd_eval)
+
+
+TOOLS_HELP = ("the terminal and file tools (run_command, read_file, write_file) over a workspace folder per "
+              "episode, beside the GUI: on, off{both}; default: on when a hybrid family is asked for (see `sandbox "
+              "families`), else off. With off, a hybrid family with no GUI-only route is reported as not playable")
+
+
+def _tools_flag(parser, both: bool) -> None:
+    parser.add_argument("--tools", choices=("on", "off", "both") if both else ("on", "off"), default=None,
+                        help=TOOLS_HELP.format(both=", or both (each episode played with and without them, "
+                                                    "success and mean steps side by side)" if both else ""))
+
+
+def tools_modes(flag: str | None, families: list[str] | None) -> list[bool]:
+    """The tool settings to play: --tools as given, else on exactly when a hybrid family is asked for."""
+    if flag is None:
+        flag = "on" if families and any(is_hybrid(f) for f in families) else "off"
+    return {"on": [True], "off": [False], "both": [True, False]}[flag]
+
+
+def playable(families: list[str], tools: bool) -> tuple[list[str], dict[str, str]]:
+    """(the families that can be played with these tools, {family: why not} for the others)."""
+    out, not_playable = [], {}
+    for f in families:
+        cls = family_class(f)
+        if not tools and is_hybrid(f) and not cls.gui_route:
+            not_playable[f] = f"needs the tools: {cls.needs_tools}"
+        else:
+            out.append(f)
+    return out, not_playable
 
 
 def trained_families(model_dir) -> list[str] | None:
@@ -146,11 +180,16 @@ def _families(args) -> list[str] | None:
 
 def cmd_families(args) -> int:
     rows = [{"family": n, "level": c.level, "max_steps": c.max_steps} for n, c in FAMILIES.items()]
+    # the hybrid ones (played only when named): their step budget is sized per episode
+    hybrid = [{"family": n, "level": c.level, "hybrid": True, "gui_route": c.gui_route} for n, c in HYBRID_FAMILIES.items()]
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps(rows + hybrid))
     else:
         for r in rows:
             print(f"{r['family']:<16} level {r['level']}  max steps {r['max_steps']}")
+        for r in hybrid:
+            route = "GUI-only route too" if r["gui_route"] else "tools required"
+            print(f"{r['family']:<16} level {r['level']}  hybrid: GUI + tools ({route})")
     return 0
 
 
@@ -163,12 +202,16 @@ def cmd_show(args) -> int:
 
     resolve_screen(args)
     try:
-        env = SandboxEnv(args.width, args.height)
+        env = SandboxEnv(args.width, args.height, tools=tools_modes(args.tools, [args.family])[0])
         obs, info = env.reset(seed=args.seed, options={"family": args.family})
         for _ in range(args.expert_steps):
             thought, action = env.expert_action()
             print(f"expert: {thought}")
             obs, _, term, trunc, info = env.step(action)
+            if obs.get("tool_output"):
+                out = obs["tool_output"]
+                print(f"  {out['tool']} {out['target']!r} (exit code {out['exit_code']}):\n" + "".join(
+                    f"    {line}\n" for line in out["output"].splitlines()[:8]), end="")
             if term or trunc:
                 break
     except (SandboxError, ValueError) as e:
@@ -208,8 +251,12 @@ def _interactive(env) -> int:
 def cmd_generate(args) -> int:
     try:
         tickets = plan(args.episodes, args.split, _families(args), args.start)
+        tools = tools_modes(args.tools, _families(args))[0]
+        _, not_playable = playable(sorted({t[1] for t in tickets}), tools)
     except Exception as e:
         return fail(str(e))
+    if not_playable:
+        return fail("; ".join(f"{f} {why}" for f, why in not_playable.items()) + " (use --tools on)")
     if args.workers < 1:
         return fail(f"--workers must be at least 1, got {args.workers}")
     store = open_store(args)
@@ -224,7 +271,8 @@ def cmd_generate(args) -> int:
         bar.update(1)
 
     try:
-        demonstrate(tickets, env_kw={"width": args.width, "height": args.height}, n_envs=args.workers, progress=keep)
+        env_kw = {"width": args.width, "height": args.height, **({"tools": True} if tools else {})}
+        demonstrate(tickets, env_kw=env_kw, n_envs=args.workers, progress=keep)
     finally:
         bar.close()
         store.close()
@@ -261,10 +309,12 @@ def make_actor(args):
     return VLMActor(model, processor, max_new_tokens=args.max_new_tokens, inference_dtype=args.inference_dtype)
 
 
-def _play(args, make, tickets, n_envs: int, bar) -> list:
-    """The tickets played by the one episode runner (trainer.rollout.runner) over `n_envs` sandbox envs;
-    `make(envs)` gives the actor (the expert and random policy answer for each env)."""
-    envs = make_envs(min(n_envs, len(tickets)), width=args.width, height=args.height, observation=args.observation)
+def _play(args, make, tickets, n_envs: int, bar, tools: bool = False) -> list:
+    """The tickets played by the one episode runner (trainer.rollout.runner) over `n_envs` sandbox envs
+    (with the terminal and file tools where `tools`); `make(envs)` gives the actor (the expert and
+    random policy answer for each env)."""
+    envs = make_envs(min(n_envs, len(tickets)), width=args.width, height=args.height, observation=args.observation,
+                     **({"tools": True} if tools else {}))
     try:
         runner = EpisodeRunner(make(envs), envs, greedy=True, platform="desktop", trace=args.trace)
         return runner.run_all(tickets, progress=lambda _t: bar.update(1))
@@ -397,9 +447,13 @@ def cmd_eval(args) -> int:
                 print(f"--policy default: the {len(families)} families it was trained on ({', '.join(families)}); "
                       "pass --families for others", file=sys.stderr)
         tickets = plan(args.episodes, args.split, families)
+        modes = tools_modes(args.tools, families)
     except Exception as e:
         return fail(str(e))
     if args.grounding:
+        if args.tools is not None or any(is_hybrid(f) for f in families or []):
+            return fail("--grounding scores clicks on the GUI families' screens; it takes neither --tools nor hybrid "
+                        "families")
         return _grounding(args, families)
     if args.policy in ("expert", "random"):
         if args.workers < 1:
@@ -411,12 +465,76 @@ def cmd_eval(args) -> int:
         except Exception as e:
             return fail(str(e))
         n_envs, make = args.envs, (lambda _envs: actor)
-    bar = _bar(len(tickets), f"{args.policy} episodes")
-    try:
-        trajs = _play(args, make, tickets, n_envs, bar)
-    finally:
-        bar.close()
-    return _report(args, trajs)
+    if args.tools is None and modes == [False]:  # the GUI-only families, as before the hybrid ones
+        bar = _bar(len(tickets), f"{args.policy} episodes")
+        try:
+            trajs = _play(args, make, tickets, n_envs, bar)
+        finally:
+            bar.close()
+        return _report(args, trajs)
+    return _eval_tools(args, make, tickets, n_envs, modes)
+
+
+def _eval_tools(args, make, tickets, n_envs: int, modes: list[bool]) -> int:
+    """`sandbox eval` with the tools on, off or both: per family the success rate with its Wilson 95%
+    interval and the mean steps per episode, for each setting; a family that cannot be played
+    without the tools is reported as such, not as a 0."""
+    families = list(dict.fromkeys(t[1] for t in tickets))
+    results = {}
+    for tools in modes:
+        ok, not_playable = playable(families, tools)
+        mine = [t for t in tickets if t[1] in ok]
+        trajs = []
+        if mine:
+            bar = _bar(len(mine), f"{args.policy} episodes, tools {'on' if tools else 'off'}")
+            try:
+                trajs = _play(args, make, mine, n_envs, bar, tools=tools)
+            finally:
+                bar.close()
+        results["on" if tools else "off"] = _tools_report(trajs, ok, not_playable)
+    if args.json:
+        if len(results) == 1:
+            (name, out), = results.items()
+            print(json.dumps({**out, "tools": name}))
+        else:
+            steps = {f: {k: r["mean_steps"].get(f) for k, r in results.items()} for f in families}
+            print(json.dumps({"tools": "both", **results, "mean_steps": steps}))
+        return 0
+    width = max([16] + [len(f) for f in families])
+    print(f"{'family':<{width}}" + "".join(f" | tools {k:<3} {'n':>4} {'success':>8} {'95% interval':>14} {'steps':>6}"
+                                           for k in results))
+    for f in families + ["overall"]:
+        line = f"{f:<{width}}"
+        for r in results.values():
+            if f in r["not_playable"]:
+                line += f" | {'not playable (needs the tools)':>50}"
+                continue
+            where = r["intervals"]["overall"] if f == "overall" else r["intervals"]["families"][f]
+            rate = r["overall"] if f == "overall" else r["families"][f]
+            steps = r["overall_mean_steps"] if f == "overall" else r["mean_steps"][f]
+            lo, hi = where["ci95"]
+            line += (f" | {'':9} {where['episodes']:>4} {rate:>8.2%} {f'[{lo:.2f}, {hi:.2f}]':>14} "
+                     f"{steps:>6.1f}")
+        print(line)
+    return 0
+
+
+def _tools_report(trajs: list, families: list[str], not_playable: dict) -> dict:
+    """`sandbox eval --json`'s report ({"overall": rate, "families": {name: rate}, "intervals": episodes
+    and Wilson 95% interval per family and overall}) for the families played, with the mean steps
+    per episode ("mean_steps" per family, "overall_mean_steps") and the families not played and why."""
+    def steps(ts):
+        return sum(len(t.turns) for t in ts) / len(ts) if ts else 0.0
+
+    def interval(ts):
+        return {"episodes": len(ts), "ci95": list(wilson(sum(t.success for t in ts), len(ts)))}
+
+    by = {f: [t for t in trajs if t.family == f] for f in families}
+    return {"overall": sum(t.success for t in trajs) / len(trajs) if trajs else 0.0,
+            "families": {f: sum(t.success for t in ts) / len(ts) if ts else 0.0 for f, ts in by.items()},
+            "intervals": {"overall": interval(trajs), "families": {f: interval(ts) for f, ts in by.items()}},
+            "mean_steps": {f: steps(ts) for f, ts in by.items()}, "overall_mean_steps": steps(trajs),
+            "not_playable": not_playable}
 
 
 def _report(args, trajs: list, more_json: dict | None = None) -> int:

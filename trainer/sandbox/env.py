@@ -14,8 +14,22 @@ verifier first reports success, else 0; `info["progress"]` carries partial progr
 call_user); `truncated` means the step limit cut the episode. They are never merged.
 A seed passed to reset is the task's seed (seeds >= HELDOUT_START are the held-out split);
 reset() without one draws a task seed of the env's split from the env's RNG.
+
+With `tools=True` (the report's GUI-SDK: terminal and file tools beside the GUI) each episode has a
+workspace folder of its own, made fresh by reset() and removed by the next reset and by close(): the
+task prepares its files there, the app's widgets read and write it, and run_command / read_file /
+write_file actions run in it (agent.executors.terminal.TerminalExecutor rooted there: commands start
+in it, with a short timeout and an output cap). obs["tool_output"] is then what the previous step's
+tool action gave back (agent.schema.Observation.tool_output's dict: tool, target, exit_code, output,
+truncated), None after a step without one. With tools off (the default) a tool action is the agent's
+mistake (info["action_error"]); a hybrid family (trainer.sandbox.families_hybrid) still gets its
+workspace for the app's own files, and one with no GUI-only route cannot be played.
 """
 from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -23,10 +37,13 @@ import numpy as np
 from agent import coords
 from agent.actions import SCROLL_DIRECTIONS, validate
 from agent.elements import Element
+from agent.executors.base import ExecutionError
+from agent.executors.terminal import TOOL_ACTIONS, TerminalExecutor
 from agent.grammar import format_normalized
 from agent.schema import Action, ScreenGeometry
 from agent.vlm.pointer import HEAD_FILE
 from trainer.sandbox.families import FAMILIES, family_class, family_for_seed
+from trainer.sandbox.families_hybrid import HybridTask
 from trainer.sandbox.screen import SandboxError, Screen
 from trainer.sandbox.task import HELDOUT_START, RUNNING, SEED_LIMIT, SUCCESS, split_of
 
@@ -35,6 +52,8 @@ SPLITS = ("train", "heldout")
 # "elements": the screenshot and the screen's element list (agent.elements, the sandbox's widget tree);
 # "pixels": the screenshot alone
 OBSERVATIONS = ("elements", "pixels")
+TOOL_TIMEOUT = 5.0  # seconds a command may run in the sandbox's workspace
+TOOL_OUTPUT_LIMIT = 4000  # characters of a tool's output handed back (head and tail kept)
 
 
 def observation_for(model_dir) -> str:
@@ -106,16 +125,38 @@ class NoteSpace(gym.Space):
         return isinstance(other, NoteSpace) and other.max_length == self.max_length
 
 
+class ToolOutputSpace(gym.Space):
+    """What the previous tool action gave back (agent.schema.Observation.tool_output's dict), or None."""
+
+    KEYS = frozenset(("tool", "target", "exit_code", "output", "truncated"))
+
+    def __init__(self):
+        super().__init__(None, None)
+
+    def sample(self, mask=None, probability=None):
+        return None
+
+    def contains(self, x) -> bool:
+        return x is None or (isinstance(x, dict) and set(x) == self.KEYS and x["tool"] in TOOL_ACTIONS
+                             and isinstance(x["output"], str))
+
+    def __eq__(self, other):
+        return isinstance(other, ToolOutputSpace)
+
+
 class ActionSpace(gym.Space):
     """Schema Actions with normalized points (one, or a list of them). sample() is the random
-    policy: mostly clicks, some double/right clicks, drags, scrolls, typing, keys and waits."""
+    policy: mostly clicks, some double/right clicks, drags, scrolls, typing, keys and waits; with
+    `tools`, now and then a command that only looks (ls, cat, wc: it changes no file)."""
 
     KINDS = ("click",) * 10 + ("left_double", "right_single", "drag", "drag", "scroll", "scroll", "type", "hotkey", "wait")
     KEYS = ("enter", "esc", "tab", "down", "up", "space", "ctrl a", "backspace")
     TEXTS = ("hello", "Alice", "7", "Paris", "ok\n", "test")
+    COMMANDS = ("ls", "ls -l", "cat *", "wc -l *", "head -n 3 *", "pwd")
 
-    def __init__(self, seed=None):
+    def __init__(self, seed=None, tools: bool = False):
         super().__init__(None, None, seed)
+        self.tools = bool(tools)
 
     def contains(self, x) -> bool:
         if isinstance(x, (list, tuple)):
@@ -128,7 +169,10 @@ class ActionSpace(gym.Space):
         def pt():
             return (float(r.uniform(0.02, 0.98)), float(r.uniform(0.02, 0.98)))
 
-        kind = self.KINDS[int(r.integers(len(self.KINDS)))]
+        kinds = self.KINDS + (("run_command",) * 2 if self.tools else ())
+        kind = kinds[int(r.integers(len(kinds)))]
+        if kind == "run_command":
+            return Action("run_command", {"command": self.COMMANDS[int(r.integers(len(self.COMMANDS)))]})
         if kind in ("click", "left_double", "right_single"):
             return Action(kind, {"start_box": pt()})
         if kind == "drag":
@@ -142,7 +186,7 @@ class ActionSpace(gym.Space):
         return Action("wait", {})
 
     def __eq__(self, other):
-        return isinstance(other, ActionSpace)
+        return isinstance(other, ActionSpace) and other.tools == self.tools
 
 
 class StepLater:
@@ -168,7 +212,7 @@ class SandboxEnv(StepLater, gym.Env):
 
     def __init__(self, width: int = 320, height: int = 240, families: list[str] | None = None, split: str = "train",
                  max_steps: int | None = None, coords_space: str = coords.SMART_RESIZE, render_mode: str | None = None,
-                 observation: str = "elements"):
+                 observation: str = "elements", tools: bool = False):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if observation not in OBSERVATIONS:
@@ -182,14 +226,26 @@ class SandboxEnv(StepLater, gym.Env):
             family_class(f)
         self.width, self.height, self.split = int(width), int(height), split
         self.max_steps, self.coords_space, self.render_mode = max_steps, coords_space, render_mode
+        if not isinstance(tools, bool):
+            raise ValueError(f"tools must be True or False, got {tools!r}")
+        self.tools = tools
+        blocked = [f for f in self.families if not tools and getattr(family_class(f), "gui_route", True) is False]
+        if blocked:
+            raise ValueError(f"families {', '.join(blocked)} cannot be played without the tools: pass tools=True")
+        # the platforms a reply's actions may come from: the GUI's, and the terminal's with the tools
+        self.platforms = (self.platform, "terminal") if tools else (self.platform,)
         self.observation_space = gym.spaces.Dict({
             "screenshot": gym.spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
             "geometry": GeometrySpace(self.width, self.height),
             **({"elements": ElementsSpace(self.width, self.height)} if observation == "elements" else {}),
+            **({"tool_output": ToolOutputSpace()} if tools else {}),
         })
-        self.action_space = ActionSpace()
+        self.action_space = ActionSpace(tools=tools)
         self.screen = None
         self.task = None
+        self.workspace: Path | None = None  # this episode's folder (tools on, or a hybrid family)
+        self.terminal: TerminalExecutor | None = None  # the tools, rooted in the workspace (tools on)
+        self._tool_output: dict | None = None
         self._steps = 0
         self._done = False
         self._last = None
@@ -205,14 +261,24 @@ class SandboxEnv(StepLater, gym.Env):
             task_seed = int(self.np_random.integers(lo, hi))
         family = options.get("family") or family_for_seed(int(task_seed), self.families)
         cls = family_class(family)
+        hybrid = issubclass(cls, HybridTask)
+        if hybrid and not self.tools and not cls.gui_route:
+            raise SandboxError(f"family {family!r} cannot be played without the tools: {cls.needs_tools}")
         self._teardown()
+        if self.tools or hybrid:
+            self.workspace = Path(tempfile.mkdtemp(prefix="tandem-workspace-"))
+        if self.tools:
+            self.terminal = TerminalExecutor(self.workspace, timeout=TOOL_TIMEOUT, output_limit=TOOL_OUTPUT_LIMIT)
         self.screen = Screen(self.width, self.height)
-        self.task = cls(int(task_seed), self.screen)
+        if hybrid:
+            self.task = cls(int(task_seed), self.screen, workspace=self.workspace, tools=self.tools)
+        else:
+            self.task = cls(int(task_seed), self.screen)
         self.screen.show()
         self.task.after_show()
         self.screen.settle()
-        self._steps, self._done = 0, False
-        self._limit = self.max_steps or cls.max_steps
+        self._steps, self._done, self._tool_output = 0, False, None
+        self._limit = self.max_steps or self.task.max_steps  # a task may size its own budget
         obs = self._observe()
         self._shown = obs["screenshot"]
         return obs, self._info(self.task.verdict())
@@ -223,6 +289,7 @@ class SandboxEnv(StepLater, gym.Env):
         extra: dict = {}
         actions = to_actions(action, extra)
         ended_by_agent = False
+        self._tool_output = None
         if self._done:
             extra["error"] = "the episode is over; call reset()"
             actions = []
@@ -234,6 +301,17 @@ class SandboxEnv(StepLater, gym.Env):
             if a.name in ("finished", "call_user"):
                 ended_by_agent = True
                 break
+            if a.name in TOOL_ACTIONS:
+                if self.terminal is None:
+                    extra["action_error"] = f"{a.name}: this sandbox has no terminal or file tools (GUI actions only)"
+                    break
+                problem = self._run_tool(a)
+                if problem:
+                    extra["action_error"] = problem
+                    break
+                if self.task.verdict().status != RUNNING:
+                    break
+                continue
             try:
                 self.screen.perform(a)
             except SandboxError as e:  # what cannot be done is the agent's mistake; any other error is a bug
@@ -264,6 +342,32 @@ class SandboxEnv(StepLater, gym.Env):
 
     def close(self):
         self._teardown()
+
+    def _run_tool(self, action: Action) -> str | None:
+        """Run one tool action in the workspace; its result becomes the next observation's
+        tool_output. Returns the error when the tool could not do it (no such file, a path outside
+        the workspace): the agent's mistake, whose message it also sees as the tool's output."""
+        a, error = action.args, None
+        target = a["command"] if action.name == "run_command" else a["path"]
+        try:
+            _, _, _, _, tinfo = self.terminal.step(action)
+            result = tinfo["tool_result"]
+            if action.name == "run_command":
+                output, code, cut = result["output"], result["exit_code"], result["truncated_output"]
+                if result["timed_out"]:
+                    output += f"\n[timed out after {TOOL_TIMEOUT:g} s]"
+            elif action.name == "read_file":
+                output, code, cut = result["content"], None, result["truncated_output"]
+            else:
+                output, code, cut = f"wrote {result['bytes']} bytes to {a['path']}", None, False
+        except ExecutionError as e:
+            error = f"{action.name}: {e}"
+            output, code, cut = f"error: {e}", None, False
+        self._tool_output = {"tool": action.name, "target": target, "exit_code": code, "output": output,
+                             "truncated": bool(cut)}
+        self.task.after_tool(action, self._tool_output, error)  # the app notices what changed in its folder
+        self.screen.settle()
+        return error
 
     # ------------------------------------------------------------ helpers
     def expert_action(self) -> tuple[str, Action]:
@@ -302,6 +406,8 @@ class SandboxEnv(StepLater, gym.Env):
         obs = {"screenshot": self.screen.render(), "geometry": ScreenGeometry.simple(self.width, self.height)}
         if self.observation == "elements":
             obs["elements"] = self.screen.elements()
+        if self.tools:
+            obs["tool_output"] = self._tool_output
         return obs
 
     def _info(self, verdict) -> dict:
@@ -316,9 +422,13 @@ class SandboxEnv(StepLater, gym.Env):
         return info
 
     def _teardown(self):
+        if self.terminal is not None:
+            self.terminal.close()  # a command still running ends with its process group
         if self.screen is not None:
             self.screen.close()
-        self.screen, self.task = None, None
+        if self.workspace is not None:
+            shutil.rmtree(self.workspace, ignore_errors=True)
+        self.screen, self.task, self.workspace, self.terminal = None, None, None, None
 
 
 def to_actions(action, extra: dict) -> list[Action]:

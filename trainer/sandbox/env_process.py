@@ -47,7 +47,8 @@ def _serve(conn, env_kw: dict) -> None:
     try:
         env = SandboxEnv(**env_kw)
         conn.send((True, {"width": env.width, "height": env.height, "coords_space": env.coords_space,
-                          "families": env.families, "split": env.split, "platform": env.platform}))
+                          "families": env.families, "split": env.split, "platform": env.platform,
+                          "tools": env.tools, "platforms": env.platforms}))
     except BaseException as e:  # the parent must hear why, then we are done
         conn.send((False, f"{type(e).__name__}: {e}"))
         return
@@ -79,9 +80,9 @@ class EnvProcess:
         attrs = self._recv("start")
         self.width, self.height = attrs["width"], attrs["height"]
         self.coords_space, self.families, self.split = attrs["coords_space"], attrs["families"], attrs["split"]
-        self.platform = attrs["platform"]
+        self.platform, self.tools, self.platforms = attrs["platform"], attrs["tools"], tuple(attrs["platforms"])
 
-        self.action_space = ActionSpace()  # the env's (a plain sampler): the random policy draws here
+        self.action_space = ActionSpace(tools=self.tools)  # the env's (a plain sampler): the random policy draws here
 
     def _recv(self, what: str):
         try:

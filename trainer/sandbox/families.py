@@ -1,4 +1,8 @@
-"""The task families, easiest first, and how a seed picks one."""
+"""The task families, easiest first, and how a seed picks one.
+
+FAMILIES are the GUI-only families, the default of every training run and evaluation;
+HYBRID_FAMILIES (trainer.sandbox.families_hybrid: GUI and terminal/file tools over one workspace)
+are played only when named (`--families`), so a default run is what it was before them."""
 from __future__ import annotations
 
 import random
@@ -6,6 +10,7 @@ import random
 from trainer.sandbox.families_apps import ContextMenu, DialogAnswer, DragDrop, Form, MenuChoice, ScrollFind, Tabs
 from trainer.sandbox.families_basic import CheckBoxes, ClickButton, Dropdown, ListPick, RadioChoice, Slider, TypeText
 from trainer.sandbox.families_chain import SearchChain, SettingsChain
+from trainer.sandbox.families_hybrid import HYBRID_FAMILIES
 from trainer.sandbox.screen import SandboxError
 from trainer.sandbox.task import Task
 
@@ -16,9 +21,14 @@ FAMILIES: dict[str, type[Task]] = {cls.family: cls for cls in sorted(_ALL, key=l
 
 def family_class(name: str) -> type[Task]:
     try:
-        return FAMILIES[name]
+        return FAMILIES.get(name) or HYBRID_FAMILIES[name]
     except KeyError:
-        raise SandboxError(f"unknown task family {name!r}; known: {', '.join(FAMILIES)}") from None
+        raise SandboxError(f"unknown task family {name!r}; known: {', '.join([*FAMILIES, *HYBRID_FAMILIES])}") from None
+
+
+def is_hybrid(name: str) -> bool:
+    """Whether family `name` is one of the hybrid (GUI and tools) families."""
+    return name in HYBRID_FAMILIES
 
 
 def parse_families(text: str | None) -> list[str] | None:
@@ -26,9 +36,12 @@ def parse_families(text: str | None) -> list[str] | None:
     if not text:
         return None
     names = [f.strip() for f in text.split(",") if f.strip()]
-    unknown = [n for n in names if n not in FAMILIES]
+    if names == ["hybrid"]:  # shorthand for every hybrid family
+        return list(HYBRID_FAMILIES)
+    unknown = [n for n in names if n not in FAMILIES and n not in HYBRID_FAMILIES]
     if unknown:
-        raise SandboxError(f"unknown sandbox families: {', '.join(unknown)}; known: {', '.join(FAMILIES)}")
+        raise SandboxError(f"unknown sandbox families: {', '.join(unknown)}; known: "
+                           f"{', '.join([*FAMILIES, *HYBRID_FAMILIES])} (or 'hybrid' for all of the hybrid ones)")
     return names or None
 
 

@@ -334,6 +334,7 @@ class Screen:
     def _perform(self, action: Action) -> None:
         from PySide6.QtCore import QPoint
         from PySide6.QtTest import QTest
+        from shiboken6 import isValid
 
         Qt = self._qt()
         name, args = action.name, action.args
@@ -357,10 +358,13 @@ class Screen:
             self._drop_at = (x1, y1)  # where a real drag-and-drop (QDrag) started by this press lands
             QTest.mousePress(win, Qt.LeftButton, Qt.NoModifier, w.mapFromGlobal(QPoint(x0, y0)))
             for k in range(1, 9):  # the mouse travels; the press's window keeps the grab
+                if not (isValid(w) and isValid(win)):  # it closed and was deleted (a text field's context menu)
+                    break
                 t = k / 8
                 QTest.mouseMove(win, w.mapFromGlobal(QPoint(round(x0 + (x1 - x0) * t), round(y0 + (y1 - y0) * t))))
                 self.app.processEvents()
-            QTest.mouseRelease(win, Qt.LeftButton, Qt.NoModifier, w.mapFromGlobal(QPoint(x1, y1)))
+            if isValid(w) and isValid(win):
+                QTest.mouseRelease(win, Qt.LeftButton, Qt.NoModifier, w.mapFromGlobal(QPoint(x1, y1)))
         elif name == "scroll":
             self._wheel(args.get("start_box"), args["direction"])
         elif name == "type":

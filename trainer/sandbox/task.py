@@ -122,6 +122,12 @@ class Task:
     def after_show(self) -> None:
         """Runs once the window is shown and laid out (e.g. to open a dialog or place free widgets)."""
 
+    def after_tool(self, action: Action, output: dict, error: str | None = None) -> None:
+        """Runs after a tool action (run_command, read_file, write_file) ran in the env's workspace,
+        with what it gave back (agent.schema.Observation.tool_output's dict) and the error where the
+        tool could not do it: an app that shows the workspace notices the change here, as a file
+        manager watching its folder would."""
+
     # ------------------------------------------------------------ shared
     def verdict(self) -> Verdict:
         """check(), with an irreversible mistake recorded by a widget signal taking precedence."""

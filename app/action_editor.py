@@ -9,7 +9,7 @@ decimals never changes it.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFontDatabase
+from PySide6.QtGui import QFontDatabase, QTextOption
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -243,7 +243,7 @@ class ActionEditor(QWidget):
             elif p.kind == "text" and p.name in MULTILINE:
                 w = QPlainTextEdit(str(v) if isinstance(v, str) else "")
                 w.setTabChangesFocus(True)
-                w.setFixedHeight(110 if name == "write_file" else 64)  # a file's content: a few lines in view
+                w.setFixedHeight(64)
                 w.textChanged.connect(self._edited)
             else:
                 w = QLineEdit(str(v) if isinstance(v, str) else "")
@@ -252,6 +252,8 @@ class ActionEditor(QWidget):
                 w.textEdited.connect(self._edited)
             if name in TOOL_ACTIONS and p.kind == "text":  # commands, paths and file content: monospace
                 w.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
+                if isinstance(w, QPlainTextEdit):
+                    w.setWordWrapMode(QTextOption.WrapAnywhere)  # a command wraps as in a terminal
             label = p.name.replace("_", " ") + ("" if p.required else " (optional)")
             self.form.addRow(label, w)
             self.fields[p.name] = w

@@ -41,7 +41,7 @@ from app.decisions_view import DecisionsView
 from app.proposal_panel import ProposalPanel
 from app.qt_supervisor import Pending, QtSupervisor
 from app.run_form import RunForm
-from app.tool_view import ToolOutputView, exit_text
+from app.tool_view import ToolOutputView, call_summary, exit_text, is_tool
 
 
 class LiveEvents(QObject):
@@ -144,6 +144,8 @@ class SupervisePage(QWidget):
         self.panel.answered.connect(self._answered)
         self.panel.displayed.connect(lambda p, t: self.displays.append((p, t)))
         self.steps = QListWidget()
+        self.steps.setWordWrap(True)  # a long command wraps instead of hiding its exit code off the edge
+        self.steps.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.step_output = ToolOutputView("Last tool output")  # the newest tool step's result, as it ran
         steps_tab = QWidget()
         stl = QVBoxLayout(steps_tab)
@@ -287,7 +289,9 @@ class SupervisePage(QWidget):
         who = step.provenance.source
         out = step.info.get("tool_output")
         err = f"  ✗ {step.info['error']}" if step.info.get("error") else f"  → {exit_text(out)}" if out else ""
-        self.steps.addItem(f"{step.index + 1}. [{who}] {format_for_display(step.action, getattr(step.observation, 'geometry', None))}{err}")
+        what = call_summary(step.action) if is_tool(step.action) else \
+            format_for_display(step.action, getattr(step.observation, "geometry", None))
+        self.steps.addItem(f"{step.index + 1}. [{who}] {what}{err}")
         self.steps.scrollToBottom()
         if out is not None:
             self.step_output.set_output(out, f"Step {step.index + 1}")

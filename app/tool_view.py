@@ -7,13 +7,15 @@ the command, its exit code and the first lines of its output, with how many more
 """
 from __future__ import annotations
 
-from PySide6.QtGui import QFontDatabase
+import math
+
+from PySide6.QtGui import QFontDatabase, QTextOption
 from PySide6.QtWidgets import QFrame, QLabel, QPlainTextEdit, QVBoxLayout
 
 from agent.schema import Action
 
 TOOLS = ("run_command", "read_file", "write_file")
-PREVIEW_LINES = 8
+PREVIEW_LINES = 6
 
 
 def is_tool(action: Action | None) -> bool:
@@ -41,6 +43,12 @@ def call_text(action: Action) -> str:
     if action.name == "write_file":
         return f"{a.get('path', '')}\n───\n{first_lines(str(a.get('content', '')))}"
     return str(a.get("path", ""))
+
+
+def call_summary(action: Action) -> str:
+    """One line for a step list: `$ command`, or the tool and its path."""
+    a = action.args
+    return f"$ {a.get('command', '')}" if action.name == "run_command" else f"{action.name} {a.get('path', '')}"
 
 
 def call_title(action: Action, workspace: str | None = None) -> str:
@@ -90,10 +98,11 @@ def legacy_tool_output(step) -> dict | None:
 class _Block(QFrame):
     """A title line over a read-only monospace text block that fits its text (up to a limit)."""
 
-    def __init__(self, max_lines: int, parent=None):
+    def __init__(self, max_lines: int, border: str, background: str, parent=None):
         super().__init__(parent)
         self.setObjectName("toolBlock")
         self.setFrameShape(QFrame.StyledPanel)
+        self.setStyleSheet(f"QFrame#toolBlock {{ border: {border}; border-radius: 4px; background: {background}; }}")
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 4, 6, 6)
         lay.setSpacing(3)
@@ -103,19 +112,33 @@ class _Block(QFrame):
         self.body.setReadOnly(True)
         self.body.setFont(monospace())
         self.body.setLineWrapMode(QPlainTextEdit.WidgetWidth)
+        self.body.setWordWrapMode(QTextOption.WrapAnywhere)  # as a terminal wraps; keeps the height below exact
         self.body.setFrameShape(QFrame.NoFrame)
         self._max_lines = max_lines
         lay.addWidget(self.title)
         lay.addWidget(self.body)
+        lay.addStretch(1)  # beside a taller block, keep the text at the top
         self.hide()
 
     def _fill(self, title: str, color: str, text: str) -> None:
         self.title.setText(f"<b style='color:{color}'>{title}</b>")
         self.body.setPlainText(text)
-        lines = min(self._max_lines, max(1, text.count("\n") + 1))
-        fm = self.body.fontMetrics()
-        self.body.setFixedHeight(int(lines * fm.lineSpacing() + 2 * self.body.document().documentMargin() + 6))
         self.show()
+        self._fit()
+
+    def _fit(self) -> None:
+        """As tall as the text's wrapped lines (up to the limit; it scrolls beyond), never cut."""
+        fm = self.body.fontMetrics()
+        margin = self.body.document().documentMargin()
+        width = max(1.0, self.body.viewport().width() - 2 * margin - 4)
+        lines = sum(max(1, math.ceil(fm.horizontalAdvance(line) / width)) for line in self.body.toPlainText().split("\n"))
+        lines = min(self._max_lines, lines)
+        self.body.setFixedHeight(int(lines * fm.lineSpacing() + 2 * margin + 6))
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if not self.isHidden() and event.size().width() != event.oldSize().width():
+            self._fit()
 
     def text(self) -> str:
         return "" if self.isHidden() else self.body.toPlainText()
@@ -125,7 +148,8 @@ class ToolCallView(_Block):
     """A proposed tool call (hidden for any other action)."""
 
     def __init__(self, parent=None):
-        super().__init__(max_lines=PREVIEW_LINES + 4, parent=parent)
+        # orange, as the gate's risky actions: approving it runs a program here
+        super().__init__(PREVIEW_LINES + 4, "2px solid #d9822b", "#fff6e8", parent=parent)
         self.workspace: str | None = None
 
     def set_action(self, action: Action | None, proposed: Action | None = None) -> None:
@@ -144,7 +168,7 @@ class ToolOutputView(_Block):
     """A tool's result: the call, its exit code (red when it failed), the first lines of its output."""
 
     def __init__(self, title: str = "Tool output", parent=None):
-        super().__init__(max_lines=PREVIEW_LINES + 4, parent=parent)
+        super().__init__(PREVIEW_LINES + 4, "1px solid #c8c8c8", "#fafafa", parent=parent)
         self.heading = title
         self.output: dict | None = None
 

@@ -93,7 +93,7 @@ def test_an_edited_command_is_what_runs_and_its_output_is_shown(qtbot, page, wor
     # a long output: the first lines, and how many more there are
     panel = wait_for_proposal(qtbot, page, 4)
     shown = panel.last_output.text().splitlines()
-    assert shown[:3] == ["$ seq 1 500", "[exit code 0]", "1"] and shown[-1] == "… 492 more lines" and "500" not in shown
+    assert shown[:3] == ["$ seq 1 500", "[exit code 0]", "1"] and shown[-1] == "… 494 more lines" and "500" not in shown
     qtbot.keyClick(panel, Qt.Key_Return)
 
     ep = wait_end(qtbot, page)
@@ -116,7 +116,7 @@ def test_an_edited_command_is_what_runs_and_its_output_is_shown(qtbot, page, wor
     viewer.select_step(1)
     assert "[exit code 3]" in viewer.tool_output.text()
     viewer.select_step(2)
-    assert viewer.tool_output.text().splitlines()[-1] == "… 492 more lines"
+    assert viewer.tool_output.text().splitlines()[-1] == "… 494 more lines"
     viewer.select_step(3)
     assert viewer.tool_output.isHidden()  # finished is no tool call
 
@@ -128,7 +128,7 @@ def test_a_write_file_proposal_shows_its_path_and_content_and_can_be_edited(qtbo
     panel = wait_for_proposal(qtbot, page, 1)
     shown = panel.tool_call.text().splitlines()
     assert "writes a file" in panel.tool_call.title.text()
-    assert shown[0] == "notes.txt" and shown[2:4] == ["line 1", "line 2"] and shown[-1] == "… 4 more lines"
+    assert shown[0] == "notes.txt" and shown[2:4] == ["line 1", "line 2"] and shown[-1] == "… 6 more lines"
     path, body = panel.editor.fields["path"], panel.editor.fields["content"]
     assert body.toPlainText() == content
     path.selectAll()

@@ -84,7 +84,7 @@ class SupervisePage(QWidget):
         self.displays: list[tuple[object, float]] = []  # (pending, shown at), for the latency bench
 
         # -- run here
-        self.form = RunForm(store, "supervise", gates=("all", "risky"))
+        self.form = RunForm(store, "supervise", gates=("all", "risky"), tools=True)
         self.publish_box = QCheckBox("Let remote supervisors decide (publish this run over sync)")
         self.start_btn = QPushButton("Start run")
         self.start_btn.clicked.connect(self.start_from_form)
@@ -183,6 +183,7 @@ class SupervisePage(QWidget):
     def start_from_form(self) -> None:
         """Start a run from the form's choices; errors in the choices are shown, not raised."""
         try:
+            tools = self.form.build_tools()
             executor = self.form.build_executor()
             platform = executor.platform
             policy = self.form.build_policy(platform)
@@ -191,7 +192,7 @@ class SupervisePage(QWidget):
             return
         self.form.remember()
         self.start_run(policy, executor, self.form.instruction.text().strip() or None, gate=self.form.gate.currentData(),
-                       publish=self.publish_box.isChecked())
+                       publish=self.publish_box.isChecked(), tools=tools)
 
     def start_run(self, policy, executor, instruction: str | None = None, *, gate: str = "all", publish: bool = False,
                   config: LoopConfig | None = None, tools=None) -> AgentRun:

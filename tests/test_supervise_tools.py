@@ -164,3 +164,29 @@ def test_an_old_episode_with_text_observations_still_shows(qtbot, store):
     viewer.select_step(1)
     assert viewer.tool_output.text() == "$ ls\nls: cannot access\n[exit code 2]"
     assert "Text observation" in viewer.tool_output.title.text()
+
+
+def test_the_form_gives_the_agent_a_workspace_folder(qtbot, page, workspace, tmp_path, store):
+    """Run here: the Tools folder is where the agent's tools act, and the policy is offered them."""
+    import json
+
+    path = tmp_path / "responses.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in ["Action: run_command(command='pwd > where.txt')",
+                                                      "Action: finished()"]) + "\n")
+    f = page.form
+    f.set_choice(f.policy, "replay")
+    f.replay_path.setText(str(path))
+    f.set_choice(f.executor, "sandbox")
+    f.tools_root.setText(str(tmp_path / "no such folder"))
+    page.start_from_form()
+    assert "tools:" in page.run_label.text() and "no such folder" in page.run_label.text() and page.run is None
+    f.tools_root.setText(str(workspace))
+    qtbot.mouseClick(page.start_btn, Qt.LeftButton)
+    panel = wait_for_proposal(qtbot, page, 1)
+    assert panel.tool_call.text() == "$ pwd > where.txt" and str(workspace) in panel.tool_call.title.text()
+    qtbot.mouseClick(panel.approve_btn, Qt.LeftButton)
+    wait_for_proposal(qtbot, page, 2)
+    assert (workspace / "where.txt").read_text().strip() == str(workspace)
+    qtbot.mouseClick(page.panel.approve_btn, Qt.LeftButton)
+    wait_end(qtbot, page)
+    assert store.get_setting("supervise.tools_root") == str(workspace)

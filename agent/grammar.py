@@ -397,6 +397,30 @@ def format_normalized(thought: str, actions: list[Action], space: str, image_wid
     return format_response(thought, model)
 
 
+TOOL_OUTPUT_LIMIT = 2_000  # characters of a tool's output in a prompt (the stored output keeps more)
+
+
+def format_tool_output(out: dict, limit: int = TOOL_OUTPUT_LIMIT) -> str:
+    """A tool action's result (agent.schema's Observation.tool_output) as the model reads it, the
+    one rendering the live prompt (agent.policies.memory) and the SFT export share:
+
+        $ grep -c x data.csv          [read_file notes.txt]        [write_file out.txt]
+        (exit 0)                      hello                        wrote 5 bytes to out.txt
+        12
+
+    An output longer than `limit` keeps its head and its tail (an error is usually at the end)."""
+    text = out.get("output") or ""
+    if len(text) > limit:
+        head = text[: limit // 2]
+        text = f"{head}\n[... {len(text) - limit} characters cut ...]\n{text[len(text) - (limit - len(head)):]}"
+    if out["tool"] == "run_command":
+        code = out.get("exit_code")
+        first = f"$ {out['target']}\n" + ("(did not run)" if code is None else f"(exit {code})")
+    else:
+        first = f"[{out['tool']} {out['target']}]"
+    return f"{first}\n{text}" if text else first
+
+
 # ---------------------------------------------------------------- prompts
 
 _COMPUTER_PROMPT = """You are a GUI agent. You are given a task and your action history, with screenshots. You need to perform the next action to complete the task.

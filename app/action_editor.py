@@ -9,6 +9,7 @@ decimals never changes it.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFontDatabase, QTextOption
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -27,6 +28,7 @@ from agent.actions import REGISTRY, SCROLL_DIRECTIONS, actions_for
 from agent.schema import Action
 
 MULTILINE = ("content", "command")  # text parameters where a newline means something
+TOOL_ACTIONS = ("run_command", "read_file", "write_file")
 
 
 class PointField(QWidget):
@@ -141,6 +143,8 @@ class ActionEditor(QWidget):
         self._image = (image_w, image_h)
         self._platform = platform
         names = [s.name for s in actions_for(platform)] or list(REGISTRY)
+        if action.name in TOOL_ACTIONS:  # a run with the tools: any of them may replace the proposed one
+            names += [n for n in TOOL_ACTIONS if n not in names]
         if action.name not in names:
             names.append(action.name)
         self.combo.clear()
@@ -246,6 +250,10 @@ class ActionEditor(QWidget):
                 if p.kind == "key":
                     w.setPlaceholderText("e.g. ctrl c")
                 w.textEdited.connect(self._edited)
+            if name in TOOL_ACTIONS and p.kind == "text":  # commands, paths and file content: monospace
+                w.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
+                if isinstance(w, QPlainTextEdit):
+                    w.setWordWrapMode(QTextOption.WrapAnywhere)  # a command wraps as in a terminal
             label = p.name.replace("_", " ") + ("" if p.required else " (optional)")
             self.form.addRow(label, w)
             self.fields[p.name] = w

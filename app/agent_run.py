@@ -43,15 +43,17 @@ class RunSetupError(TandemError, ValueError):
 
 
 def make_policy(choice: str, *, responses=None, base_url: str = "", model: str = "", api_key: str | None = None,
-                model_dir: str = "", platform: str = "desktop", space: str | None = None):
+                model_dir: str = "", platform: str = "desktop", space: str | None = None, tools: bool = False):
     """A Policy for the page's choice (agent.policies.choice); the default model is the shipped one.
-    Nothing heavy happens here (a local model loads on first use)."""
+    Nothing heavy happens here (a local model loads on first use). `tools`: its prompt offers the
+    terminal and file tools too."""
     if choice in ("local", "default"):
         if models_missing():
             raise RunSetupError(models_missing())
     try:
         return choose(choice, responses=responses, base_url=base_url, model=model, api_key=api_key,
-                      model_dir=model_dir if choice == "local" else None, platform=platform, space=space, spelling=FORM)
+                      model_dir=model_dir if choice == "local" else None, platform=platform, space=space, tools=tools,
+                      spelling=FORM)
     except PolicyError as e:
         raise RunSetupError(str(e)) from None
 

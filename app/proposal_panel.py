@@ -1,7 +1,8 @@
 """The decision widget: one proposed step, and the supervisor's answer.
 
 Shows the screenshot with the proposed action drawn (app.screenshot_canvas), the thought and the
-action. Keys: Enter approves (an approve after any change is an edit: a click on the screenshot
+action; a tool call (run_command, read_file, write_file) as its command or path in a monospace
+block (app.tool_view), and the output of the last tool call, which the agent sees with this step. Keys: Enter approves (an approve after any change is an edit: a click on the screenshot
 moves the click or draws a new drag, the action editor changes text, hotkey or scroll, the thought
 box rewrites the thought), R asks for a reason and rejects, T takes over (compose your own steps
 on the screenshot, then hand control back or end the run), Esc resets the edits.
@@ -35,6 +36,7 @@ from agent.schema import Action
 from agent.wording import plural
 from app.action_editor import ActionEditor
 from app.screenshot_canvas import ScreenshotCanvas
+from app.tool_view import ToolCallView, ToolOutputView, is_tool
 
 
 def frame_pixmap(frame) -> tuple[QPixmap | None, int, int]:
@@ -94,6 +96,8 @@ class ProposalPanel(QWidget):
         self.action_text = QLabel("")
         self.action_text.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.action_text.setWordWrap(True)
+        self.tool_call = ToolCallView()  # a proposed command or file operation, readable before it runs
+        self.last_output = ToolOutputView("Output of the last tool call")  # what the agent sees with this step
         self.editor = ActionEditor()
         self.editor.changed.connect(self._editor_edit)
         self.steps_list = QListWidget()
@@ -143,8 +147,17 @@ class ProposalPanel(QWidget):
                 h.addWidget(b)
             sl.addLayout(h)
         sl.addWidget(self.status)
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(self.canvas)
+        # under the screenshot, as wide as it: the tool output the agent sees with it, the proposed call
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
+        ll.addWidget(self.canvas, 1)
+        blocks = QHBoxLayout()
+        blocks.addWidget(self.last_output, 1)
+        blocks.addWidget(self.tool_call, 1)
+        ll.addLayout(blocks)
+        self.split = split = QSplitter(Qt.Horizontal)
+        split.addWidget(left)
         split.addWidget(side)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 1)
@@ -170,6 +183,8 @@ class ProposalPanel(QWidget):
         self.subtitle.setText("")
         self.canvas.set_action(None)
         self.canvas.set_proposal(None)
+        self.tool_call.hide()
+        self.last_output.set_output(None)
         self.reason.clear()
         self.asking_reason = False
         self._sync_controls()
@@ -184,7 +199,11 @@ class ProposalPanel(QWidget):
         pm, w, h = frame_pixmap(req.observation)
         self._image = (w, h)
         self.canvas.set_observation(pm, w, h, missing="no screenshot (a text observation)")
+        self.last_output.set_output(getattr(req.observation, "tool_output", None))
         self._load_proposal()
+        sizes = self.split.sizes()
+        if is_tool(self._original) and sum(sizes) > 0 and sizes[1] < 340:  # room to edit a command
+            self.split.setSizes([sum(sizes) - 340, 340])
         kind = "The agent asks for you — take over" if self.compose else f"Step {req.step_index + 1}: review the proposal"
         self.title.setText(kind)
         self.busy.hide()
@@ -246,8 +265,14 @@ class ProposalPanel(QWidget):
 
     def _show_action_text(self) -> None:
         a = self._current_action() if self.pending is not None else None
+        edited = self._original is not None and a != self._original and not self.compose
+        if is_tool(a):  # the command (or path) in its own block, with the agent's if it was edited
+            self.tool_call.set_action(a, self._original if edited else None)
+            self.action_text.setText(f"{a.name}, edited by you" if edited else a.name)
+            return
+        self.tool_call.set_action(None)
         text = self._screen_text(a) if a is not None else ""
-        if self._original is not None and a != self._original and not self.compose:
+        if edited:
             text += f"\nproposed: {self._screen_text(self._original)}"
         self.action_text.setText(text)
 

@@ -1,5 +1,5 @@
 """The form that sets up an agent run (Supervise and Drive pages): instruction, policy and its
-options, where it acts (this desktop or a sandbox task) and the gate. Choices are remembered
+options, where it acts (this desktop or a sandbox task), the tools' workspace (Supervise) and the gate. Choices are remembered
 in the store's settings under `<prefix>.*`."""
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from agent.executors.base import ExecutionError
+from agent.executors.terminal import TerminalExecutor
 from agent.storage.model_files import DEFAULT_MODEL_DIR
-from app.agent_run import make_executor, make_policy, models_missing
+from app.agent_run import RunSetupError, make_executor, make_policy, models_missing
 
 POLICY_LABELS = {"default": "Default small model", "endpoint": "OpenAI-compatible endpoint",
                  "local": "Local model folder", "replay": "Replay file (scripted responses)"}
@@ -40,8 +42,9 @@ def sandbox_families() -> list[str]:
 
 class RunForm(QWidget):
     def __init__(self, store=None, prefix: str = "supervise", gates=("all", "risky"), executors=("desktop", "sandbox"),
-                 parent=None):
-        """executors: where the agent may act, from EXECUTOR_LABELS (empty: the row is hidden)."""
+                 tools: bool = False, parent=None):
+        """executors: where the agent may act, from EXECUTOR_LABELS (empty: the row is hidden).
+        tools: offer a workspace folder for the terminal and file tools (the gate asks before each call)."""
         super().__init__(parent)
         self.store, self.prefix = store, prefix
         form = QFormLayout(self)
@@ -117,6 +120,20 @@ class RunForm(QWidget):
             form.addRow("Acts on", where)
         else:
             where.hide()
+        self.tools_root = QLineEdit()  # empty: no tools
+        self.tools_root.setPlaceholderText("optional: a workspace folder where the agent may also run commands and read "
+                                           "and write files (you are asked before every call)")
+        self.tools_root.setToolTip("read_file and write_file stay inside the folder; a command starts there but runs "
+                                   "with your rights and is not confined to it")
+        if tools:
+            pick = QPushButton("…")
+            pick.clicked.connect(self._browse_tools)
+            row = QWidget()
+            tl = QHBoxLayout(row)
+            tl.setContentsMargins(0, 0, 0, 0)
+            tl.addWidget(self.tools_root, 1)
+            tl.addWidget(pick)
+            form.addRow("Tools", row)
         self.gate = QComboBox()
         for g in gates:
             self.gate.addItem(GATE_LABELS[g], g)
@@ -168,6 +185,21 @@ class RunForm(QWidget):
         if path:
             self.replay_path.setText(path)
 
+    def _browse_tools(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "The agent's workspace folder")
+        if path:
+            self.tools_root.setText(path)
+
+    def build_tools(self):
+        """A TerminalExecutor over the chosen workspace folder, or None when none is chosen."""
+        root = self.tools_root.text().strip()
+        if not root:
+            return None
+        try:
+            return TerminalExecutor(root)
+        except ExecutionError as e:
+            raise RunSetupError(f"tools: {e}") from None
+
     def set_choice(self, combo: QComboBox, value) -> None:
         i = combo.findData(value)
         if i < 0:
@@ -184,7 +216,7 @@ class RunForm(QWidget):
         return make_policy(self.policy.currentData(), responses=self.replay_path.text().strip() or None,
                            base_url=self.base_url.text().strip(), model=self.model.text().strip(),
                            api_key=self.api_key.text().strip() or None, model_dir=self.model_dir.text().strip(),
-                           platform=platform)
+                           platform=platform, tools=bool(self.tools_root.text().strip()))
 
     def use_model(self, model_dir: str) -> None:
         """Run a local model folder from now on (an announced flywheel version)."""
@@ -214,7 +246,8 @@ class RunForm(QWidget):
     # ------------------------------------------------------------ settings
     def _fields(self):
         return {"policy": self.policy, "executor": self.executor, "gate": self.gate, "replay": self.replay_path,
-                "base_url": self.base_url, "model": self.model, "model_dir": self.model_dir, "family": self.family, "serial": self.serial}
+                "base_url": self.base_url, "model": self.model, "model_dir": self.model_dir, "family": self.family, "serial": self.serial,
+                "tools_root": self.tools_root}
 
     def remember(self) -> None:
         if self.store is None:

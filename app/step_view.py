@@ -43,6 +43,7 @@ from agent.wording import action_summary, outcome_name, plural
 from app.action_editor import ActionEditor
 from app.privacy_review import PrivacyReviewDialog
 from app.screenshot_canvas import ScreenshotCanvas, element_line
+from app.tool_view import ToolOutputView, legacy_tool_output
 
 BADGE_COLORS = {"human": "#2b9348", "agent": "#1f7ae0", "corrected": "#e07a1f"}
 OUTCOMES = (("unknown", None), ("success", True), ("failure", False))
@@ -204,6 +205,8 @@ class StepViewer(QWidget):
         QVBoxLayout(action_box).addWidget(self.action_editor)
         prov_box = QGroupBox("Provenance")
         QVBoxLayout(prov_box).addWidget(self.provenance)
+        # a tool step's result (the command, its exit code, the first lines), or an old text observation
+        self.tool_output = ToolOutputView("Tool output")
         # two rows: one row of four buttons made the panel too wide for a 1024 px screen
         tools = QHBoxLayout()
         tools.addWidget(self.delete_btn)
@@ -219,6 +222,7 @@ class StepViewer(QWidget):
         pl.setContentsMargins(4, 0, 4, 0)
         pl.addWidget(thought_box, 2)
         pl.addWidget(action_box)
+        pl.addWidget(self.tool_output)
         pl.addWidget(prov_box)
         pl.addWidget(self.error)
         pl.addStretch(0)
@@ -367,6 +371,7 @@ class StepViewer(QWidget):
             self.action_editor.clear()  # else the last episode's action stays in the form
             self.provenance.setText("")
             self.hint.setText("")
+            self.tool_output.set_output(None)
             self._loading = False
             return
         obs = step.observation
@@ -378,9 +383,20 @@ class StepViewer(QWidget):
         self.thought.setPlainText(step.thought)
         self.action_editor.set_action(step.action, self.episode.platform, obs.width, obs.height)
         self.provenance.setText(self._describe(step.provenance, obs.width, obs.height))
+        self._show_tool_output(step)
         self._loading = False
         self._update_dirty()
         self._update_hint(step.action)
+
+    def _show_tool_output(self, step: Step) -> None:
+        out = legacy_tool_output(step)
+        text = step.observation.extra.get("text")
+        if out is not None:
+            self.tool_output.set_output(out)
+        elif isinstance(text, str) and text and not step.observation.screenshot:  # recorded before tool_output
+            self.tool_output.set_text("Text observation (what the agent saw)", text)
+        else:
+            self.tool_output.set_output(None)
 
     def _show_elements(self, obs) -> None:
         """The toggle and the canvas for this observation's element list (or why it has none)."""

@@ -41,6 +41,7 @@ from app.decisions_view import DecisionsView
 from app.proposal_panel import ProposalPanel
 from app.qt_supervisor import Pending, QtSupervisor
 from app.run_form import RunForm
+from app.tool_view import ToolOutputView, call_summary, exit_text, is_tool
 
 
 class LiveEvents(QObject):
@@ -83,7 +84,7 @@ class SupervisePage(QWidget):
         self.displays: list[tuple[object, float]] = []  # (pending, shown at), for the latency bench
 
         # -- run here
-        self.form = RunForm(store, "supervise", gates=("all", "risky"))
+        self.form = RunForm(store, "supervise", gates=("all", "risky"), tools=True)
         self.publish_box = QCheckBox("Let remote supervisors decide (publish this run over sync)")
         self.start_btn = QPushButton("Start run")
         self.start_btn.clicked.connect(self.start_from_form)
@@ -143,9 +144,17 @@ class SupervisePage(QWidget):
         self.panel.answered.connect(self._answered)
         self.panel.displayed.connect(lambda p, t: self.displays.append((p, t)))
         self.steps = QListWidget()
+        self.steps.setWordWrap(True)  # a long command wraps instead of hiding its exit code off the edge
+        self.steps.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.step_output = ToolOutputView("Last tool output")  # the newest tool step's result, as it ran
+        steps_tab = QWidget()
+        stl = QVBoxLayout(steps_tab)
+        stl.setContentsMargins(0, 0, 0, 0)
+        stl.addWidget(self.steps, 1)
+        stl.addWidget(self.step_output)
         self.decisions = DecisionsView(store)
         side = QTabWidget()
-        side.addTab(self.steps, "Steps")
+        side.addTab(steps_tab, "Steps")
         side.addTab(self.decisions, "Decisions")
         split = QSplitter(Qt.Horizontal)
         split.addWidget(self.panel)
@@ -174,6 +183,7 @@ class SupervisePage(QWidget):
     def start_from_form(self) -> None:
         """Start a run from the form's choices; errors in the choices are shown, not raised."""
         try:
+            tools = self.form.build_tools()
             executor = self.form.build_executor()
             platform = executor.platform
             policy = self.form.build_policy(platform)
@@ -182,15 +192,18 @@ class SupervisePage(QWidget):
             return
         self.form.remember()
         self.start_run(policy, executor, self.form.instruction.text().strip() or None, gate=self.form.gate.currentData(),
-                       publish=self.publish_box.isChecked())
+                       publish=self.publish_box.isChecked(), tools=tools)
 
     def start_run(self, policy, executor, instruction: str | None = None, *, gate: str = "all", publish: bool = False,
-                  config: LoopConfig | None = None) -> AgentRun:
+                  config: LoopConfig | None = None, tools=None) -> AgentRun:
         """Run `policy` on `executor` in a worker thread, gated by this page (or by remote
-        supervisors when `publish`). A sandbox executor supplies the instruction when none is given."""
+        supervisors when `publish`). A sandbox executor supplies the instruction when none is given.
+        `tools`: a TerminalExecutor over the run's workspace, for a policy with the terminal tools."""
         if self.run is not None and self.run.running:
             raise RuntimeError("a run is already going; stop it first")
         self.steps.clear()
+        self.step_output.set_output(None)
+        self.panel.tool_call.workspace = str(tools.root) if tools is not None else None
         self.panel.clear()  # "Waiting for the agent…"
         supervisor = None
         if publish:
@@ -217,13 +230,15 @@ class SupervisePage(QWidget):
                 if not hasattr(executor, "prepare"):
                     raise RunSetupError("give an instruction")
                 text = executor.prepare()
-            loop = AgentLoop(policy, executor, store=store, gate=Gate(gate, supervisor),
+            loop = AgentLoop(policy, executor, store=store, gate=Gate(gate, supervisor), tools=tools,
                              config=config or LoopConfig(max_steps=30, kind="supervised"))
             supervisor.stop_event = loop.stop_event
             return loop, text
 
         def close(loop):
             executor.close()
+            if tools is not None:
+                tools.close()
             policy.close()
             if publisher is not None:
                 publisher.end(loop.episode.meta.get("end_reason") if loop and loop.episode else "ended")
@@ -273,9 +288,14 @@ class SupervisePage(QWidget):
 
     def _step(self, step) -> None:
         who = step.provenance.source
-        err = f"  ✗ {step.info['error']}" if step.info.get("error") else ""
-        self.steps.addItem(f"{step.index + 1}. [{who}] {format_for_display(step.action, getattr(step.observation, 'geometry', None))}{err}")
+        out = step.info.get("tool_output")
+        err = f"  ✗ {step.info['error']}" if step.info.get("error") else f"  → {exit_text(out)}" if out else ""
+        what = call_summary(step.action) if is_tool(step.action) else \
+            format_for_display(step.action, getattr(step.observation, "geometry", None))
+        self.steps.addItem(f"{step.index + 1}. [{who}] {what}{err}")
         self.steps.scrollToBottom()
+        if out is not None:
+            self.step_output.set_output(out, f"Step {step.index + 1}")
 
     def _finished(self, result) -> None:
         self.last_result = result

@@ -291,10 +291,50 @@ def test_tools_run_through_the_loop(phone, store, tmp_path):
                            "Action: write_file(path='../x', content='no')", "Action: finished()"], platform="android", tools=True)
     loop = AgentLoop(policy, ex, store=store, gate=Gate("risky", sup), tools=TerminalExecutor(root))
     res = loop.run("write a file")
-    s0 = res.episode.steps[0]
-    assert s0.action.name == "run_command" and s0.info["tool_result"]["output"] == "hi\n"
+    s0, s1 = res.episode.steps  # the rejected write is not a step
+    assert s0.action.name == "run_command" and s0.info["tool_output"]["output"] == "hi\n"
     assert (root / "a.txt").read_text() == "hi\n" and not (tmp_path / "x").exists()
-    assert "Output:" in str(loop.policy.last_messages)  # the tool's output is in the next prompt
+    # the command's result is part of the next observation, stored (and reloaded) with the next frame
+    stored = store.load_episode(res.episode.id).steps
+    assert stored[1].observation.tool_output == {"tool": "run_command", "target": "echo hi > a.txt; cat a.txt",
+                                                 "exit_code": 0, "output": "hi\n", "truncated": False}
+    assert stored[1].observation.screenshot and "text" not in stored[1].observation.extra
+    assert stored[0].observation.tool_output is None and s1.action.name == "finished"
+
+
+def test_a_commands_output_is_in_the_next_prompt_and_in_the_exported_sample(phone, store, tmp_path):
+    from agent.policies.memory import message_text
+    from agent.storage.export import episode_samples
+    from trainer.learn.sft import runtime_samples
+
+    ex, _ = phone
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "data.csv").write_text("x,1\ny,2\nx,3\n")
+    policy = ReplayPolicy(["Thought: Count them.\nAction: run_command(command='grep -c x data.csv; exit 3')",
+                           "Action: read_file(path='missing.txt')", click("button"), "Action: finished()"],
+                          platform="android", tools=True)
+    prompts = []
+    generate = policy.generate
+    policy.generate = lambda messages: (prompts.append(message_text(messages)), generate(messages))[1]
+    loop = AgentLoop(policy, ex, store=store, gate=Gate("auto"), tools=TerminalExecutor(root))
+    res = loop.run("count the x rows")
+    assert [s.action.name for s in res.episode.steps] == ["run_command", "read_file", "click", "finished"]
+    told = "$ grep -c x data.csv; exit 3\n(exit 3)\n2\n"
+    assert told not in prompts[0] and told in prompts[1]  # the next turn sees it
+    assert told in prompts[2]  # and the turn after, in its history
+    # a tool call that could not run tells the model why, the same way
+    assert "[read_file missing.txt]\nerror: no file at 'missing.txt'" in prompts[2]
+    assert loop.memory.last_report["tokens"] > 0
+    ep = store.load_episode(res.episode.id)
+    samples = list(episode_samples(ep))
+    turns = [m["content"] for m in samples[1]["messages"]]
+    assert turns[-3:] == [told.rstrip("\n") + "\n", "<image>", "Action: read_file(path='missing.txt')"]
+    assert any(told in t for t in (m["content"] for m in samples[3]["messages"]))
+    assert not any(told in m["content"] for m in samples[0]["messages"])
+    # the SFT samples rebuilt from the store prompt as the live agent did
+    rebuilt = runtime_samples(ep, store.get_blob, platform="android")
+    assert told in message_text(rebuilt[1].messages) and told not in message_text(rebuilt[0].messages)
 
 
 def test_a_stop_pressed_before_the_run_starts_is_not_lost(phone, store):

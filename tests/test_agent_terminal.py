@@ -24,9 +24,11 @@ def term(tmp_path):
 def test_run_command_in_root_and_subdir(term):
     (term.root / "sub").mkdir()
     frame, reward, terminated, truncated, info = term.step(Action("run_command", {"command": "pwd; echo hi; exit 3"}))
-    r = info["tool_result"]
-    assert r["exit_code"] == 3 and r["output"].splitlines() == [str(term.root), "hi"]
-    assert "[exit code 3]" in frame.text and not terminated and not truncated
+    out = frame.tool_output  # the observation's tool_output: the command, its exit code, what it printed
+    assert out["tool"] == "run_command" and out["target"] == "pwd; echo hi; exit 3" and out["exit_code"] == 3
+    assert out["output"].splitlines() == [str(term.root), "hi"] and out["truncated"] is False
+    assert frame.text == f"$ pwd; echo hi; exit 3\n(exit 3)\n{term.root}\nhi\n" and not terminated and not truncated
+    assert info["tool_result"]["exit_code"] == 3 and "output" not in info["tool_result"]  # the output is said once
     r = term.run_command("pwd", cwd="sub")
     assert r["output"].strip() == str(term.root / "sub")
 
@@ -41,13 +43,35 @@ def test_timeout_kills_the_process_group(term):
 def test_output_is_capped(term):
     r = term.run_command("python3 -c \"print('x' * 5000)\"")
     assert r["truncated_output"] and len(r["output"]) < 300 and "characters cut" in r["output"]
+    frame, *_ = term.step(Action("run_command", {"command": "python3 -c \"print('x' * 5000)\""}))
+    assert frame.tool_output["truncated"] is True and len(frame.tool_output["output"]) < 300
+
+
+def test_a_timed_out_command_says_so_in_its_output(term):
+    term.timeout = 0.5
+    frame, *_ = term.step(Action("run_command", {"command": "sleep 5"}))
+    assert frame.tool_output["exit_code"] != 0 and "[timed out after 0.5 s: stopped]" in frame.tool_output["output"]
+
+
+def test_tool_output_renders_compactly_and_keeps_the_tail_of_a_long_output():
+    from agent.grammar import format_tool_output
+
+    out = {"tool": "run_command", "target": "grep -c x data.csv", "exit_code": 0, "output": "12\n", "truncated": False}
+    assert format_tool_output(out) == "$ grep -c x data.csv\n(exit 0)\n12\n"
+    assert format_tool_output({**out, "exit_code": None, "output": "error: no dir"}).startswith("$ grep -c x data.csv\n(did not run)\n")
+    assert format_tool_output({"tool": "write_file", "target": "o.txt", "exit_code": None, "output": "", "truncated": False}) \
+        == "[write_file o.txt]"
+    long = format_tool_output({**out, "output": "a" * 500 + "THE END"}, limit=100)
+    assert long.endswith("THE END") and "characters cut" in long and len(long) < 200
 
 
 def test_write_then_read_inside_root(term):
     term.step(Action("write_file", {"path": "notes/a.txt", "content": "héllo\nworld"}))
     assert (term.root / "notes" / "a.txt").read_text() == "héllo\nworld"
     frame, *_ , info = term.step(Action("read_file", {"path": "notes/a.txt"}))
-    assert frame.text == "héllo\nworld"
+    assert frame.tool_output == {"tool": "read_file", "target": "notes/a.txt", "exit_code": None,
+                                 "output": "héllo\nworld", "truncated": False}
+    assert frame.text == "[read_file notes/a.txt]\nhéllo\nworld"
 
 
 @pytest.mark.parametrize("path", ["../outside.txt", "/etc/passwd", "sub/../../x"])

@@ -34,7 +34,7 @@ def engine():
 def _run(store, png: bytes, *, kind="supervised", platform="desktop") -> Episode:
     """A supervised run as AgentLoop leaves it: the focused window's title beside each frame, the
     model's raw reply, a corrected step keeping the model's proposal, a rejection and a parse
-    failure in the next step's info, a tool's output."""
+    failure in the next step's info, a tool's output (in a step's info and beside the next frame)."""
     g = ScreenGeometry.simple(1100, 420)
     h = store.put_blob(png)
     extra = {"focused_window": {"title": TITLE, "app": "mail"}, "mime": "image/png"}
@@ -45,7 +45,9 @@ def _run(store, png: bytes, *, kind="supervised", platform="desktop") -> Episode
                         proposal_action=Action("type", {"content": f"{OTHER}"}), decision="edit", decided_by="ana"),
              0.0, 0.1, raw_response=f"Thought: Mail {OTHER} instead\nAction: type(content='{OTHER}')",
              info={"tool_output": f"sent to {PHONE}"}),
-        Step(1, Observation(h, 1100, 420, g, 1.0, extra=extra), "Done", Action("finished", {"content": "ok"}),
+        Step(1, Observation(h, 1100, 420, g, 1.0, extra=extra,
+                            tool_output={"tool": "run_command", "target": f"grep {EMAIL} mail.txt", "exit_code": 0,
+                                         "output": f"call {PHONE}\n", "truncated": False}), "Done", Action("finished", {"content": "ok"}),
              Provenance("agent"), 1.0, 2.0, raw_response="Thought: Done\nAction: finished(content='ok')",
              info={"rejections": [{"thought": f"Call {PHONE}", "actions": [{"name": "type", "args": {"content": CARD}}],
                                    "raw": f"Thought: Call {PHONE}", "reason": f"not {OTHER}", "by": "ana"}],
@@ -78,6 +80,8 @@ def test_every_uploaded_text_field_of_a_run_is_masked(qapp, store, engine):
     assert s0.provenance.proposal_action.args["content"] == "<email>" and "<email>" in s0.raw_response
     assert s0.action.args["content"] == "<card>" and s0.info["tool_output"] == "sent to <phone>"
     assert s1.info["rejections"][0]["actions"][0]["args"]["content"] == "<card>"
+    assert s1.observation.tool_output == {"tool": "run_command", "target": "grep <email> mail.txt", "exit_code": 0,
+                                          "output": "call <phone>\n", "truncated": False}  # a command's output too
     assert s1.info["rejections"][0]["reason"] == "not <email>"
     # every frame was read and blurred by the automatic redaction, recorded as its decision
     plan = store.load_episode(ep.id).meta["redaction"]

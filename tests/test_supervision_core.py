@@ -45,6 +45,18 @@ def test_request_round_trips_through_the_wire():
     assert req.proposal.policy_version == "v3" and req.episode_id == "e1"
 
 
+def test_the_last_tool_output_travels_with_a_proposal():
+    req = request([Action("run_command", {"command": "wc -l data.csv"})])
+    req.observation.tool_output = {"tool": "run_command", "target": "ls", "exit_code": 2, "output": "ls: nope\n",
+                                   "truncated": False}
+    step, shot = request_to_wire(req)
+    back, _ = request_from_wire(step, shot)
+    assert back.observation.tool_output == req.observation.tool_output
+    assert back.proposal.actions == [Action("run_command", {"command": "wc -l data.csv"})]
+    with pytest.raises(SupervisionError, match="tool_output: exit_code must be an integer"):
+        request_from_wire({**step, "tool_output": {**step["tool_output"], "exit_code": "2"}}, shot)
+
+
 def test_bad_proposals_are_named():
     with pytest.raises(SupervisionError, match="unknown action 'fly'"):
         request_from_wire({"actions": [{"name": "fly"}]}, None)

@@ -40,6 +40,8 @@ class Frame:
     # what is on the screen (agent.elements.Element, screenshot pixels); None: this platform gave no list
     elements: list | None = None
     elements_source: str | None = None  # sandbox | dom | atspi | uiautomator2; why none, when none
+    # what the previous tool action gave back, seen with this frame (agent.schema's Observation.tool_output)
+    tool_output: dict | None = None
     _pil: Any = field(default=None, repr=False)
 
     @property

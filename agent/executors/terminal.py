@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 from agent.executors.base import ExecutionError, Frame
+from agent.grammar import format_tool_output
 from agent.schema import Action, ScreenGeometry, monotonic
 from agent.storage.store import atomic_write
 
@@ -27,6 +28,25 @@ TEXT_GEOMETRY = ScreenGeometry.simple(1, 1)
 
 class PathOutsideRoot(ExecutionError):
     pass
+
+
+def tool_output(action: Action, result: dict | None = None, *, error: str | None = None, timeout: float | None = None) -> dict:
+    """agent.schema's Observation.tool_output for a tool action: what it gave back (`result`, as
+    TerminalExecutor's run_command/read_file/write_file return it), or why it did not run (`error`)."""
+    a = action.args
+    target = str(a.get("command", "") if action.name == "run_command" else a.get("path", ""))
+    out = {"tool": action.name, "target": target, "exit_code": None, "output": "", "truncated": False}
+    if error is not None:
+        out["output"] = f"error: {error}"
+    elif action.name == "run_command":
+        late = f"\n[timed out after {timeout:g} s: stopped]" if result["timed_out"] and timeout else (
+            "\n[timed out: stopped]" if result["timed_out"] else "")
+        out.update(exit_code=result["exit_code"], output=result["output"] + late, truncated=result["truncated_output"])
+    elif action.name == "read_file":
+        out.update(output=result["content"], truncated=result["truncated_output"])
+    else:
+        out["output"] = f"wrote {result['bytes']} bytes to {target}"
+    return out
 
 
 def _cap(text: str, limit: int) -> tuple[str, bool]:
@@ -126,20 +146,21 @@ class TerminalExecutor:
         if action.name not in TOOL_ACTIONS + ("finished", "call_user"):
             raise ExecutionError(f"the terminal cannot execute {action.name!r}")
         a = action.args
+        out = None
         if action.name == "run_command":
             result = self.run_command(a["command"], a.get("cwd"))
-            text = f"$ {result['command']}\n{result['output']}\n[exit code {result['exit_code']}" + (
-                ", timed out]" if result["timed_out"] else "]"
-            )
         elif action.name == "read_file":
             result = self.read_file(a["path"])
-            text = result["content"]
         elif action.name == "write_file":
             result = self.write_file(a["path"], a["content"])
-            text = f"wrote {result['bytes']} bytes to {a['path']}"
         else:
-            result, text = {}, ""
-        self._last = Frame(geometry=TEXT_GEOMETRY, text=text)
+            result = {}
+        if result:
+            out = tool_output(action, result, timeout=self.timeout)
+            # the output is the observation's (tool_output); the info keeps how it ran
+            result = {k: v for k, v in result.items() if k not in ("output", "content")}
+        self._last = Frame(geometry=TEXT_GEOMETRY, text=format_tool_output(out, self.output_limit) if out else "",
+                           tool_output=out)
         terminated = action.name in ("finished", "call_user")
         return self._last, 0.0, terminated, False, {"tool_result": result}
 

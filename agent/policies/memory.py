@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from agent import coords
 from agent.elements import format_lines
-from agent.grammar import format_normalized
+from agent.grammar import TOOL_OUTPUT_LIMIT, format_normalized, format_tool_output
 from agent.schema import Action
 
 SYSTEM_TEXT = "You are a helpful assistant."
@@ -42,6 +42,7 @@ class _SizeOnly:
     has_image = False  # never sent as an image
     text = None
     elements = None
+    tool_output = None
 
     def __init__(self, size):
         self.size = size
@@ -72,7 +73,7 @@ class Memory:
     token_budget: int = 16_000
     count_tokens: Callable[[str], int] = approx_tokens
     image_tokens: Callable[[int, int], int] = qwen_image_tokens
-    note_limit: int = 2_000  # characters of a tool's output kept in working memory
+    note_limit: int = TOOL_OUTPUT_LIMIT  # characters of a tool's output (or a note) kept in working memory
     # what a working-memory step shows: "auto" its element list when its frame has one (its screenshot
     # otherwise), "screenshots" always the screenshot; never both, to save tokens
     history_view: str = "auto"
@@ -127,17 +128,30 @@ class Memory:
         w, h = frame.size
         return format_lines(items, space, w, h)
 
+    def _tool_parts(self, frame) -> list[dict]:
+        """The output of the tool action before this frame (agent.grammar.format_tool_output),
+        first in what the frame shows: it answers the previous action."""
+        out = getattr(frame, "tool_output", None)
+        return [] if out is None else [{"type": "text", "text": format_tool_output(out, self.note_limit)}]
+
+    @staticmethod
+    def _text_parts(frame, told: list) -> list[dict]:
+        """A text frame's own text, unless it is the tool output already told (the terminal's frame)."""
+        return [{"type": "text", "text": frame.text}] if frame is not None and frame.text and not told else []
+
     def _history_parts(self, s: MemoryStep, space: str) -> list[dict]:
-        """What a working-memory step shows of its frame: its list or its screenshot (never both)."""
+        """What a working-memory step shows of its frame: the tool output it came with, then its
+        list or its screenshot (never both)."""
         f = s.frame
         if f is None:
             return []
+        told = self._tool_parts(f)
         listed = self._elements_text(f, space) if self.history_view == "auto" else None
         if listed is not None:
-            return [{"type": "text", "text": listed}]
+            return told + [{"type": "text", "text": listed}]
         if f.has_image:
-            return [{"type": "image", "frame": f}]
-        return [{"type": "text", "text": f.text}] if f.text else []
+            return told + [{"type": "image", "frame": f}]
+        return told + self._text_parts(f, told)
 
     def _parts_cost(self, parts: list[dict]) -> int:
         return sum(self._image_cost(p["frame"]) if p["type"] == "image" else self.count_tokens(p["text"]) for p in parts)
@@ -148,11 +162,11 @@ class Memory:
         """Messages for the next proposal: the prompt, episodic summaries, working steps, then
         the current observation (and feedback on the last attempt, when there is any)."""
         ct = self.count_tokens
-        current: list[dict] = []
+        told = self._tool_parts(frame)
+        current: list[dict] = list(told)
         if frame is not None and frame.has_image:
             current.append({"type": "image", "frame": frame})
-        if frame is not None and frame.text:
-            current.append({"type": "text", "text": frame.text})
+        current += self._text_parts(frame, told)
         listed = self._elements_text(frame, space) if frame is not None else None
         if listed is not None:
             current.append({"type": "text", "text": listed})

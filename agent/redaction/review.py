@@ -46,8 +46,8 @@ _SECRET = "\u2022"  # what the recorder stores for a masked keystroke (agent.rec
 def text_fields(ep: Episode) -> list[tuple[str, str]]:
     """(key, text) of every piece of free text in the episode that could hold personal data and
     is uploaded: the instruction, thoughts, typed text, the model's replies, the proposals kept
-    beside corrections, rejection records, tool output and notes (anything in a step's info),
-    window titles and screen text (anything in an observation's extra), the names and values of
+    beside corrections, rejection records, tool output and notes (anything in a step's info, and an
+    observation's tool_output), window titles and screen text (anything in an observation's extra), the names and values of
     the observation's elements (a label holding an e-mail address, a field's text), why a run
     ended and what it left unexecuted."""
     out = [("instruction", ep.instruction)]
@@ -62,6 +62,8 @@ def text_fields(ep: Episode) -> list[tuple[str, str]]:
             out += [(f"{p}/provenance/proposal_action/{k}", v) for k, v in pv.proposal_action.args.items()]
         out += _nested_strings(s.info, f"{p}/info")
         out += _nested_strings(s.observation.extra, f"{p}/observation/extra")
+        if s.observation.tool_output is not None:  # a command and what it printed, a file's path and content
+            out += [(f"{p}/observation/tool_output/{k}", s.observation.tool_output[k]) for k in ("target", "output")]
         for i, e in enumerate(s.observation.elements or ()):
             out += [(f"{p}/observation/elements/{i}/name", e.name), (f"{p}/observation/elements/{i}/value", e.value)]
     return [(k, t) for k, t in out if isinstance(t, str) and t]
@@ -119,6 +121,8 @@ def _set_text(ep: Episode, key: str, text: str) -> None:
         setattr(step.provenance, rest[0], text)
     elif where == "info":
         _set_nested(step.info, rest, text)
+    elif rest[0] == "tool_output":  # observation/tool_output/target|output
+        step.observation.tool_output = {**step.observation.tool_output, rest[1]: text}
     elif rest[0] == "elements":  # observation/elements/<i>/name|value
         i = int(rest[1])
         step.observation.elements[i] = replace(step.observation.elements[i], **{rest[2]: text})
@@ -130,7 +134,8 @@ _FIELD_WORDS = {"thought": "thought", "action": "typed text", "raw_response": "m
                 "proposal_thought": "model's proposal", "proposal_action": "model's proposal",
                 "reason": "rejection reason", "spoken": "spoken", "notes": "note", "rejections": "rejected proposal",
                 "parse_failures": "unreadable reply", "focused_window": "window title", "more_actions": "typed text",
-                "element_name": "element name", "element_value": "element text"}
+                "element_name": "element name", "element_value": "element text", "tool_output": "tool output",
+                "tool_result": "tool call", "target": "tool call", "output": "tool output"}
 
 
 def field_label(key: str) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from agent.actions import REGISTRY, validate
 from agent.elements import Element
 from agent.executors.base import ExecutionError
+from agent.executors.terminal import tool_output
 from agent.grammar import format_normalized
 from agent.policies.base import PolicyError, Proposal
 from agent.policies.memory import Memory, MemoryStep
@@ -303,12 +304,13 @@ class AgentLoop:
             extra["mime"] = mime
         else:
             h, (w, hgt) = None, (frame.geometry.physical_width, frame.geometry.physical_height)
-            if frame.text is not None:
-                extra["text"] = frame.text
+            if frame.text is not None and getattr(frame, "tool_output", None) is None:
+                extra["text"] = frame.text  # a text observation (the terminal's first frame); a tool's result is tool_output
         items = getattr(frame, "elements", None)
         elements = None if items is None else [e if isinstance(e, Element) else Element.from_dict(e) for e in items]
         return Observation(screenshot=h, width=w, height=hgt, geometry=frame.geometry, time=frame.time, extra=extra,
-                           elements=elements, elements_source=getattr(frame, "elements_source", None))
+                           elements=elements, elements_source=getattr(frame, "elements_source", None),
+                           tool_output=getattr(frame, "tool_output", None))
 
     def _execute_and_record(self, frame, thought, action: Action, prov: Provenance, raw, info: dict, *, source: str):
         """Execute one action, record the step; returns (next frame, terminated, error or None)."""
@@ -320,7 +322,7 @@ class AgentLoop:
         t_start = monotonic()
         error = None
         terminated = False
-        note = None
+        tool_out = None
         try:
             if problem:
                 raise ExecutionError(problem)
@@ -329,7 +331,7 @@ class AgentLoop:
                     raise ExecutionError(f"{action.name} needs the terminal tools, which this run does not have")
                 tframe, _, _, _, tinfo = self.tools.step(action)
                 info.update(_jsonable(tinfo))
-                note = tframe.text
+                tool_out = tframe.tool_output
                 next_frame = self.executor.observe()
             else:
                 next_frame, _, terminated, _, einfo = self.executor.step(action)
@@ -338,6 +340,13 @@ class AgentLoop:
             error = str(e)
             info["error"] = error
             next_frame = self.executor.observe() if not self.stop_event.is_set() else frame
+            if action.name in TOOL_ACTIONS:  # the model reads why its tool call did not run beside the next frame
+                tool_out = tool_output(action, error=error)
+        if tool_out is not None:
+            # the step keeps its result (Supervise and the step viewer show it); the next
+            # observation carries it too: that is where the model sees it
+            info["tool_output"] = tool_out
+            next_frame = dataclasses.replace(next_frame, tool_output=tool_out)
         t_end = monotonic()
         self.stats["execute"].append(t_end - t_start)
         step = Step(index=len(self.episode.steps), observation=obs, thought=thought, action=action, provenance=prov,
@@ -346,7 +355,8 @@ class AgentLoop:
         self.episode.steps.append(step)
         self._save()
         self.stats["record"].append(record_s + time.perf_counter() - t_rec)
-        self.memory.add(MemoryStep(thought, [action], frame, note=note or (f"Error: {error}" if error else None), source=source))
+        note = f"Error: {error}" if error and tool_out is None else None  # a tool's error is in its output
+        self.memory.add(MemoryStep(thought, [action], frame, note=note, source=source))
         self._emit("step", step=step)
         if self.on_step:
             self.on_step(step)

@@ -28,6 +28,7 @@ from agent.executors.base import Frame, frame_from_image_bytes
 from agent.policies.base import Proposal
 from agent.run.gate import Decision, GateError, GateRequest, HumanStep, Takeover
 from agent.schema import Action, SchemaError, ScreenGeometry
+from agent.schema import _tool_output as valid_tool_output  # Observation.tool_output's own check
 
 MODES = ("decide", "takeover")
 
@@ -60,6 +61,8 @@ def request_to_wire(request: GateRequest, mode: str = "decide", note: str | None
     }
     if note:
         step["note"] = note
+    if getattr(frame, "tool_output", None) is not None:  # the last tool call's result: supervisors see it too
+        step["tool_output"] = dict(frame.tool_output)
     return step, shot
 
 
@@ -73,6 +76,7 @@ def request_from_wire(step: dict, screenshot: bytes | None) -> tuple[GateRequest
     try:
         actions = [Action.from_dict(a) for a in step.get("actions") or []]
         geometry = ScreenGeometry.from_dict(step["geometry"]) if step.get("geometry") else None
+        told = valid_tool_output(step.get("tool_output"), "proposal")
     except (SchemaError, KeyError, TypeError) as e:
         raise SupervisionError(f"proposal: {e}") from None
     frame = None
@@ -83,6 +87,8 @@ def request_from_wire(step: dict, screenshot: bytes | None) -> tuple[GateRequest
             raise SupervisionError(f"proposal screenshot is not an image: {e}") from None
     elif geometry is not None:
         frame = Frame(geometry=geometry, text="")
+    if frame is not None:
+        frame.tool_output = told
     size = step.get("image_size")
     proposal = Proposal(str(step.get("thought") or ""), actions, str(step.get("raw_text") or ""),
                         space=step.get("space") or "smart-resize", image_size=tuple(size) if size else None,

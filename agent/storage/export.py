@@ -2,7 +2,7 @@
 
 One sample per step: the system prompt with the action space and the instruction, then the
 history (earlier thoughts and actions as assistant turns, the last N screenshots as user image
-turns), and the target: that step's thought and action as the final assistant turn. This is the
+turns, each tool action's output as a user text turn), and the target: that step's thought and action as the final assistant turn. This is the
 `messages` + `images` form that common SFT trainers read (LLaMA-Factory, TRL, ms-swift): each
 user image turn holds an `<image>` placeholder, matched in order by the `images` list.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from agent import coords
 from agent.errors import TandemError
-from agent.grammar import format_normalized, system_prompt
+from agent.grammar import TOOL_OUTPUT_LIMIT, format_normalized, format_tool_output, system_prompt
 from agent.redaction import RedactionError
 from agent.redaction.review import auto_redaction_due, redacted_episode, upload_view
 from agent.schema import Episode
@@ -83,9 +83,11 @@ def step_target(ep: Episode, i: int, space: str) -> str:
     return format_normalized(s.thought, [s.action], space, s.observation.width, s.observation.height)
 
 
-def episode_samples(ep: Episode, *, space: str = coords.SMART_RESIZE, max_images: int = 5, image_ref=None):
+def episode_samples(ep: Episode, *, space: str = coords.SMART_RESIZE, max_images: int = 5, image_ref=None,
+                    tool_output_limit: int = TOOL_OUTPUT_LIMIT):
     """Yield (sample_dict) for each step with a screenshot. image_ref(hash) -> what to put in
-    `images` (a path); defaults to the hash itself."""
+    `images` (a path); defaults to the hash itself. A tool action's output is a user text turn
+    before the next screenshot, rendered as the live prompt renders it (agent.grammar.format_tool_output)."""
     image_ref = image_ref or (lambda h: h)
     sys_text = system_prompt(ep.instruction, "android" if ep.platform == "android" else "desktop")
     for t, step in enumerate(ep.steps):
@@ -96,6 +98,8 @@ def episode_samples(ep: Episode, *, space: str = coords.SMART_RESIZE, max_images
         first_image = max(0, t - max_images + 1)  # the last N screenshots, the current one included
         for k in range(t + 1):
             s = ep.steps[k]
+            if s.observation.tool_output is not None:  # what the tool action before step k gave back
+                messages.append({"role": "user", "content": format_tool_output(s.observation.tool_output, tool_output_limit)})
             if k >= first_image and s.observation.screenshot:
                 messages.append({"role": "user", "content": IMAGE_TOKEN})
                 images.append(image_ref(s.observation.screenshot))

@@ -95,9 +95,9 @@ def runtime_samples(ep, image_of, *, memory_kw: dict | None = None, space: str |
     for step in ep.steps:
         if not step.observation.screenshot:
             raise SFTError(f"episode {ep.id} step {step.index}: no screenshot; runtime samples need one per step")
-        obs = step.observation  # the frame carries the step's element list, as the live agent's did
+        obs = step.observation  # the frame carries the step's element list and tool output, as the live agent's did
         frame = Frame(geometry=obs.geometry, encoded=image_of(obs.screenshot), elements=obs.elements,
-                      elements_source=obs.elements_source)
+                      elements_source=obs.elements_source, tool_output=obs.tool_output)
         w, h = step.observation.width, step.observation.height
         messages = memory.build_messages(prompt, frame, space=space)
         actions = [step.action] + [_action(a) for a in (step.info.get("more_actions") or [])]

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from agent.grammar import TOOL_OUTPUT_LIMIT, format_tool_output
 from agent.schema import Action
 from trainer.rollout.actors import ExpertActor
 from trainer.rollout.runner import EpisodeRunner, demonstrate, run_episode, trajectory_to_episode
@@ -279,10 +280,12 @@ def test_demonstrations_hold_the_tool_action_and_its_output():
         k = next(i for i, u in enumerate(traj.turns) if u.action in ("run_command", "read_file"))
         target = traj.turns[k + 1].tool_output["output"]
         assert "run_command(" in traj.turns[k].text or "read_file(" in traj.turns[k].text
-        # the next turn's chat (an SFT sample's prompt) shows the tool's output after the reply that ran it
+        # the next turn's chat (an SFT sample's prompt) shows the tool's output first in what it observes
         chat = traj.turns[k + 1].messages
-        texts = [m["content"] for m in chat if isinstance(m["content"], str)]
-        assert any(t.startswith("Output:") and target.strip().splitlines()[0] in t for t in texts), texts
+        last = chat[-1]["content"]
+        first_text = last if isinstance(last, str) else next(p["text"] for p in last if p.get("type") == "text")
+        assert first_text == format_tool_output(traj.turns[k + 1].tool_output, TOOL_OUTPUT_LIMIT), last
+        assert target.strip().splitlines()[0] in first_text
 
 
 def test_env_processes_play_hybrid_tickets():

@@ -122,24 +122,13 @@ class Trajectory:
 
 def frame_of(obs) -> Frame:
     """An env's observation as the agent's Frame: the screenshot and, where the env reads one, the
-    element list with its source ("sandbox", MiniWoB's "dom", or why there is none); a tool's
-    output beside it (obs["tool_output"]) goes into the frame's extra["tool_output"]."""
+    element list with its source ("sandbox", MiniWoB's "dom", or why there is none), and the output
+    of the tool action before it (obs["tool_output"]), which the next prompt shows first
+    (agent.policies.memory, as the agent loop's frames carry it)."""
     elements = obs.get("elements")
     source = obs.get("elements_source") or ("sandbox" if elements is not None else None)
-    extra = {"tool_output": obs["tool_output"]} if obs.get("tool_output") is not None else {}
     return Frame(geometry=obs["geometry"], pixels=obs["screenshot"], elements=elements, elements_source=source,
-                 extra=extra)
-
-
-def tool_note(out: dict | None) -> str | None:
-    """A tool's output as the agent loop remembers it (agent.executors.terminal's text: the command,
-    its output and exit code; a file's content; what was written): the note of the step that ran it
-    (agent.policies.memory.MemoryStep.note), which the next prompt shows."""
-    if out is None:
-        return None
-    if out["tool"] == "run_command":
-        return f"$ {out['target']}\n{out['output']}\n[exit code {out['exit_code']}]"
-    return out["output"]
+                 tool_output=obs.get("tool_output"))
 
 
 def platforms_of(env) -> tuple[str, ...]:
@@ -328,8 +317,7 @@ class EpisodeRunner:
             turn.reward, turn.progress, turn.changed = float(reward), float(info.get("progress", 0.0)), info.get("screen_changed")
             turn.action_error, turn.action, turn.point = info.get("action_error"), first.name, tuple(box[:2]) if box else None
             turn.thought, turn.actions = parsed.thought, list(parsed.actions)
-            slot.memory.add(MemoryStep(parsed.thought, list(parsed.actions), frame,
-                                       note=tool_note(obs.get("tool_output"))))
+            slot.memory.add(MemoryStep(parsed.thought, list(parsed.actions), frame))
         else:  # never executed: the env is not stepped, the agent is asked again (agent.run.reask)
             obs, info, truncated = slot.obs, slot.info, False
             slot.failures += 1

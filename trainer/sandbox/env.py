@@ -38,7 +38,7 @@ from agent import coords
 from agent.actions import SCROLL_DIRECTIONS, validate
 from agent.elements import Element
 from agent.executors.base import ExecutionError
-from agent.executors.terminal import TOOL_ACTIONS, TerminalExecutor
+from agent.executors.terminal import TOOL_ACTIONS, TerminalExecutor, tool_output
 from agent.grammar import format_normalized
 from agent.schema import Action, ScreenGeometry
 from agent.vlm.pointer import HEAD_FILE
@@ -347,24 +347,14 @@ class SandboxEnv(StepLater, gym.Env):
         """Run one tool action in the workspace; its result becomes the next observation's
         tool_output. Returns the error when the tool could not do it (no such file, a path outside
         the workspace): the agent's mistake, whose message it also sees as the tool's output."""
-        a, error = action.args, None
-        target = a["command"] if action.name == "run_command" else a["path"]
+        error = None
         try:
-            _, _, _, _, tinfo = self.terminal.step(action)
-            result = tinfo["tool_result"]
-            if action.name == "run_command":
-                output, code, cut = result["output"], result["exit_code"], result["truncated_output"]
-                if result["timed_out"]:
-                    output += f"\n[timed out after {TOOL_TIMEOUT:g} s]"
-            elif action.name == "read_file":
-                output, code, cut = result["content"], None, result["truncated_output"]
-            else:
-                output, code, cut = f"wrote {result['bytes']} bytes to {a['path']}", None, False
+            frame, *_ = self.terminal.step(action)
+            out = frame.tool_output  # agent.executors.terminal.tool_output: one shape for the loop and the env
         except ExecutionError as e:
             error = f"{action.name}: {e}"
-            output, code, cut = f"error: {e}", None, False
-        self._tool_output = {"tool": action.name, "target": target, "exit_code": code, "output": output,
-                             "truncated": bool(cut)}
+            out = tool_output(action, error=str(e))
+        self._tool_output = out
         self.task.after_tool(action, self._tool_output, error)  # the app notices what changed in its folder
         self.screen.settle()
         return error

@@ -60,7 +60,7 @@ def test_unknown_game_is_a_clear_error():
 def test_registry_skips_absent_games_with_a_reason():
     present, gone = registry.games(), registry.missing()
     assert set(present) | set(gone) == set(registry.GAME_MODULES)
-    assert "snake" in present
+    assert "snake" in present and "merge" in present
     for name, why in gone.items():
         assert why, name
 

@@ -19,7 +19,13 @@ import pytest
 
 from agent.schema import Action
 from trainer.sandbox.games import registry
-from trainer.sandbox.games.browser import GameBrowserError, chromium_processes, find_chromium, key_event
+from trainer.sandbox.games.browser import (
+    GameBrowserError,
+    chromium_processes,
+    find_chromium,
+    key_event,
+    tagged_processes,
+)
 from trainer.sandbox.games.env import NO_ELEMENTS, GameEnv
 from trainer.sandbox.games.spec import HEIGHT, WIDTH, key
 
@@ -33,11 +39,16 @@ except GameBrowserError:
 needs_chromium = pytest.mark.skipif(not HAVE_CHROMIUM, reason="chromium is not installed")
 
 
-def wait_gone(pgid: int, seconds: float = 15.0) -> list[int]:
+def wait_gone(pgid: int, profile: str, seconds: float = 15.0) -> list[int]:
+    """The browser's processes still alive after up to `seconds`: its process group's, and any
+    carrying its profile in their environment (the crash handler, which leaves the group)."""
+    def left():
+        return sorted(set(chromium_processes(pgid)) | set(tagged_processes(profile)))
+
     end = time.monotonic() + seconds
-    while chromium_processes(pgid) and time.monotonic() < end:
+    while left() and time.monotonic() < end:
         time.sleep(0.1)
-    return chromium_processes(pgid)
+    return left()
 
 
 @pytest.fixture
@@ -255,8 +266,9 @@ def test_close_reaps_chromium():
     env.reset(seed=0)
     pgid, profile = env.browser.pgid, env.browser.profile
     assert len(chromium_processes(pgid)) >= 2  # the watchdog and Chromium's processes
+    assert tagged_processes(profile)
     env.close()
-    assert wait_gone(pgid) == [] and not os.path.exists(profile)
+    assert wait_gone(pgid, profile) == [] and not os.path.exists(profile)
     env.close()  # idempotent
 
 
@@ -264,10 +276,10 @@ def test_close_reaps_chromium():
 def test_garbage_collection_reaps_chromium():
     env = GameEnv("snake")
     env.reset(seed=0)
-    pgid = env.browser.pgid
+    pgid, profile = env.browser.pgid, env.browser.profile
     del env
     gc.collect()
-    assert wait_gone(pgid) == []
+    assert wait_gone(pgid, profile) == []
 
 
 @needs_chromium
@@ -293,7 +305,7 @@ def test_a_process_killed_mid_episode_leaves_no_chromium():
         from trainer.sandbox.games.spec import key
         env = GameEnv("snake")
         env.reset(seed=4)
-        print(env.browser.pgid, flush=True)
+        print(env.browser.pgid, env.browser.profile, flush=True)
         while True:
             for k in ("up", "left", "down", "right"):
                 _, _, term, trunc, _ = env.step(key(k))
@@ -303,13 +315,14 @@ def test_a_process_killed_mid_episode_leaves_no_chromium():
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        pgid = int(proc.stdout.readline())
+        pgid, profile = proc.stdout.readline().split()
+        pgid = int(pgid)
         time.sleep(1.0)  # mid-episode
-        assert len(chromium_processes(pgid)) >= 2
+        assert len(chromium_processes(pgid)) >= 2 and tagged_processes(profile)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    assert wait_gone(pgid) == []
+    assert wait_gone(pgid, profile) == []
 
 
 @needs_chromium
@@ -317,14 +330,14 @@ def test_a_hung_page_is_killed_and_named():
     env = GameEnv("snake", call_timeout=2.0)
     try:
         env.reset(seed=0)
-        pgid = env.browser.pgid
+        pgid, profile = env.browser.pgid, env.browser.profile
         env.browser.evaluate("window.tandemGame.getState = () => { for (;;) {} }")
         t0 = time.monotonic()
         _, _, terminated, truncated, info = env.step(key("up"))
         assert time.monotonic() - t0 < 10
         assert "a step of games/snake did not answer within 2 s; Chromium was killed" in info["error"]
         assert truncated and not terminated
-        assert wait_gone(pgid) == []
+        assert wait_gone(pgid, profile) == []
         _, info = env.reset(seed=0)  # a fresh browser
         assert info["state"]["score"] == 0
     finally:

@@ -4,7 +4,7 @@ No chromedriver and no Selenium: Chromium runs with `--remote-debugging-pipe`, s
 commands (JSON, each ended by a NUL byte) on its fd 3 and writes answers and events on its fd 4;
 the base install and Debian's `chromium` package are all a user needs. Chromium is found as for
 MiniWoB++ (TANDEM_CHROMIUM names it, else `chromium` and its kin on PATH and in /usr/bin) and reaped
-the same way (trainer.sandbox.miniwob_browser): it runs in the process group of a watchdog whose
+the same way (trainer.sandbox.chromium): it runs in the process group of a watchdog whose
 stdin pipe only this process holds, so when this process ends, SIGKILL included, the watchdog reads
 end-of-file and kills the group.
 
@@ -28,15 +28,12 @@ import time
 import numpy as np
 
 from trainer.errors import TrainerError
-from trainer.sandbox.miniwob_browser import (
-    BINARY_NAMES,
-    _end_watchdog,
-    _find,
-    _start_watchdog,
-    group_processes,
-)
+from trainer.sandbox.chromium import BINARY_NAMES, end_watchdog, find_executable, group_processes, start_watchdog
 
 BINARY_ENV = "TANDEM_CHROMIUM"
+# set in Chromium's environment to its profile directory: its crash handler leaves the process group
+# (it starts a session of its own), and this finds it (`tagged_processes`)
+TAG_ENV = "TANDEM_GAMES_BROWSER"
 # the last three keep a screenshot from waiting for a vsync-paced frame (about 40 ms a screenshot down to 15)
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
          "--no-default-browser-check", "--disable-extensions", "--disable-background-networking",
@@ -86,7 +83,7 @@ def find_chromium(environ=None) -> str:
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise GameBrowserError(f"{BINARY_ENV}={path!r} is not an executable file")
         return path
-    found = _find(BINARY_NAMES)
+    found = find_executable(BINARY_NAMES)
     if not found:
         raise GameBrowserError(f"chromium is not installed (apt-get install chromium, or set {BINARY_ENV} to a "
                                "Chromium or Chrome binary)")
@@ -157,7 +154,7 @@ class CDPBrowser:
         os.makedirs(PROFILE_ROOT, exist_ok=True)
         _sweep_profiles()
         profile = tempfile.mkdtemp(prefix=f"p-{os.getpid()}-", dir=PROFILE_ROOT)
-        watchdog = _start_watchdog()
+        watchdog = start_watchdog()
         cmd_r, cmd_w = os.pipe()
         ans_r, ans_w = os.pipe()
         # Chromium reads fd 3 and writes fd 4; its ends are moved above 10 first so bash's
@@ -170,11 +167,12 @@ class CDPBrowser:
         kw = {"process_group": watchdog.pid} if watchdog else {"start_new_session": True}
         try:
             proc = subprocess.Popen([shutil.which("bash") or "/bin/bash", "-c", shell, "bash", *args], pass_fds=(hi_r, hi_w),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    env={**os.environ, TAG_ENV: profile}, **kw)
         except OSError as e:
             for fd in (hi_r, hi_w, cmd_w, ans_r):
                 os.close(fd)
-            _end_watchdog(watchdog)
+            end_watchdog(watchdog)
             shutil.rmtree(profile, ignore_errors=True)
             raise GameBrowserError(f"Chromium did not start ({binary}): {e}") from e
         os.close(hi_r)
@@ -218,7 +216,7 @@ class CDPBrowser:
             return
         self._killed = True
         if self.watchdog:
-            _end_watchdog(self.watchdog)
+            end_watchdog(self.watchdog)
         elif self.proc.poll() is None:
             self.proc.kill()
         try:
@@ -422,3 +420,23 @@ class CDPBrowser:
 def chromium_processes(pgid: int) -> list[int]:
     """Live processes of Chromium's process group (the watchdog's), from /proc."""
     return group_processes(pgid)
+
+
+def tagged_processes(profile: str) -> list[int]:
+    """Live processes whose environment names `profile` as theirs (TAG_ENV), in or out of the
+    process group (Chromium's crash handler runs in a session of its own); from /proc."""
+    mark = f"{TAG_ENV}={profile}".encode()
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if mark not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    pids.append(int(name))
+        except OSError:
+            continue
+    return pids

@@ -132,6 +132,29 @@ def test_malformed_and_impossible_actions_are_reported_not_raised(env):
 
 
 @needs_chromium
+def test_the_pages_own_errors_are_reported_and_the_game_goes_on(env):
+    env.reset(seed=1)
+    env.browser.evaluate("document.addEventListener('keydown', () => { throw new Error('handler broke'); }); "
+                         "setTimeout(() => { throw new TypeError('timer broke'); }, 10)")
+    _, _, terminated, _, info = env.step(key("down"))
+    assert any("handler broke" in e for e in info["page_errors"]), info
+    assert any("TypeError: timer broke" in e for e in info["page_errors"]), info
+    assert info["state"]["dir"] == "down" and not terminated
+    _, _, _, _, info = env.step(Action("wait", {}))
+    assert "page_errors" not in info
+
+
+@needs_chromium
+def test_a_broken_get_state_ends_the_episode_with_the_error(env):
+    env.reset(seed=1)
+    env.browser.evaluate("tandemGame.getState = () => { throw new Error('no state today'); }")
+    _, _, terminated, truncated, info = env.step(key("up"))
+    assert "no state today" in info["error"] and truncated and not terminated
+    _, info = env.reset(seed=1)  # a fresh browser
+    assert info["state"]["score"] == 0
+
+
+@needs_chromium
 def test_finished_ends_the_episode(env):
     env.reset(seed=1)
     _, _, terminated, truncated, info = env.step(Action("finished", {}))

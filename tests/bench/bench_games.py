@@ -3,7 +3,8 @@ with one and two instances in one process (each stepped by a thread of its own: 
 Chromium, not on Python), under the fake clock and in real time (the game's clock following the wall
 clock, so a step lasts its step_ms: what a browser game is without the fake clock), and where a
 step's time goes: in the browser (input events, the clock's advance and getState), the screenshot,
-the policy (the random player) and the rest (Python: the env's bookkeeping).
+the policy (the random player) and the rest (Python: the env's bookkeeping). In real time the
+browser's share is mostly waiting for the wall clock.
 
     python tests/bench/bench_games.py [--seconds 5] [--games snake,merge] [--json]
 

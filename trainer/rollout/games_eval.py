@@ -61,10 +61,13 @@ def tickets(games: list[str], episodes: int, split: str = "heldout", start: int 
 
 
 def play(policy, games: list[str], episodes: int, *, split: str = "heldout", envs: int = 1,
-         env_kw: dict | None = None, progress: Callable | None = None, seed: int = 0) -> list[Trajectory]:
+         env_kw: dict | None = None, progress: Callable | None = None, seed: int = 0,
+         keep_chats: bool = False) -> list[Trajectory]:
     """Trajectories of `policy` ("reference", "random" or an actor) over `episodes` episodes of each
     game, in ticket order, greedy replies. The built-in two play in one browser; an actor in `envs`
-    browsers, its replies generated in one batch per round. env_kw go to GameEnv."""
+    browsers, its replies generated in one batch per round. env_kw go to GameEnv. Unless
+    `keep_chats`, each finished episode's chats (every turn's screenshots: 100 steps of 250 KB
+    frames an episode) are dropped, as a score needs only the rewards."""
     if isinstance(policy, str) and policy not in BUILTIN:
         raise ValueError(f"policy must be one of {BUILTIN} or an actor, got {policy!r}")
     todo = tickets(games, episodes, split)
@@ -79,7 +82,19 @@ def play(policy, games: list[str], episodes: int, *, split: str = "heldout", env
             actor = RandomActor(made, seed=seed)
         else:
             actor = policy
-        return EpisodeRunner(actor, made, greedy=True, platform="desktop").run_all(todo, progress)
+        runner = EpisodeRunner(actor, made, greedy=True, platform="desktop")
+        order = {t: i for i, t in enumerate(todo)}
+        it = iter(todo)
+        out = []
+        for traj in runner.run(lambda block: next(it, None)):
+            if not keep_chats:
+                for turn in traj.turns:
+                    turn.messages = None
+                traj.final_messages = None
+            out.append(traj)
+            if progress:
+                progress(traj)
+        return sorted(out, key=lambda t: order[(t.seed, t.family)])
     finally:
         for env in made:
             env.close()

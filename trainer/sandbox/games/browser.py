@@ -321,6 +321,19 @@ class CDPBrowser:
             raise GameBrowserError(f"{what or 'the page'}: {text.splitlines()[0] if text else d}")
         return res["result"].get("value")
 
+    def page_errors(self) -> list[str]:
+        """The page's uncaught exceptions since the last call (Runtime.exceptionThrown events), first lines."""
+        out, kept = [], []
+        for e in self.events:
+            if e.get("method") == "Runtime.exceptionThrown":
+                d = e.get("params", {}).get("exceptionDetails", {})
+                text = d.get("exception", {}).get("description") or d.get("text", "")
+                out.append(text.splitlines()[0] if text else "an exception")
+            else:
+                kept.append(e)
+        self.events[:] = [e for e in kept if e.get("method") != "Runtime.consoleAPICalled"]
+        return out
+
     def add_init_script(self, source: str) -> None:
         """Run `source` in every new document before the page's own scripts."""
         self.call("Page.addScriptToEvaluateOnNewDocument", {"source": source})
@@ -329,6 +342,8 @@ class CDPBrowser:
         """Load `url` and wait until the expression `ready` is true in it."""
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
+        # the old document is marked, so that it is never taken for the new one while that loads
+        self.evaluate("window.__tandemStale = true", timeout=limit, what=f"loading {url}")
         res = self.call("Page.navigate", {"url": url}, timeout=limit, what=f"loading {url}")
         if res.get("errorText"):
             raise GameBrowserError(f"loading {url}: {res['errorText']}")
@@ -337,7 +352,8 @@ class CDPBrowser:
             if left <= 0:
                 raise self._expired(f"loading {url}", limit)
             try:
-                if self.evaluate(f"document.readyState === 'complete' && !!({ready})", timeout=left,
+                if self.evaluate(f"!window.__tandemStale && document.readyState === 'complete' && !!({ready})",
+                                 timeout=left,
                                  what=f"loading {url}"):
                     return
             except GameBrowserTimeout:

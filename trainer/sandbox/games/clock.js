@@ -137,6 +137,7 @@
       frame: FRAME,
       pending: () => ({ timers: timers.size, frames: frameCallbacks.size }),
       errors: () => errors.slice(),
+      clearErrors: () => { errors.length = 0; },
     }),
     configurable: false,
     writable: false,

@@ -36,7 +36,7 @@ from agent.grammar import format_normalized
 from agent.schema import Action, ScreenGeometry
 from trainer.sandbox.env import OBSERVATIONS, ElementsSpace, GeometrySpace, NoteSpace, StepLater, to_actions
 from trainer.sandbox.games import registry
-from trainer.sandbox.games.browser import CDPBrowser, GameBrowserError, GameBrowserTimeout
+from trainer.sandbox.games.browser import CDPBrowser, GameBrowserError
 from trainer.sandbox.games.spec import HEIGHT, WIDTH, GameSpec, click, key
 from trainer.sandbox.task import HELDOUT_START
 
@@ -121,6 +121,7 @@ class GameEnv(StepLater, gym.Env):
         self._rng = random.Random(0)
         self._norm = 0.0
         self._wall = 0.0
+        self._errors: list[str] = []
         # where a step's time goes (seconds, summed): input, clock advance + getState, screenshot
         self.timing = {"input": 0.0, "advance": 0.0, "screenshot": 0.0}
 
@@ -152,6 +153,8 @@ class GameEnv(StepLater, gym.Env):
                     raise GameBrowserError(f"reset of {registry.PREFIX}{spec.name} (seed {seed}) failed twice: {e}") from e
         self.spec, self._seed, self._steps, self._done = spec, seed, 0, False
         self._state = self._checked(state)
+        self._errors = []
+        self._page_errors()  # the last episode's are not this one's
         self._rng = random.Random(f"reference:{spec.name}:{seed}")
         self._norm = float(registry.norms().get(spec.name, {}).get("reference") or 0.0)
         self.action_space = GameActionSpace(spec)
@@ -191,11 +194,14 @@ class GameEnv(StepLater, gym.Env):
                 self._advance()  # a step whose action did nothing still lets the step's time pass
             if self.browser is not None:
                 self._observe()
-        except GameBrowserTimeout as e:
+        except GameBrowserError as e:  # hung (killed), crashed, or the page's getState() threw: the episode ends here
             extra["error"] = str(e)
             self._drop()
             self._done = True
         self._steps += 1
+        errors = self._page_errors()
+        if errors:  # the game's own bugs (uncaught in its handlers and timers), for whoever writes games
+            extra["page_errors"] = errors
         reward = max(0.0, self._score() - before)
         terminated = bool(self._state.get("over")) or ended_by_agent
         truncated = not terminated and (self.browser is None or self._steps >= self.max_steps)
@@ -260,6 +266,14 @@ class GameEnv(StepLater, gym.Env):
         if browser is not None:
             browser.close()
 
+    def _page_errors(self) -> list[str]:
+        """Uncaught exceptions in the page since the last step: its event handlers' (DevTools
+        events) and its timers' and frames' (the clock catches those and goes on)."""
+        errors, self._errors = self._errors, []
+        if self.browser is not None:
+            errors = self.browser.page_errors() + errors
+        return [e.splitlines()[0] if e else "an exception" for e in errors]
+
     def _checked(self, state) -> dict:
         if not isinstance(state, dict) or "score" not in state or "over" not in state:
             raise GameBrowserError(f"{self.spec.name if self.spec else 'the game'}: getState() must return an object "
@@ -313,9 +327,11 @@ class GameEnv(StepLater, gym.Env):
             time.sleep(max(0.0, due - time.monotonic()))
             now = time.monotonic()
             ms, self._wall = (now - self._wall) * 1000, now
-        state = self.browser.evaluate(f"(() => {{ __tandemClock.advance({ms}); return tandemGame.getState(); }})()",
-                                      what=f"a step of {registry.PREFIX}{self.spec.name}")
-        self._state = self._checked(state)
+        got = self.browser.evaluate(
+            f"(() => {{ const c = __tandemClock; c.advance({ms}); const errors = c.errors(); c.clearErrors(); "
+            "return {state: tandemGame.getState(), errors}; })()", what=f"a step of {registry.PREFIX}{self.spec.name}")
+        self._errors += list(got.get("errors") or [])
+        self._state = self._checked(got.get("state"))
         self.timing["advance"] += time.perf_counter() - t0
 
     def _observe(self) -> None:

@@ -239,6 +239,18 @@ def test_web_animations_follow_the_virtual_clock(env):
     assert b.evaluate("__anim.currentTime") == start  # wall time does not move it
     b.evaluate("__tandemClock.advance(250)")
     assert b.evaluate("__anim.currentTime") == pytest.approx(start + 250)
+    # a CSS animation too: paused, and moved by the clock alone
+    b.evaluate("""(() => { const st = document.createElement('style');
+        st.textContent = '@keyframes spin { from { opacity: 0 } to { opacity: 1 } } .spin { animation: spin 2s linear; }';
+        document.head.appendChild(st); const d = document.createElement('div'); d.className = 'spin';
+        document.body.appendChild(d); window.__css = d; })()""")
+    b.evaluate("__tandemClock.advance(0)")
+    assert b.evaluate("__css.getAnimations().length") == 1
+    first = b.evaluate("__css.getAnimations()[0].currentTime")
+    time.sleep(0.3)
+    assert b.evaluate("__css.getAnimations()[0].currentTime") == first
+    b.evaluate("__tandemClock.advance(500)")
+    assert b.evaluate("__css.getAnimations()[0].currentTime") == pytest.approx(first + 500)
 
 
 def _play(env, seed, actions):
@@ -280,6 +292,20 @@ def test_a_game_left_alone_does_not_advance(env):
     assert env.browser.evaluate("tandemGame.getState()") == state
     obs, *_, info = env.step(Action("wait", {}))
     assert info["state"]["ticks"] == state["ticks"] + 1
+
+
+@needs_chromium
+def test_realtime_mode_lets_a_step_last_its_game_time():
+    env = GameEnv("snake", realtime=True)
+    try:
+        env.reset(seed=2)
+        t0 = time.monotonic()
+        for _ in range(3):
+            _, _, _, _, info = env.step(Action("wait", {}))
+        assert time.monotonic() - t0 >= 0.6 - 0.05  # three steps of 200 ms
+        assert 2 <= info["state"]["ticks"] <= 4
+    finally:
+        env.close()
 
 
 # ------------------------------------------------------------ no Chromium outlives a run

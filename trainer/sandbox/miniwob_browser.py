@@ -6,11 +6,10 @@ driver; set both or neither. With neither, they are looked for on PATH and in /u
 Manager, which would fetch driver metadata from the internet, is never asked.
 
 Reaping. chromedriver and every Chromium process it starts live in one process group, led by a
-watchdog (`sh`) whose stdin is a pipe that only this process holds open. When this process ends,
-by `close()` or by any signal, SIGKILL included, the pipe closes; the watchdog reads end-of-file
-and kills the whole group. (PR_SET_PDEATHSIG would follow the thread that started the driver, not
-the process, and would miss the browser, which is the driver's child.) A call that hangs, a reset
-stuck in MiniWoB's `core.endEpisode` say, is cut by `Deadline`, which kills the group the same way.
+watchdog whose stdin pipe closes when this process ends, by `close()` or by any signal, SIGKILL
+included; the watchdog then kills the whole group (trainer.sandbox.chromium, shared with the
+games). A call that hangs, a reset stuck in MiniWoB's `core.endEpisode` say, is cut by
+`Deadline`, which kills the group the same way.
 
 The miniwob package's own Selenium instance and environment (miniwob 1.1.0, pinned) are used
 unchanged except where the driver comes from: `_Instance.create_driver` takes it from `Browser`.
@@ -19,18 +18,19 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import signal
 import subprocess
 import threading
 from functools import lru_cache
 
 from trainer.errors import TrainerError
+from trainer.sandbox.chromium import BINARY_NAMES, FALLBACK_DIRS, group_processes  # noqa: F401 (re-exported)
+from trainer.sandbox.chromium import end_watchdog as _end_watchdog
+from trainer.sandbox.chromium import find_executable as _find
+from trainer.sandbox.chromium import kill_group as _kill_group
+from trainer.sandbox.chromium import start_watchdog as _start_watchdog
 
 BINARY_ENV, DRIVER_ENV = "MINIWOB_CHROME_BINARY", "MINIWOB_CHROMEDRIVER"
-BINARY_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 DRIVER_NAMES = ("chromedriver", "chromium.chromedriver")
-FALLBACK_DIRS = ("/usr/bin", "/usr/lib/chromium")
 CHROME_FLAGS = ("headless", "disable-gpu", "no-sandbox", "disable-dev-shm-usage")  # miniwob's, plus /dev/shm off
 TASK_WIDTH, TASK_HEIGHT = 160, 210  # MiniWoB's task area in CSS pixels (miniwob.constants), also the screenshot
 
@@ -44,19 +44,6 @@ class MiniWoBTimeout(MiniWoBError):
 
 
 # ------------------------------------------------------------ where Chromium is
-def _find(names: tuple[str, ...]) -> str | None:
-    for name in names:
-        path = shutil.which(name)
-        if path:
-            return path
-    for d in FALLBACK_DIRS:
-        for name in names:
-            path = os.path.join(d, name)
-            if os.path.isfile(path) and os.access(path, os.X_OK):
-                return path
-    return None
-
-
 def chromium_paths(environ=None) -> tuple[str, str]:
     """(browser, chromedriver): from the two variables (both or neither), else found on this
     machine. Raises MiniWoBError saying what is missing."""
@@ -104,23 +91,6 @@ def check_versions(binary: str, driver: str) -> str | None:
 
 
 # ------------------------------------------------------------ a browser that is always reaped
-def group_processes(pgid: int) -> list[int]:
-    """Live processes of the process group `pgid` (Linux, from /proc; zombies, which have ended
-    and wait only to be reaped, do not count)."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(name))
-    return pids
-
-
 class Browser:
     """One headless Chromium under chromedriver, in a process group its watchdog kills when this
     process ends. `kill()` ends it at once (any thread may call it); `close()` asks politely first."""
@@ -192,33 +162,6 @@ class Browser:
             pass
         finally:
             self.kill()
-
-
-def _start_watchdog():
-    """`sh` leading a new process group: waits for end-of-file on its stdin (this process's
-    end, or `_end_watchdog`), then SIGKILLs its whole group. None where there are no process groups."""
-    if os.name != "posix":
-        return None
-    return subprocess.Popen(["/bin/sh", "-c", "read _; kill -KILL 0"], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
-
-
-def _kill_group(watchdog) -> None:
-    try:
-        os.killpg(watchdog.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _end_watchdog(watchdog) -> None:
-    if watchdog is None:
-        return
-    _kill_group(watchdog)
-    try:
-        watchdog.stdin.close()
-    except OSError:
-        pass
-    watchdog.wait()
 
 
 class Deadline:

@@ -9,6 +9,8 @@ import pytest
 
 from agent.schema import Action
 from trainer.sandbox.games.blocks import GAME, best_placement, reference
+from trainer.sandbox.games.browser import GameBrowserError, find_chromium
+from trainer.sandbox.games.env import GameEnv
 from trainer.sandbox.games.spec import key
 
 # the page's I piece: a 4-box, horizontal in rotation 0 (row 1), vertical in rotation 1 (column 2)
@@ -49,9 +51,6 @@ def test_best_placement_completes_the_line_and_takes_the_well():
 # ------------------------------------------------------------------ the page through GameEnv
 @pytest.fixture(scope="module")
 def env():
-    from trainer.sandbox.games.browser import GameBrowserError, find_chromium
-    from trainer.sandbox.games.env import GameEnv
-
     try:
         find_chromium()
     except GameBrowserError as e:

@@ -7,6 +7,8 @@ import random
 
 import pytest
 
+from trainer.sandbox.games.browser import GameBrowserError, find_chromium
+from trainer.sandbox.games.env import GameEnv
 from trainer.sandbox.games.lights import GAME, solve
 from trainer.sandbox.games.spec import click
 
@@ -48,9 +50,6 @@ def test_solve_finds_the_single_press_and_says_when_there_is_none():
 # ------------------------------------------------------------------ the page through GameEnv
 @pytest.fixture(scope="module")
 def env():
-    from trainer.sandbox.games.browser import GameBrowserError, find_chromium
-    from trainer.sandbox.games.env import GameEnv
-
     try:
         find_chromium()
     except GameBrowserError as e:

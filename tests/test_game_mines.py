@@ -7,6 +7,9 @@ import random
 
 import pytest
 
+from agent.schema import Action
+from trainer.sandbox.games.browser import GameBrowserError, find_chromium
+from trainer.sandbox.games.env import GameEnv
 from trainer.sandbox.games.mines import GAME, choose_cell, deduce, reference
 from trainer.sandbox.games.spec import click
 
@@ -51,9 +54,6 @@ def test_reference_clicks_a_proved_safe_cell_and_turns_flag_mode_off_first():
 # ------------------------------------------------------------------ the page through GameEnv
 @pytest.fixture(scope="module")
 def env():
-    from trainer.sandbox.games.browser import GameBrowserError, find_chromium
-    from trainer.sandbox.games.env import GameEnv
-
     try:
         find_chromium()
     except GameBrowserError as e:
@@ -134,8 +134,6 @@ def test_first_click_is_safe_flags_block_reveals_and_a_mine_ends_the_game(env):
 
 
 def _action_right(state, x, y):
-    from agent.schema import Action
-
     a = _cell(state, x, y)
     return Action("right_single", dict(a.args))
 

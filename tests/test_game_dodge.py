@@ -78,6 +78,22 @@ def test_it_moves_on_the_game_clock_only(env):
 
 
 @needs_chromium
+def test_the_same_seed_and_keys_give_the_same_frames(env):
+    runs = []
+    for _ in range(2):
+        obs, _ = env.reset(seed=9)
+        frames, states = [obs["screenshot"]], []
+        for i in range(25):
+            obs, _, _, _, info = env.step(key(("left", "space", "right", "space", "right")[i % 5]))
+            frames.append(obs["screenshot"])
+            states.append(info["state"])
+        runs.append((frames, states))
+    assert runs[0][1] == runs[1][1]
+    assert all(np.array_equal(a, b) for a, b in zip(runs[0][0], runs[1][0], strict=True))
+    assert not np.array_equal(runs[0][0][5], runs[0][0][20])  # and the frames do change
+
+
+@needs_chromium
 def test_keys_move_the_ship_by_a_lane_and_space_fires_with_a_cooldown(env):
     env.reset(seed=1)
     _, _, _, _, info = env.step(key("left"))

@@ -5,7 +5,8 @@
 #
 #   bash packaging/install.sh          the app and the trainer: `pip install -e .[train,android]`
 #   bash packaging/install.sh --test   and what the test suite needs: `.[test]`, Xvfb, xdotool,
-#                                      espeak-ng, and MiniWoB++'s headless chromium/chromium-driver
+#                                      espeak-ng, and MiniWoB++'s chromium-driver (chromium itself is
+#                                      in the base list: the browser games need it)
 #
 # The environment is $TANDEM_VENV, else .venv in the checkout; the checkout is installed editable,
 # so the code you run is the code here. Launchers: .venv/bin/tandem (the same as
@@ -28,9 +29,10 @@ SUDO=""
 # Qt's xcb platform plugin and audio need these system libraries.
 debs=(libxcb-icccm4 libxcb-keysyms1 libxcb-xinerama0 libxcb-cursor0 libxkbcommon-x11-0 libegl1 libgl1
       libfontconfig1 libdbus-1-3 libpulse0 libportaudio2 xdotool scrot
-      dbus-daemon at-spi2-core)  # the accessibility bus: is a password field focused, and the active window's element list
+      dbus-daemon at-spi2-core  # the accessibility bus: is a password field focused, and the active window's element list
+      chromium)  # the browser games (trainer/sandbox/games: `sandbox eval --suite games`), driven over DevTools
 [ $want_test -eq 1 ] && debs+=(xvfb espeak-ng sox pulseaudio pulseaudio-utils libasound2-plugins xterm  # xterm: the gate's terminal test
-                              chromium chromium-driver)  # MiniWoB++ (trainer/sandbox/miniwob_env.py)
+                              chromium-driver)  # MiniWoB++ (trainer/sandbox/miniwob_env.py), with the chromium above
 if command -v apt-get >/dev/null; then
   missing=()
   for d in "${debs[@]}"; do dpkg -s "$d" >/dev/null 2>&1 || missing+=("$d"); done

@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -328,3 +329,82 @@ def test_a_hung_page_is_killed_and_named():
         assert info["state"]["score"] == 0
     finally:
         env.close()
+
+
+# ------------------------------------------------------------ normalized scores and the eval command
+def _traj(game: str, seed: int, rewards: list[float]):
+    from trainer.rollout.runner import Trajectory, Turn
+
+    return Trajectory(seed=seed, family=f"games/{game}", instruction="",
+                      turns=[Turn(None, [], [], "", reward=r) for r in rewards])
+
+
+def test_summarize_normalizes_against_the_reference_mean():
+    from trainer.rollout.games_eval import summarize
+
+    trajs = [_traj("snake", 1, [1, 1, 0, 1]), _traj("snake", 2, [1, 0]), _traj("snake", 3, [0, 0, 0]),
+             _traj("merge", 1, [400, 400]), _traj("merge", 2, [1000])]
+    out = summarize(trajs, ["snake", "merge"], norms={"snake": {"reference": 2.0}, "merge": {"reference": 800.0}})
+    snake, merge = out["games"]["snake"], out["games"]["merge"]
+    assert snake["episodes"] == 3 and snake["score"] == pytest.approx(4 / 3)
+    assert snake["normalized"] == pytest.approx(100 * (4 / 3) / 2)
+    lo, hi = snake["ci95"]
+    assert lo < snake["normalized"] < hi and hi - lo == pytest.approx(2 * 4.303 * statistics.stdev([150, 50, 0]) / 3 ** 0.5)  # t, 2 df
+    assert merge["normalized"] == pytest.approx(112.5)
+    assert out["overall"] == pytest.approx((snake["normalized"] + merge["normalized"]) / 2)
+    assert out["ci95"][0] < out["overall"] < out["ci95"][1] and out["unnormed"] == []
+    out = summarize(trajs, ["snake", "merge"], norms={"snake": {"reference": 2.0}})
+    assert out["unnormed"] == ["merge"] and out["games"]["merge"]["normalized"] is None
+    assert out["overall"] == pytest.approx(snake["normalized"])
+
+
+def test_t_quantiles():
+    from trainer.stats import mean_interval, t975
+
+    assert t975(1) == 12.706 and t975(30) == 2.042 and t975(40) == pytest.approx(2.021, abs=1e-3)
+    assert t975(120) == pytest.approx(1.980, abs=1e-3)
+    assert mean_interval([5.0])["ci95"] == [5.0, 5.0]
+
+
+def test_suite_games_flags():
+    import argparse
+
+    from trainer.rollout.sandbox_cli import _suite_problem
+
+    base = dict(suite="games", policy="reference", games=None, families=None, tasks=None, grounding=False, trace=False,
+                episode_seconds=None, width=None, height=None, workers=1, split="heldout", inference_dtype="fp32")
+    assert _suite_problem(argparse.Namespace(**base)) is None
+    assert "--policy reference" in _suite_problem(argparse.Namespace(**{**base, "policy": "expert"}))
+    assert "--families is not for --suite games" in _suite_problem(argparse.Namespace(**{**base, "families": "x"}))
+    assert "are for --suite games" in _suite_problem(argparse.Namespace(**{**base, "suite": "sandbox"}))
+
+
+@needs_chromium
+def test_calibrate_changes_only_the_games_it_is_given(tmp_path, monkeypatch):
+    from trainer.rollout import games_eval
+
+    norms = tmp_path / "norms.json"
+    norms.write_text(json.dumps({"games": {"blocks": {"reference": 7.0, "random": 1.0}}}))
+    monkeypatch.setattr(registry, "NORMS", norms)
+    found = games_eval.calibrate(["snake"], 1)
+    data = json.loads(norms.read_text())
+    assert data["games"]["blocks"] == {"reference": 7.0, "random": 1.0}
+    assert data["games"]["snake"]["reference"] == found["snake"]["reference"] > 0
+    assert data["games"]["snake"]["episodes"] == 1 and data["games"]["snake"]["split"] == "train"
+
+
+@needs_chromium
+def test_eval_command_reference_json():
+    out = subprocess.run([sys.executable, "main.py", "sandbox", "eval", "--suite", "games", "--games", "snake",
+                          "--policy", "reference", "--episodes", "2", "--json"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    snake = res["games"]["snake"]
+    assert res["suite"] == "games" and res["split"] == "heldout" and snake["episodes"] == 2
+    assert snake["normalized"] is not None and snake["ci95"][0] <= snake["normalized"] <= snake["ci95"][1]
+    assert res["overall"] == snake["normalized"]
+    bad = subprocess.run([sys.executable, "main.py", "sandbox", "eval", "--suite", "games", "--games", "chess",
+                          "--policy", "random", "--episodes", "1"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and "unknown game 'chess'; known games:" in bad.stderr

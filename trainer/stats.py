@@ -72,3 +72,52 @@ def fmt_rate(r: dict) -> str:
     """'0.42 [0.35, 0.49] (n=200)' for a rate() dict."""
     lo, hi = r["ci95"]
     return f"{r['success']:.2f} [{lo:.2f}, {hi:.2f}] (n={r['episodes']})"
+
+
+# Student's t 97.5% quantiles for 1..30 degrees of freedom (beyond: the Cornish-Fisher expansion around Z95)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: float) -> float:
+    """Student's t distribution's 97.5% quantile for `df` degrees of freedom (a table to 30, then
+    the first two Cornish-Fisher terms, good to 1e-3)."""
+    if df < 1:
+        raise ValueError(f"need at least 1 degree of freedom, got {df}")
+    if df <= 30 and float(df).is_integer():
+        return _T975[int(df) - 1]
+    z = Z95
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df * df)
+
+
+def mean_interval(values) -> dict:
+    """{"n", "mean", "sd", "ci95": [lo, hi]}: the mean of a sample with its t 95% interval
+    (the interval is the mean itself for a sample of one, which says nothing of the spread)."""
+    xs = [float(v) for v in values]
+    n = len(xs)
+    if not n:
+        raise ValueError("the mean of no values")
+    mean = sum(xs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
+    half = t975(n - 1) * sd / math.sqrt(n) if n > 1 else 0.0
+    return {"n": n, "mean": mean, "sd": sd, "ci95": [mean - half, mean + half]}
+
+
+def mean_of_means_interval(groups) -> dict:
+    """The unweighted mean of several groups' means (each a list of values) with its 95% interval:
+    the standard error from each group's variance (sum of s_g^2 / n_g over G^2) and Welch-Satterthwaite
+    degrees of freedom."""
+    groups = [[float(v) for v in g] for g in groups]
+    if not groups or any(not g for g in groups):
+        raise ValueError("every group needs at least one value")
+    stats = [mean_interval(g) for g in groups]
+    k = len(groups)
+    mean = sum(s["mean"] for s in stats) / k
+    parts = [s["sd"] ** 2 / s["n"] for s in stats]
+    var = sum(parts) / k ** 2
+    if var == 0:
+        return {"groups": k, "mean": mean, "ci95": [mean, mean]}
+    df_den = sum(p * p / (s["n"] - 1) for p, s in zip(parts, stats, strict=True) if s["n"] > 1)
+    df = max(1.0, sum(parts) ** 2 / df_den) if df_den else 1.0
+    half = t975(df) * math.sqrt(var)
+    return {"groups": k, "mean": mean, "ci95": [mean - half, mean + half]}

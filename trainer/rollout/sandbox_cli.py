@@ -15,7 +15,7 @@ from agent.policies.choice import make_policy as choose
 from agent.storage.model_files import DEFAULT_MODEL_DIR
 from agent.threads import choose_threads
 from agent.vlm.model import load_vlm
-from trainer.rollout import miniwob_eval
+from trainer.rollout import games_eval, miniwob_eval
 from trainer.rollout.actors import ExpertActor, PolicyActor, RandomActor, VLMActor
 from trainer.rollout.grounding import grounding_eval
 from trainer.rollout.runner import EpisodeRunner, demonstrate, plan, rates, trace_summary, trajectory_to_episode
@@ -23,6 +23,8 @@ from trainer.rollout.specs import INFERENCE_DTYPES
 from trainer.sandbox.env import SandboxEnv, observation_for
 from trainer.sandbox.env_process import make_envs
 from trainer.sandbox.families import FAMILIES, parse_families
+from trainer.sandbox.games import registry as game_registry
+from trainer.sandbox.games.browser import GameBrowserError
 from trainer.sandbox.miniwob_browser import MiniWoBError
 from trainer.sandbox.miniwob_env import available
 from trainer.sandbox.screen import SandboxError
@@ -57,20 +59,26 @@ def register(sub, common) -> None:
 
     s = ss.add_parser("eval", parents=[common, size], help="success rate of a policy per family and overall",
                       description="Success rates with Wilson 95%% intervals, on the sandbox's tasks or (--suite "
-                                  "miniwob) on MiniWoB++ tasks in headless Chromium.")
-    s.add_argument("--suite", choices=("sandbox", "miniwob"), default="sandbox",
-                   help="the sandbox's own tasks (default) or MiniWoB++ (needs miniwob, chromium, chromium-driver)")
-    s.add_argument("--policy", required=True, choices=("expert", "oracle", "random", "default", "local", "endpoint"),
-                   help="expert: the sandbox's scripted expert; oracle: MiniWoB++'s DOM oracle (checks the adapter)")
+                                  "miniwob) on MiniWoB++ tasks in headless Chromium; with --suite games, normalized "
+                                  "game scores (the reference player's mean = 100) with t 95%% intervals.")
+    s.add_argument("--suite", choices=("sandbox", "miniwob", "games"), default="sandbox",
+                   help="the sandbox's own tasks (default), MiniWoB++ (needs miniwob, chromium, chromium-driver) or "
+                        "the browser games (needs chromium)")
+    s.add_argument("--policy", required=True,
+                   choices=("expert", "oracle", "reference", "random", "default", "local", "endpoint"),
+                   help="expert: the sandbox's scripted expert; oracle: MiniWoB++'s DOM oracle (checks the adapter); "
+                        "reference: each game's scripted reference player (--suite games)")
     s.add_argument("--model-dir", help="model directory for --policy local/default")
     s.add_argument("--url", help="base URL of an OpenAI-compatible server for --policy endpoint")
     s.add_argument("--model", help="model name for --policy endpoint")
     s.add_argument("--episodes", type=int, required=True,
-                   help="episodes in all, spread evenly over the families (or --tasks)")
+                   help="episodes in all, spread evenly over the families (or --tasks); --suite games: per game")
     s.add_argument("--split", choices=("train", "heldout"), default="heldout")
     s.add_argument("--families", help="comma-separated families (default: all)")
     s.add_argument("--tasks", help="--suite miniwob: comma-separated MiniWoB++ tasks (default: "
                                    "click-test,click-button,click-link,focus-text,enter-text,click-checkboxes)")
+    s.add_argument("--games", help="--suite games: comma-separated games (default: every game there is; "
+                                   "`sandbox games list` names them)")
     s.add_argument("--episode-seconds", type=float, metavar="S",
                    help="--suite miniwob: MiniWoB++'s episode clock in seconds (default: each task's own, mostly 10; "
                         "a model that thinks for seconds a step needs more)")
@@ -96,6 +104,20 @@ def register(sub, common) -> None:
                         "(or none) and whether it changed the screen; per family, the shares of clicks on no "
                         "labelled element and of actions that changed nothing")
     s.set_defaults(func=cmd_eval)
+
+    g = ss.add_parser("games", help="the browser games: list them, calibrate their normalized scores",
+                      description="Browser games played in headless Chromium under a fake clock (trainer/sandbox/games).")
+    gs = g.add_subparsers(dest="games_command", metavar="SUBCOMMAND", required=True)
+    s = gs.add_parser("list", parents=[common], help="the games, what their verifiers read, their norms")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_games_list)
+    s = gs.add_parser("calibrate", parents=[common],
+                      help="measure the reference and random players' mean scores (train seeds) into norms.json")
+    s.add_argument("--episodes", type=int, required=True, help="episodes per game and player")
+    s.add_argument("--games", help="comma-separated games (default: all); only these games' norms change")
+    s.add_argument("--dry-run", action="store_true", help="print the means without writing norms.json")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_games_calibrate)
 
 
 def trained_families(model_dir) -> list[str] | None:
@@ -327,7 +349,20 @@ def _print_rates(as_json: bool, what: str, overall: float, rows: dict, extra: tu
 
 def _suite_problem(args) -> str | None:
     """What is wrong with the flags for the chosen --suite, or None."""
-    if args.suite == "miniwob":
+    if args.suite != "games" and (args.policy == "reference" or args.games):
+        return "--policy reference and --games are for --suite games"
+    if args.suite == "games":
+        if args.policy in ("expert", "oracle"):
+            return f"--suite games has no --policy {args.policy}: its scripted player is --policy reference"
+        wrong = [flag for flag, given in (("--families", args.families), ("--tasks", args.tasks),
+                                          ("--grounding", args.grounding), ("--trace", args.trace),
+                                          ("--episode-seconds", args.episode_seconds is not None),
+                                          ("--width", args.width is not None), ("--height", args.height is not None),
+                                          ("--workers", args.workers != 1)) if given]
+        if wrong:  # said, not silently ignored
+            return (f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not for --suite games: it takes --games, "
+                    "and a game's screen is its canvas (336x252)")
+    elif args.suite == "miniwob":
         if args.policy == "expert":
             return "--suite miniwob has no scripted expert: use --policy oracle (it reads the page's DOM)"
         if args.families:
@@ -386,6 +421,8 @@ def cmd_eval(args) -> int:
         return fail(problem)
     if args.suite == "miniwob":
         return _eval_miniwob(args)
+    if args.suite == "games":
+        return _eval_games(args)
     resolve_screen(args)
     try:
         families = _families(args)
@@ -417,6 +454,105 @@ def cmd_eval(args) -> int:
     finally:
         bar.close()
     return _report(args, trajs)
+
+
+def _eval_games(args) -> int:
+    """`sandbox eval --suite games`: the games through the one episode runner, normalized scores."""
+    try:
+        games = game_registry.parse_games(args.games)
+        games_eval.tickets(games, args.episodes, args.split)
+    except ValueError as e:
+        return fail(str(e))
+    gone = {k: v for k, v in game_registry.missing().items() if not args.games}
+    for name, why in gone.items():
+        print(f"skipping game {name}: {why}", file=sys.stderr)
+    policy, env_kw = args.policy, {}
+    if policy not in games_eval.BUILTIN:
+        if policy in ("default", "local"):
+            env_kw["observation"] = observation_for(args.model_dir or DEFAULT_MODEL_DIR)
+        try:
+            policy = make_actor(args)
+        except Exception as e:
+            return fail(str(e))
+    bar = _bar(args.episodes * len(games), f"{args.policy} game episodes")
+    try:
+        trajs = games_eval.play(policy, games, args.episodes, split=args.split, envs=args.envs, env_kw=env_kw,
+                                progress=lambda _t: bar.update(1))
+    except (GameBrowserError, ValueError) as e:
+        return fail(str(e))
+    finally:
+        bar.close()
+    out = games_eval.summarize(trajs, games)
+    out.update(suite="games", policy=args.policy, split=args.split, skipped=gone)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    _print_games(out)
+    return 0
+
+
+def _print_games(out: dict) -> None:
+    def ci(v):
+        return f"[{v[0]:.1f}, {v[1]:.1f}]" if v else "-"
+
+    width = max([8] + [len(g) for g in out["games"]])
+    print(f"{'game':<{width}} {'n':>4} {'score':>9} {'reference':>10} {'normalized':>11} {'95% interval':>16}")
+    for g, r in out["games"].items():
+        ref = f"{r['reference']:.1f}" if r["reference"] else "-"
+        norm = f"{r['normalized']:.1f}" if r["normalized"] is not None else "no norm"
+        print(f"{g:<{width}} {r['episodes']:>4} {r['score']:>9.1f} {ref:>10} {norm:>11} {ci(r['ci95']):>16}")
+    if out["overall"] is not None:
+        print(f"{'mean over games':<{width + 15}} {'':>10} {out['overall']:>11.1f} {ci(out['ci95']):>16}")
+    if out["unnormed"]:
+        print(f"no norm for {', '.join(out['unnormed'])}: run `python main.py sandbox games calibrate --games "
+              f"{','.join(out['unnormed'])} --episodes 20`", file=sys.stderr)
+
+
+def cmd_games_list(args) -> int:
+    norms = game_registry.norms()
+    rows = [{"game": g.name, "title": g.title, "kind": g.kind, "reads": g.reads, "keys": list(g.keys),
+             "clicks": g.clicks, "step_ms": g.step_ms, "max_steps": g.max_steps, "norm": norms.get(g.name)}
+            for g in game_registry.games().values()]
+    missing = game_registry.missing()
+    if args.json:
+        print(json.dumps({"games": rows, "missing": missing}))
+        return 0
+    for r in rows:
+        n = r["norm"]
+        norm = f"reference {n['reference']:g}, random {n['random']:g}" if n else "no norm yet"
+        print(f"{r['game']:<8} {r['kind']:<28} {norm}")
+    for name, why in missing.items():
+        print(f"{name:<8} not available: {why}")
+    return 0
+
+
+def cmd_games_calibrate(args) -> int:
+    try:
+        games = game_registry.parse_games(args.games)
+        games_eval.tickets(games, args.episodes, "train")
+    except ValueError as e:
+        return fail(str(e))
+    bar = _bar(2 * args.episodes * len(games), "calibration episodes")
+    try:
+        found = games_eval.calibrate(games, args.episodes, progress=lambda _t: bar.update(1), write=not args.dry_run)
+    except (GameBrowserError, ValueError) as e:
+        return fail(str(e))
+    finally:
+        bar.close()
+    if args.json:
+        print(json.dumps(found))
+    else:
+        print(f"{'game':<8} {'n':>4} {'reference':>10} {'95% interval':>18} {'random':>8} {'95% interval':>18} "
+              f"{'random/ref':>10}")
+        for g, r in found.items():
+            a, b = r["reference_ci95"]
+            c, d = r["random_ci95"]
+            share = f"{100 * r['random'] / r['reference']:.0f}%" if r["reference"] else "-"
+            print(f"{g:<8} {r['episodes']:>4} {r['reference']:>10.1f} {f'[{a:.1f}, {b:.1f}]':>18} {r['random']:>8.1f} "
+                  f"{f'[{c:.1f}, {d:.1f}]':>18} {share:>10}")
+    if not args.dry_run:
+        print(f"wrote {', '.join(games)} into {game_registry.NORMS}", file=sys.stderr)
+    return 0
 
 
 def _report(args, trajs: list, more_json: dict | None = None) -> int:

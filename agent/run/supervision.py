@@ -61,8 +61,9 @@ def request_to_wire(request: GateRequest, mode: str = "decide", note: str | None
     }
     if note:
         step["note"] = note
-    if getattr(frame, "tool_output", None) is not None:  # the last tool call's result: supervisors see it too
-        step["tool_output"] = dict(frame.tool_output)
+    told = getattr(frame, "tool_output", None)
+    if told is not None:  # the last tool call's result: supervisors see it too
+        step["tool_output"] = dict(told)
     return step, shot
 
 

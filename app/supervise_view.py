@@ -274,14 +274,15 @@ class SupervisePage(QWidget):
         if self.run is not None:
             self.run.stop(reason)
 
-    def _game_status(self) -> None:
-        """The status line with a game's score now (the loop waits, or has just stepped)."""
+    def _game_status(self, waiting: bool = False) -> None:
+        """The status line with a game's score now (the loop waits for an answer, or has just stepped)."""
         status = getattr(self.executor, "status", None)
         if callable(status) and self.run is not None and self.run.running:
-            self.run_label.setText(f"{self._running_text}. {status()}")
+            self.run_label.setText(f"{self._running_text}. {status()}"
+                                   + (" (the game is paused until you answer)" if waiting else ""))
 
     def _asked(self, pending: Pending) -> None:
-        self._game_status()
+        self._game_status(waiting=True)
         self.panel.show_pending(pending)
         if self.window is not None and getattr(self, "_hidden_window", False):
             self.window.show()

@@ -5,7 +5,12 @@ says what happened, the game stands still while a proposal waits, and no Chromiu
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QPoint, Qt
@@ -105,7 +110,8 @@ def test_supervise_a_lights_game_approve_twice_and_edit_once(qtbot, page, store)
         ids = ids or ex.browser_ids()
         qtbot.keyClick(page.panel, Qt.Key_Return)  # approve
     wait_for_proposal(qtbot, page, 3)
-    assert "Lights: score 2" in page.run_label.text() and "step 2 of 100" in page.run_label.text()
+    assert page.run_label.text() == ("Running (you decide here). Lights: score 2 (normalized 1), level 1; step 2 of 100 "
+                                     "(the game is paused until you answer)")
     x, y = page.panel.canvas.point_to_widget(cell_point(state, *edited))  # the edit: a click on the screenshot
     qtbot.mouseClick(page.panel.canvas, Qt.LeftButton, pos=QPoint(round(x), round(y)))
     assert page.panel.approve_btn.text().startswith("Approve with edits")
@@ -148,8 +154,8 @@ def test_a_waiting_snake_stands_still_and_closing_the_page_reaps_chromium(qtbot,
     shown = page.panel.canvas._pixmap.toImage()
     ids = ex.browser_ids()
     t0 = time.monotonic()
-    qtbot.wait(2000)  # real time passes; in real time the snake would move 10 cells
-    assert time.monotonic() - t0 >= 2.0
+    while time.monotonic() - t0 < 2.0:  # real time passes (the page keeps running); in real time the snake would move 10 cells
+        qtbot.wait(100)
     assert page.panel.canvas._pixmap.toImage() == shown
     now = ex.observe()  # a fresh screenshot of the page: the game has not moved either
     assert (now.pixels == pending.request.observation.pixels).all()
@@ -194,6 +200,25 @@ def test_drive_a_game_from_the_form_until_it_is_over(qtbot, store, tmp_path):
     assert result.steps == 12 and ep.steps[-1].terminated and ep.steps[-1].info["state"]["over"] is True
     assert "Game over: score 0 (normalized 0)." in page.status.text()
     assert store.get_setting("drive.game") == "snake" and store.get_setting("drive.executor") == "game"
+
+
+@needs_chromium
+def test_an_app_killed_mid_game_leaves_no_chromium():
+    """SIGKILL of the app's process: the game's process reads end-of-file and ends, and the
+    browser's watchdog kills Chromium."""
+    code = ("from app.game_executor import GameProcessExecutor\n"
+            "ex = GameProcessExecutor('snake', 1); ex.prepare(); pgid, profile = ex.browser_ids()\n"
+            "print(pgid, profile, flush=True)\nimport time; time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1], env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        pgid, profile = proc.stdout.readline().split()
+        ids = (int(pgid), profile)
+        assert len(chromium_processes(ids[0])) >= 2
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert wait_gone(ids) == []
 
 
 def test_without_chromium_the_form_says_so_and_nothing_starts(qtbot, page, monkeypatch):

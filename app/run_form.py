@@ -186,11 +186,16 @@ class RunForm(QWidget):
                                  f"on {'this desktop' if where == 'desktop' else 'a phone'} it will mostly miss. "
                                  "Use an endpoint or a local UI-TARS-class model for real work.")
             self.warning.show()
-        elif where == "game" and self.games_problem:  # said here, before Start, not as a crash after it
+        elif where == "game" and self._games_check():  # said here, before Start, not as a crash after it
             self.warning.setText(self.games_problem)
             self.warning.show()
         else:
             self.warning.hide()
+
+    def _games_check(self) -> str | None:
+        """Why no game can run here now (Chromium may have been installed since the form was built)."""
+        self.games_problem = game_choices()[1]
+        return self.games_problem
 
     def _browse_replay(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Replay responses", "", "JSON lines (*.jsonl);;All files (*)")
@@ -221,7 +226,7 @@ class RunForm(QWidget):
             self._executor_chosen = True
 
     def build_executor(self):
-        if self.executor.currentData() == "game" and self.games_problem:
+        if self.executor.currentData() == "game" and self._games_check():
             raise RunSetupError(self.games_problem)
         return make_executor(self.executor.currentData(), family=self.family.currentText(), seed=self.seed.value(),
                              serial=self.serial.text().strip() or None, game=self.game.currentData())

@@ -236,6 +236,10 @@ def test_without_chromium_the_form_says_so_and_nothing_starts(qtbot, page, monke
     assert form_page.run_label.text() == "Cannot start: " + f.warning.text()
     f.set_choice(f.executor, "sandbox")
     assert f.warning.isHidden()  # said for the games only
+    if HAVE_CHROMIUM:  # Chromium is there again (installed meanwhile): the form checks anew
+        monkeypatch.delenv("TANDEM_CHROMIUM")
+        f.set_choice(f.executor, "game")
+        assert f.warning.isHidden()
 
 
 def test_an_unknown_game_is_named():

@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, Signal
 
 from agent.errors import TandemError
 from agent.executors.android import AndroidExecutor
+from agent.executors.base import ExecutionError
 from agent.executors.desktop import DesktopExecutor
 from agent.policies import PolicyError
 from agent.policies.choice import FORM
@@ -22,6 +23,7 @@ from agent.redaction import RedactionError
 from agent.redaction.review import auto_redact, auto_redaction_due
 from agent.run.decision_stats import DecisionLog
 from agent.sync.outbox import Outbox
+from app.game_executor import GameProcessExecutor
 from app.sandbox_executor import SandboxProcessExecutor
 from app.workers import run_in_background
 
@@ -58,14 +60,22 @@ def make_policy(choice: str, *, responses=None, base_url: str = "", model: str =
         raise RunSetupError(str(e)) from None
 
 
-def make_executor(choice: str, *, family: str | None = None, seed: int = 0, serial: str | None = None):
+def make_executor(choice: str, *, family: str | None = None, seed: int = 0, serial: str | None = None,
+                  game: str | None = None):
     if choice == "desktop":
         return DesktopExecutor()
     if choice == "android":
         return AndroidExecutor(serial=serial)  # connects (adb + uiautomator2) on the first observation
     if choice == "sandbox":
         return SandboxProcessExecutor(family or None, seed)
-    raise RunSetupError(f"executor must be 'desktop', 'android' or 'sandbox', got {choice!r}")
+    if choice == "game":
+        if not game:
+            raise RunSetupError("choose a game")
+        try:
+            return GameProcessExecutor(game, seed)  # its browser starts with the run, in a child process
+        except ExecutionError as e:
+            raise RunSetupError(str(e)) from None
+    raise RunSetupError(f"executor must be 'desktop', 'android', 'sandbox' or 'game', got {choice!r}")
 
 
 def queue_for_sync(store, window, episode_id: str) -> str:

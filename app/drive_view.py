@@ -29,6 +29,7 @@ from agent.run.loop import AgentLoop, LoopConfig
 from agent.wording import end_reason_text, hotkey_label, plural
 from app.agent_run import AgentRun, RunSetupError, queue_for_sync
 from app.control_strip import ControlStrip
+from app.game_executor import game_verdict
 from app.proposal_panel import frame_pixmap
 from app.qt_supervisor import Pending, QtSupervisor
 from app.run_form import RunForm
@@ -119,6 +120,7 @@ class DrivePage(QWidget):
         super().__init__()
         self.store, self.window, self.hotkey = store, window, hotkey
         self.run: AgentRun | None = None
+        self.executor = None
         self.gate: PausableGate | None = None
         self.supervisor: QtSupervisor | None = None
         self.kill_switch: KillSwitch | None = None
@@ -128,7 +130,7 @@ class DrivePage(QWidget):
         self.strip = ControlStrip(hotkey)
         self.strip.pause_toggled.connect(self.set_paused)
         self.strip.stop_clicked.connect(lambda: self.stop("stopped by the user"))
-        self.form = RunForm(store, "drive", gates=("risky", "all", "auto"), executors=("desktop", "android", "sandbox"))
+        self.form = RunForm(store, "drive", gates=("risky", "all", "auto"), executors=("desktop", "android", "sandbox", "game"))
         self.start_btn = QPushButton("Let the agent drive")
         self.start_btn.setDefault(True)
         self.start_btn.clicked.connect(self.start_from_form)
@@ -144,7 +146,7 @@ class DrivePage(QWidget):
         self._strip_timer = QTimer(self)
         self._strip_timer.setInterval(250)
         self._strip_timer.timeout.connect(self.strip_rects.refresh)
-        title = QLabel("Drive: the agent uses this computer, your phone or a sandbox task")
+        title = QLabel("Drive: the agent uses this computer, your phone, a sandbox task or a browser game")
         title.setObjectName("title")
         lay = QVBoxLayout(self)
         lay.addWidget(title)
@@ -181,6 +183,7 @@ class DrivePage(QWidget):
         self.steps.clear()
         self.steps.hide()
         self.steps_empty.show()
+        self.executor = executor
         self.supervisor = QtSupervisor("user")
         self.supervisor.asked.connect(self._asked)
         self.supervisor.withdrawn.connect(self._withdrawn)
@@ -288,6 +291,9 @@ class DrivePage(QWidget):
         self.steps_empty.hide()
         self.steps.show()
         self.steps.addItem(f"{step.index + 1}. {format_for_display(step.action, getattr(step.observation, 'geometry', None))}{err}")
+        status = getattr(self.executor, "status", None)
+        if callable(status):  # a game: its score as it goes
+            self.status.setText(f"The agent is driving… {status()}")
 
     def _end(self, text: str) -> None:
         self.strip.hide()
@@ -302,7 +308,9 @@ class DrivePage(QWidget):
         # a run with a person's decisions in it (risky steps answered) is training data: it syncs
         decided = result.episode.kind == "supervised" or any(d.get("by") for d in result.episode.meta.get("decisions", []))
         queued = queue_for_sync(self.store, self.window, result.episode.id) if decided else ""
-        self._end(f"The agent stopped after {plural(result.steps, 'step')}: {end_reason_text(result.reason)}." + (f" Decisions {queued}." if queued else ""))
+        verdict = game_verdict(self.executor)
+        self._end(f"The agent stopped after {plural(result.steps, 'step')}: {end_reason_text(result.reason)}."
+                  + (f" {verdict}" if verdict else "") + (f" Decisions {queued}." if queued else ""))
         self.run_finished.emit(result)
 
     def _failed(self, text: str) -> None:

@@ -164,7 +164,7 @@ class ProposalPanel(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         head = QHBoxLayout()
-        head.addWidget(self.title)
+        head.addWidget(self.title, 3)  # a word-wrapped label without stretch shrinks to a few words a line
         head.addWidget(self.busy)
         head.addStretch(1)
         lay.addLayout(head)

@@ -1,5 +1,5 @@
 """The form that sets up an agent run (Supervise and Drive pages): instruction, policy and its
-options, where it acts (this desktop or a sandbox task), the tools' workspace (Supervise) and the gate. Choices are remembered
+options, where it acts (this desktop, a sandbox task or a browser game), the tools' workspace (Supervise) and the gate. Choices are remembered
 in the store's settings under `<prefix>.*`."""
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ from agent.executors.base import ExecutionError
 from agent.executors.terminal import TerminalExecutor
 from agent.storage.model_files import DEFAULT_MODEL_DIR
 from app.agent_run import RunSetupError, make_executor, make_policy, models_missing
+from app.game_executor import game_choices
 
 POLICY_LABELS = {"default": "Default small model", "endpoint": "OpenAI-compatible endpoint",
                  "local": "Local model folder", "replay": "Replay file (scripted responses)"}
-EXECUTOR_LABELS = {"desktop": "This desktop", "sandbox": "A sandbox task", "android": "An Android phone (uiautomator2)"}
+EXECUTOR_LABELS = {"desktop": "This desktop", "sandbox": "A sandbox task", "game": "A browser game",
+                   "android": "An Android phone (uiautomator2)"}
 GATE_LABELS = {"all": "Ask me before every step", "risky": "Ask before risky steps", "auto": "Never ask"}
 
 
@@ -51,7 +53,8 @@ class RunForm(QWidget):
         form.setContentsMargins(0, 0, 0, 0)
         self.instruction = QLineEdit()
         self.instruction.setPlaceholderText(
-            "What should the agent do? (a sandbox task brings its own)" if "sandbox" in (executors or ())
+            "What should the agent do? (a sandbox task or a game brings its own)"
+            if {"sandbox", "game"} & set(executors or ())
             else "What should the agent do? e.g. “Open Downloads and sort the files by date”")
         form.addRow("Instruction", self.instruction)
 
@@ -102,6 +105,10 @@ class RunForm(QWidget):
             self.executor.addItem(EXECUTOR_LABELS[key], key)
         self.family = QComboBox()
         self.family.addItems(sandbox_families() or ["click_button"])
+        self.game = QComboBox()  # titles shown, registry names kept
+        games, self.games_problem = game_choices() if "game" in (executors or ()) else ([], None)
+        for name, title in games:
+            self.game.addItem(title, name)
         self.seed = QSpinBox()
         self.seed.setRange(0, 2**31 - 1)
         where = QWidget(self)  # parented: when it is not shown, its combos must still live
@@ -109,6 +116,7 @@ class RunForm(QWidget):
         wl.setContentsMargins(0, 0, 0, 0)
         wl.addWidget(self.executor)
         wl.addWidget(self.family)
+        wl.addWidget(self.game)
         self.seed_label = QLabel("seed")
         wl.addWidget(self.seed_label)
         wl.addWidget(self.seed)
@@ -154,10 +162,11 @@ class RunForm(QWidget):
 
     # ------------------------------------------------------------ values
     def _executor_changed(self) -> None:
-        sandbox = self.executor.currentData() == "sandbox"
-        self.family.setVisible(sandbox)
-        self.seed.setVisible(sandbox)
-        self.seed_label.setVisible(sandbox)
+        where = self.executor.currentData()
+        self.family.setVisible(where == "sandbox")
+        self.game.setVisible(where == "game")
+        self.seed.setVisible(where in ("sandbox", "game"))
+        self.seed_label.setVisible(where in ("sandbox", "game"))
         self.serial.setVisible(self.executor.currentData() == "android")
 
     def _follow_model(self) -> None:
@@ -177,8 +186,16 @@ class RunForm(QWidget):
                                  f"on {'this desktop' if where == 'desktop' else 'a phone'} it will mostly miss. "
                                  "Use an endpoint or a local UI-TARS-class model for real work.")
             self.warning.show()
+        elif where == "game" and self._games_check():  # said here, before Start, not as a crash after it
+            self.warning.setText(self.games_problem)
+            self.warning.show()
         else:
             self.warning.hide()
+
+    def _games_check(self) -> str | None:
+        """Why no game can run here now (Chromium may have been installed since the form was built)."""
+        self.games_problem = game_choices()[1]
+        return self.games_problem
 
     def _browse_replay(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Replay responses", "", "JSON lines (*.jsonl);;All files (*)")
@@ -209,8 +226,10 @@ class RunForm(QWidget):
             self._executor_chosen = True
 
     def build_executor(self):
+        if self.executor.currentData() == "game" and self._games_check():
+            raise RunSetupError(self.games_problem)
         return make_executor(self.executor.currentData(), family=self.family.currentText(), seed=self.seed.value(),
-                             serial=self.serial.text().strip() or None)
+                             serial=self.serial.text().strip() or None, game=self.game.currentData())
 
     def build_policy(self, platform: str):
         return make_policy(self.policy.currentData(), responses=self.replay_path.text().strip() or None,
@@ -246,7 +265,7 @@ class RunForm(QWidget):
     # ------------------------------------------------------------ settings
     def _fields(self):
         return {"policy": self.policy, "executor": self.executor, "gate": self.gate, "replay": self.replay_path,
-                "base_url": self.base_url, "model": self.model, "model_dir": self.model_dir, "family": self.family, "serial": self.serial,
+                "base_url": self.base_url, "model": self.model, "model_dir": self.model_dir, "family": self.family, "serial": self.serial, "game": self.game,
                 "tools_root": self.tools_root}
 
     def remember(self) -> None:

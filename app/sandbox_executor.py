@@ -21,11 +21,18 @@ from trainer.sandbox.env import SandboxEnv
 
 
 def _serve(conn, kw: dict) -> None:
-    """The child: one SandboxEnv, commands in, results out, until 'close' or the pipe ends."""
+    """The child: one SandboxEnv (or, with kw["env"] == "games", a GameEnv: app.game_executor),
+    commands in, results out, until 'close' or the pipe ends."""
+    kind = kw.pop("env", "sandbox")
     try:
-        env = SandboxEnv(**kw)
+        if kind == "games":
+            from trainer.sandbox.games.env import GameEnv
+
+            env = GameEnv(**kw)
+        else:
+            env = SandboxEnv(**kw)
     except Exception as e:  # reported to the parent as a value
-        conn.send(("error", f"the sandbox could not start: {type(e).__name__}: {e}"))
+        conn.send(("error", f"the {'game' if kind == 'games' else 'sandbox'} could not start: {type(e).__name__}: {e}"))
         return
     conn.send(("ok", None))
     while True:
@@ -45,14 +52,27 @@ def _serve(conn, kw: dict) -> None:
                 obs, r, term, trunc, info = env.step(args)
                 conn.send(("ok", (obs["screenshot"], obs["geometry"], r, term, trunc, info, obs.get("elements"))))
             elif cmd == "observe":
-                obs = env._observe()
+                obs = _observe_game(env) if kind == "games" else env._observe()
                 conn.send(("ok", (obs["screenshot"], obs["geometry"], obs.get("elements"))))
             elif cmd == "expert":
                 conn.send(("ok", env.expert_action()))
+            elif cmd == "browser" and kind == "games":  # where its Chromium runs: the reaping tests look there
+                b = env.browser
+                conn.send(("ok", (b.pgid, b.profile) if b is not None else None))
             else:
                 conn.send(("error", f"unknown sandbox command {cmd!r}"))
         except Exception as e:  # one bad command must not end the sandbox
             conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def _observe_game(env):
+    """A game's screen now: a fresh screenshot of the paused page (the fake clock keeps it still
+    between steps), or the last one when its browser is gone (a step reported why)."""
+    if env.browser is not None and env._obs is not None:
+        env._observe()
+    if env._obs is None:
+        raise RuntimeError("the game has not been reset")
+    return env._obs
 
 
 def _child_main() -> None:

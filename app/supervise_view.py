@@ -1,7 +1,8 @@
 """The Supervise page: review a live agent step by step, here or over the sync connection.
 
-"Run here": start an agent on this machine (this desktop or a sandbox task); each gated proposal
-appears in the ProposalPanel and the loop's thread waits (QtSupervisor) until you answer. With
+"Run here": start an agent on this machine (this desktop, a sandbox task or a browser game); each
+gated proposal appears in the ProposalPanel and the loop's thread waits (QtSupervisor) until you
+answer (a game stands still meanwhile, and the status line gives its score). With
 "let remote supervisors decide", proposals go through the backend instead (RunPublisher), and
 the run id is shown for others to watch. "Watch a run": subscribe to a run elsewhere by its id;
 everyone subscribed sees each proposal, the one who claimed the run decides.
@@ -38,6 +39,7 @@ from agent.sync.session import SyncError
 from agent.wording import end_reason_text, plural
 from app.agent_run import AgentRun, RunSetupError, queue_for_sync
 from app.decisions_view import DecisionsView
+from app.game_executor import game_verdict
 from app.proposal_panel import ProposalPanel
 from app.qt_supervisor import Pending, QtSupervisor
 from app.run_form import RunForm
@@ -51,7 +53,10 @@ class LiveEvents(QObject):
 
 
 def outcome_text(outcome) -> str:
-    """What a checker said about the task, for a person: '' when nothing judged it."""
+    """What a checker said about the task, for a person: '' when nothing judged it. A game's
+    outcome (app.game_executor.GameOutcome) says its score."""
+    if getattr(outcome, "text", ""):
+        return outcome.text
     if outcome is None or outcome.success is None:
         return ""
     who = {"verifier": "The sandbox's verifier"}.get(outcome.source or "", "The check")
@@ -74,6 +79,8 @@ class SupervisePage(QWidget):
         self.store, self.window = store, window
         self.name = name or signing_name(store, "supervisor")
         self.run: AgentRun | None = None
+        self.executor = None  # the run's: a game's gives its score for the status line
+        self._running_text = ""
         self.supervisor: QtSupervisor | None = None
         self.publisher = None
         self.watcher = None
@@ -84,7 +91,8 @@ class SupervisePage(QWidget):
         self.displays: list[tuple[object, float]] = []  # (pending, shown at), for the latency bench
 
         # -- run here
-        self.form = RunForm(store, "supervise", gates=("all", "risky"), tools=True)
+        self.form = RunForm(store, "supervise", gates=("all", "risky"), executors=("desktop", "sandbox", "game"),
+                            tools=True)
         self.publish_box = QCheckBox("Let remote supervisors decide (publish this run over sync)")
         self.start_btn = QPushButton("Start run")
         self.start_btn.clicked.connect(self.start_from_form)
@@ -203,6 +211,7 @@ class SupervisePage(QWidget):
             raise RuntimeError("a run is already going; stop it first")
         self.steps.clear()
         self.step_output.set_output(None)
+        self.executor = executor
         self.panel.tool_call.workspace = str(tools.root) if tools is not None else None
         self.panel.clear()  # "Waiting for the agent…"
         supervisor = None
@@ -251,7 +260,8 @@ class SupervisePage(QWidget):
         run.event.connect(self._loop_event)
         run.start()
         where = "remote supervisors decide" if publish else "you decide here"
-        self._notify(f"Running ({where})" + (f"; run id {self.publisher.run_id}" if publish else ""))
+        self._running_text = f"Running ({where})" + (f"; run id {self.publisher.run_id}" if publish else "")
+        self._notify(self._running_text)
         self._sync_buttons()
         return run
 
@@ -264,7 +274,15 @@ class SupervisePage(QWidget):
         if self.run is not None:
             self.run.stop(reason)
 
+    def _game_status(self, waiting: bool = False) -> None:
+        """The status line with a game's score now (the loop waits for an answer, or has just stepped)."""
+        status = getattr(self.executor, "status", None)
+        if callable(status) and self.run is not None and self.run.running:
+            self.run_label.setText(f"{self._running_text}. {status()}"
+                                   + (" (the game is paused until you answer)" if waiting else ""))
+
     def _asked(self, pending: Pending) -> None:
+        self._game_status(waiting=True)
         self.panel.show_pending(pending)
         if self.window is not None and getattr(self, "_hidden_window", False):
             self.window.show()
@@ -296,12 +314,13 @@ class SupervisePage(QWidget):
         self.steps.scrollToBottom()
         if out is not None:
             self.step_output.set_output(out, f"Step {step.index + 1}")
+        self._game_status()
 
     def _finished(self, result) -> None:
         self.last_result = result
         self.last_episode_id = result.episode.id
         self._control(False)
-        verdict = outcome_text(result.episode.outcome)
+        verdict = outcome_text(result.episode.outcome) or game_verdict(self.executor)
         why = end_reason_text(result.reason)
         self.panel.clear(f"The run ended: {why}." + (f" {verdict}" if verdict else ""))
         self.decisions.add_episode(result.episode.id)

@@ -125,10 +125,12 @@ def _lights(state: dict, action: Action, width: int, height: int) -> str:
     x, y = at
     on = sum(bool(v) for row in lights for v in row)
     presses = solve(lights) or []
+    lit = "1 light is on" if on == 1 else f"{on} lights are on"
     if (x, y) in presses:
-        return (f"{on} lights are on; {len(presses)} presses clear them, and I press row {y + 1}, column {x + 1} "
-                "first.")
-    return f"{on} lights are on; I press row {y + 1}, column {x + 1}."
+        if len(presses) == 1:
+            return f"{lit}; pressing row {y + 1}, column {x + 1} clears the board."
+        return f"{lit}; {len(presses)} presses clear them, and I press row {y + 1}, column {x + 1} first."
+    return f"{lit}; I press row {y + 1}, column {x + 1}."
 
 
 def _memory(state: dict, action: Action, width: int, height: int) -> str:

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from agent.schema import Action
+from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
 from trainer.sandbox.games import registry
 from trainer.sandbox.games.browser import PROFILE_ROOT, TAG_ENV, GameBrowserError, find_chromium
 from trainer.sandbox.games.spec import click, key
 from trainer.sandbox.games.thoughts import thought
-from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
 
 try:
     find_chromium()
@@ -229,3 +229,50 @@ def test_train_ppo_games_flags_are_checked(capsys):
     assert "unknown game 'chess'" in capsys.readouterr().err
     assert main(["train", "ppo", "--model", "m", "--out", "o", "--games", "lights"]) == 2
     assert "--games is for --suite games" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ the flywheel's games pool
+def test_flywheel_games_pool_is_checked(tmp_path, capsys):
+    from main import main
+    from trainer.config_flags import ConfigError
+    from trainer.flywheel.config import FlywheelConfig
+
+    assert FlywheelConfig(games=["lights", "games/merge"]).games == ["lights", "games/merge"]
+    assert FlywheelConfig().games == []
+    with pytest.raises(ConfigError, match="unknown game 'chess'"):
+        FlywheelConfig(games=["chess"])
+    with pytest.raises(ConfigError, match="game_episodes"):
+        FlywheelConfig(games=["lights"], game_episodes=0)
+    assert main(["--data", str(tmp_path / "data"), "flywheel", "run", "--games", "lights,chess"]) == 2
+    assert "unknown game 'chess'" in capsys.readouterr().err
+
+
+@needs_chromium
+def test_flywheel_plays_and_reports_the_games_pool_apart(tiny_vlm_dir, tmp_path, one_thread):  # noqa: F811
+    from agent.vlm.model import load_vlm
+    from trainer.flywheel.config import FlywheelConfig
+    from trainer.flywheel.evaluation import evaluate_games, games_summary
+    from trainer.flywheel.iteration import _StageLog, ppo_on_games
+    from trainer.learn.metrics import MetricsLog, read_metrics
+    from trainer.learn.ppo_config import PPOConfig
+
+    cfg = FlywheelConfig(games=["lights"], max_steps=2, game_episodes=1, max_new_tokens=12,
+                         ppo=PPOConfig(updates=1, batch_episodes=2, epochs=1, minibatch_turns=4, n_workers=0,
+                                       value_pretrain_iters=0, n_envs=2, progress_reward=0.5))
+    model, proc = load_vlm(tiny_vlm_dir, device="cpu")
+    log = MetricsLog(tmp_path / "fw", tensorboard=False)
+    stage = ppo_on_games(model, proc, cfg, tiny_vlm_dir, tmp_path / "fw" / "models" / "v0001", _StageLog(log, 3))
+    assert stage["phase"] == "ppo_games" and stage["games"] == ["lights"] and stage["updates"] == 1
+    assert isinstance(stage["think_tokens"], float) and isinstance(stage["entropy"], float)
+    (row,) = read_metrics(log.path)
+    assert row["phase"] == "games_ppo" and row["iteration"] == 3 and row["episode_length"] <= 2
+    assert browsers_left() == []
+
+    got = evaluate_games(tiny_vlm_dir, ["lights"], 1, max_new_tokens=12, max_steps=2)
+    lights = got["games"]["lights"]
+    assert lights["episodes"] == 1 and lights["steps"] <= 2 and lights["reference"] == registry.norms()["lights"]["reference"]
+    assert got["overall"] == lights["normalized"] >= 0 and "not part of promotion" in got["note"]
+    assert games_summary({"games": got}) == {"overall": got["overall"], "ci95": got["ci95"],
+                                             "games": {"lights": lights["normalized"]}}
+    assert games_summary({}) is None and games_summary({"games": {"error": "boom"}}) == "boom"
+    assert browsers_left() == []

@@ -276,3 +276,24 @@ def test_flywheel_plays_and_reports_the_games_pool_apart(tiny_vlm_dir, tmp_path,
                                              "games": {"lights": lights["normalized"]}}
     assert games_summary({}) is None and games_summary({"games": {"error": "boom"}}) == "boom"
     assert browsers_left() == []
+
+
+@needs_chromium
+def test_train_ppo_suite_games_from_the_cli_plots_reward_entropy_and_think_length(tiny_vlm_dir, tmp_path, capsys, one_thread):  # noqa: F811
+    import json
+
+    from main import main
+    from trainer.learn.metrics import read_metrics
+
+    out = tmp_path / "run" / "ppo-games"
+    rc = main(["--data", str(tmp_path / "data"), "train", "ppo", "--suite", "games", "--games", "lights", "--model",
+               str(tiny_vlm_dir), "--out", str(out), "--updates", "1", "--batch", "2", "--workers", "0",
+               "--value-pretrain", "0", "--epochs", "1", "--max-new-tokens", "10", "--max-steps", "2", "--envs", "2",
+               "--device", "cpu"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["updates"] == 1 and summary["plot"].endswith("ppo_curves.png")
+    (row,) = read_metrics(tmp_path / "run" / "ppo-games-logs" / "metrics.jsonl")
+    assert all(isinstance(row[k], float) for k in ("reward", "entropy", "think_tokens", "think_length"))
+    assert (out / "config.json").is_file()
+    assert browsers_left() == []

@@ -16,7 +16,7 @@ from trainer.config_flags import ConfigError, add_flags, describe, overrides
 from trainer.flywheel import FlywheelError
 from trainer.flywheel.announce import backend_target
 from trainer.flywheel.config import FlywheelConfig
-from trainer.flywheel.evaluation import evaluate_model, miniwob_summary, reserve_eval_seeds
+from trainer.flywheel.evaluation import evaluate_model, games_summary, miniwob_summary, reserve_eval_seeds
 from trainer.flywheel.iteration import flywheel_dir
 from trainer.flywheel.merge import check_alphas, merge_models
 from trainer.flywheel.plots import plot_flywheel, summary
@@ -150,7 +150,8 @@ def cmd_run(args) -> int:
                     "comparison": m.get("comparison"),
                     "routed": rep["routed"], "skipped": rep.get("skipped") or {},
                     "pools": rep["pools"], "seconds": rep["seconds"], "decision": rep["decision"],
-                    "announce": rep.get("announce"), "candidate_miniwob": miniwob_summary(m)}
+                    "announce": rep.get("announce"), "candidate_miniwob": miniwob_summary(m),
+                    **({"candidate_games": games_summary(m)} if "games" in m else {})}
             print(json.dumps({"result": line} if args.progress_json else line, default=str), flush=True)
             if rep.get("error"):
                 print(rep["error"], file=sys.stderr)

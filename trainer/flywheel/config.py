@@ -44,6 +44,12 @@ class FlywheelConfig:
     width: int = knob(336, "sandbox screen width (the shipped default model's, pixel-exact for it)")
     height: int = knob(252, "sandbox screen height")
     families: list[str] = knob(help="comma-separated sandbox families", factory=default_families)
+    # the games are a pool of their own: scored, not passed, so they never join the families' success rates
+    games: list[str] = knob(help="comma-separated browser games as a task pool beside the families: PPO also plays "
+                                 "them (reward: normalized score gained) and the candidate's normalized game scores are "
+                                 "reported apart, never part of promotion (default: none)", factory=list)
+    game_episodes: int = knob(2, "held-out episodes per game in the candidate's game evaluation (the same seeds "
+                                 "every iteration)")
     eval_episodes: int = knob(200, "held-out episodes each model plays per iteration, on fresh seeds (rounded up to "
                                    "whole seeds per family)")
     miniwob_episodes: int = knob(5, "MiniWoB++ episodes per task for the candidate: a transfer check, never part of "
@@ -90,7 +96,7 @@ class FlywheelConfig:
         """Raise config_flags.ConfigError naming the first setting that cannot work."""
         check_choices(self)
         check(self.threads is None or int(self.threads) >= 1, "flywheel.threads", "must be at least 1", self.threads)
-        for name in ("eval_episodes", "max_new_tokens"):
+        for name in ("eval_episodes", "max_new_tokens", "game_episodes"):
             check(int(getattr(self, name)) >= 1, f"flywheel.{name}", "must be at least 1", getattr(self, name))
         for name in ("miniwob_episodes", "dpo_steps", "rollouts"):
             check(int(getattr(self, name)) >= 0, f"flywheel.{name}", "must be >= 0", getattr(self, name))
@@ -103,6 +109,13 @@ class FlywheelConfig:
         if unknown:
             raise ConfigError("flywheel.families", f"has an unknown sandbox family {unknown[0]!r}; known: "
                                                    f"{', '.join(FAMILIES)}")
+        if self.games:
+            from trainer.sandbox.games import registry as game_registry  # lazy: only a config with games needs it
+
+            try:
+                game_registry.parse_games(",".join(self.games))
+            except game_registry.GameError as e:
+                raise ConfigError("flywheel.games", str(e)) from None
         validate_nested(self)
 
         try:

@@ -93,6 +93,28 @@ def evaluate_actor(actor, families: list[str], seeds_per_family: int, *, env_kw:
     return out
 
 
+def evaluate_games(model_dir, games: list[str], episodes: int, *, max_new_tokens: int = 48, max_steps: int | None = None,
+                   inference_dtype: str = "fp32", n_envs: int = 4, progress=None) -> dict:
+    """The checkpoint's greedy episodes on the browser games (the first `episodes` held-out seeds of
+    each, the same every time, so iterations compare): per game the raw and normalized score (the
+    reference player's mean = 100) with t 95% intervals, and their mean over games
+    (trainer.rollout.games_eval.summarize). Reported apart from the families' success: never part
+    of a promotion decision. A run that fails says so ({"error": ...})."""
+    from trainer.rollout import games_eval
+    from trainer.sandbox.env import observation_for
+
+    env_kw = {"observation": observation_for(model_dir), **({"max_steps": max_steps} if max_steps else {})}
+    try:
+        actor = VLMActor.load(model_dir, inference_dtype=inference_dtype, max_new_tokens=max_new_tokens)
+        trajs = games_eval.play(actor, games, episodes, split="heldout", envs=n_envs, env_kw=env_kw,
+                                progress=(lambda _t: progress()) if progress else None)
+        out = games_eval.summarize(trajs, games)
+    except Exception as e:  # a browser failing must not fail the iteration
+        return {"error": f"{type(e).__name__}: {e}"}
+    out["note"] = "normalized score (reference player = 100): reported apart, not part of promotion"
+    return out
+
+
 def miniwob_missing() -> str | None:
     """None when MiniWoB++ can run here, else what is missing (without importing it when absent)."""
     return available()
@@ -117,3 +139,15 @@ def miniwob_summary(metrics: dict):
     if not part:
         return None
     return part.get("overall") or part.get("skipped") or part.get("error")
+
+
+def games_summary(metrics: dict):
+    """The games part of an evaluation in one value: {"overall": mean normalized score, "ci95",
+    "games": {name: normalized}}, or its error (a string), or None when there was none."""
+    part = metrics.get("games")
+    if not part:
+        return None
+    if "error" in part:
+        return part["error"]
+    return {"overall": part.get("overall"), "ci95": part.get("ci95"),
+            "games": {g: r.get("normalized") for g, r in part.get("games", {}).items()}}

@@ -6,7 +6,8 @@
   2. score and route every unscored episode (recorded, reversible); export corrections;
   3. train from the current model: CT on the CT pool -> SFT on the SFT pool and the corrected
      steps -> DPO on supervisors' edits and rejections (over the model's own reply) -> PPO on
-     the sandbox, each stage with a small, configurable budget;
+     the sandbox (and on the games pool, `games`, where one is given), each stage with a small,
+     configurable budget;
   4. evaluate the candidate and the current model on the same fresh block of held-out seeds
      (`eval_episodes`, 200 by default), register the candidate with metrics and lineage, promote
      it only when the paired 95% interval of the difference lies above `min_gain` (a failed,
@@ -36,7 +37,13 @@ from agent.threads import choose_threads
 from trainer.flywheel import FlywheelError
 from trainer.flywheel.announce import announce, backend_target
 from trainer.flywheel.config import CONFIG_KEY, FlywheelConfig, default_families  # noqa: F401  (re-exported)
-from trainer.flywheel.evaluation import MINIWOB_TASKS, evaluate_model, miniwob_missing, reserve_eval_seeds
+from trainer.flywheel.evaluation import (
+    MINIWOB_TASKS,
+    evaluate_games,
+    evaluate_model,
+    miniwob_missing,
+    reserve_eval_seeds,
+)
 from trainer.flywheel.registry import Registry
 from trainer.flywheel.routing import (
     Router,
@@ -317,9 +324,44 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
                        **{k: last.get(k) for k in ("reward", "success_rate", "entropy", "approx_kl")}})
     else:
         stages.append({"phase": "ppo", "skipped": "ppo_updates is 0"})
+    if cfg.games and updates:  # then the games pool, continuing from where the sandbox's PPO left the model
+        stages.append(ppo_on_games(model, processor, cfg, parent_dir, out_dir, slog))
     prog.finish("ppo")
     save_checkpoint(model, processor, out_dir, {"flywheel": stages})
     return stages
+
+
+class _Phased:
+    """A _StageLog front whose rows go under `prefix` + phase: the games' PPO logs "games_ppo" rows,
+    apart from the sandbox's "ppo" ones of the same iteration."""
+
+    def __init__(self, slog: _StageLog, prefix: str):
+        self.slog, self.prefix = slog, prefix
+
+    def log(self, step: int, phase: str, **values) -> dict:
+        return self.slog.log(step, self.prefix + phase, **values)
+
+
+def ppo_on_games(model, processor, cfg: FlywheelConfig, parent_dir, out_dir, slog: _StageLog) -> dict:
+    """PPO on the games pool (cfg.games): GameEnvs in the rollouts, each step rewarded by the score it
+    gained over the game's reference mean (trainer.rollout.specs.GameEnvSpec), cfg.ppo's settings;
+    its metrics rows are "games_value_pretrain" / "games_ppo". Returns the stage's summary."""
+    from trainer.learn.ppo import train_ppo  # lazy: torch
+    from trainer.rollout.specs import GameEnvSpec
+    from trainer.sandbox.games import registry as game_registry
+
+    # the sandbox's shaping terms have nothing to read in a game (its reward is already the score gained)
+    pc = replace(cfg.ppo, seed=cfg.seed + slog.iteration, progress_reward=0.0, click_reward=0.0, no_effect_penalty=0.0)
+    env = GameEnvSpec(games=tuple(cfg.games), max_steps=cfg.max_steps,
+                      observation=env_kw_for({}, parent_dir)["observation"])
+    t0 = time.perf_counter()
+    res = train_ppo(model, processor, pc, model_dir=parent_dir, work_dir=Path(out_dir).parent / (Path(out_dir).name + "-ppo-games"),
+                    env=env, families=[game_registry.PREFIX + g for g in env.games], log=_Phased(slog, "games_"),
+                    progress=False)
+    last = res["history"][-1] if res["history"] else {}
+    return {"phase": "ppo_games", "games": list(env.games), "updates": res["updates"],
+            "seconds": round(time.perf_counter() - t0, 1), "engine": pc.engine if pc.n_workers else "in-process",
+            **{k: last.get(k) for k in ("reward", "entropy", "think_tokens", "approx_kl")}}
 
 
 def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, orm=None, announce_target=None) -> dict:
@@ -394,6 +436,9 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
                                  progress=lambda d, _n: prog.stage("eval", n + min(d, total - n), total, "episode"),
                                  **kw)
         metrics["measured_at_iteration"] = iteration
+        if cfg.games:  # the games pool, scored apart: normalized score, not success
+            metrics["games"] = evaluate_games(out_dir, cfg.games, cfg.game_episodes, max_new_tokens=cfg.max_new_tokens,
+                                              max_steps=cfg.max_steps, inference_dtype=cfg.inference_dtype)
     except Exception as e:  # a failed iteration is recorded and leaves the current model in place
         note = f"failed: {type(e).__name__}: {e}"
         report["error"] = traceback.format_exc()
@@ -404,8 +449,10 @@ def run_iteration(store, cfg: FlywheelConfig | None = None, *, progress=None, or
     now = registry.current()
     report.update(candidate=version, promoted=promoted, decision=why, current=now.version if now else None,
                   metrics=registry.get(version).metrics, parent_metrics=registry.get(current.version).metrics)
+    games_score = (metrics.get("games") or {}).get("overall")
     slog.log(0, "flywheel", promoted=float(promoted), candidate_success=metrics.get("mean_success", float("nan")),
              current_success=now.mean_success if now else float("nan"),
+             **({"candidate_games_score": games_score} if games_score is not None else {}),
              **{f"pool_{k}": v for k, v in report["pools"].items()})
 
     # -- 5. tell the apps

@@ -41,9 +41,10 @@ from trainer.learn.sft import (
 )
 from trainer.recipe.default_model import RecipeConfig, RecipeError, run_recipe
 from trainer.rollout.pool import RolloutError
-from trainer.rollout.specs import EnvSpec
+from trainer.rollout.specs import EnvSpec, GameEnvSpec
 from trainer.sandbox.env import observation_for
 from trainer.sandbox.families import parse_families
+from trainer.sandbox.games import registry as game_registry
 from trainer.sandbox.screen import SandboxError
 
 
@@ -68,14 +69,23 @@ def register(sub, common) -> None:
         _add_launch_args(s)
         s.set_defaults(func=cmd_sft, phase=kind)
 
-    s = ts.add_parser("ppo", parents=[common], help="multi-turn PPO on the sandbox (critic, value pretraining)")
+    s = ts.add_parser("ppo", parents=[common], help="multi-turn PPO on the sandbox or the games (critic, value pretraining)",
+                      description="Multi-turn PPO. --suite games plays the browser games (headless Chromium, one per "
+                                  "environment): a step's reward is the score it gained divided by the game's reference "
+                                  "mean (norms.json), so a reference player's episode earns 1 and games with big raw "
+                                  "scores do not dominate; the step budget (100, or --max-steps) truncates an episode; "
+                                  "an unparsable reply costs --format-penalty as on the sandbox.")
     s.add_argument("--model", required=True)
     s.add_argument("--out", required=True)
     add_flags(s, PPOConfig)
-    s.add_argument("--max-steps", type=int, help="cap on an episode's steps (default: each family's own limit)")
+    s.add_argument("--suite", choices=("sandbox", "games"), default="sandbox",
+                   help="the sandbox's GUI tasks (default) or the browser games, rewarded by normalized score gained")
+    s.add_argument("--max-steps", type=int, help="cap on an episode's steps (default: each family's own limit; a "
+                                                  "game's step budget, 100)")
     s.add_argument("--families", help="comma-separated sandbox families (default: all)")
-    s.add_argument("--width", type=int, default=320)
-    s.add_argument("--height", type=int, default=240)
+    s.add_argument("--games", help="--suite games: comma-separated games (default: every game there is)")
+    s.add_argument("--width", type=int, help="sandbox screen width (default 320; a game's screen is its canvas)")
+    s.add_argument("--height", type=int, help="sandbox screen height (default 240)")
     _add_launch_args(s)
     s.set_defaults(func=cmd_ppo)
 
@@ -258,12 +268,19 @@ def sft_job(rank: int, world: int, job: dict, result_path: str, cfg) -> None:
 
 def cmd_ppo(args) -> int:
     try:
-        families = parse_families(args.families)
-    except SandboxError as e:
+        families = ppo_families(args)
+    except (SandboxError, ValueError) as e:
         return _fail(str(e))
     cfg, error = _learner_config(PPOConfig, args)
     if error:
         return _fail(error)
+    if args.suite == "games":
+        unused = [flag for flag, value in (("--progress-reward", cfg.progress_reward), ("--click-reward", cfg.click_reward),
+                                           ("--no-effect-penalty", cfg.no_effect_penalty)) if value]
+        if unused:  # said, not silently ignored
+            return _fail(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} the sandbox's shaping: a game's "
+                         "reward is already its score gained step by step, and a game has no expert click or "
+                         "screen-change signal")
     from pathlib import Path
 
     if cfg.lora_r and not Path(args.model).is_dir():
@@ -289,6 +306,31 @@ def cmd_ppo(args) -> int:
     return 0
 
 
+def ppo_families(args) -> list[str] | None:
+    """The families `train ppo` plays: --families of the sandbox, or with --suite games each game of
+    --games as "games/<name>" (every game there is by default). ValueError names a wrong flag."""
+    if getattr(args, "suite", "sandbox") != "games":
+        if args.games:
+            raise ValueError("--games is for --suite games")
+        return parse_families(args.families)
+    wrong = [flag for flag, given in (("--families", args.families), ("--width", args.width),
+                                      ("--height", args.height)) if given]
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not for --suite games: it takes "
+                         "--games, and a game's screen is its canvas (336x252)")
+    return [game_registry.PREFIX + g for g in game_registry.parse_games(args.games)]
+
+
+def ppo_env(args, families) -> EnvSpec:
+    """The env spec of `train ppo`'s rollouts: the sandbox's, or (--suite games) GameEnvSpec."""
+    kw = {"observation": observation_for(args.model)}
+    if args.max_steps:
+        kw["max_steps"] = args.max_steps
+    if getattr(args, "suite", "sandbox") == "games":
+        return GameEnvSpec(games=tuple(f[len(game_registry.PREFIX):] for f in families), **kw)
+    return EnvSpec(width=args.width or 320, height=args.height or 240, **kw)
+
+
 def ppo_job(rank: int, world: int, job: dict, result_path: str, families, cfg) -> None:
     """One learner process of `train ppo` (the only one with --nproc 1); rank 0 runs the
     rollouts, logs, saves and writes the summary (or {"error": ...}) to result_path."""
@@ -309,12 +351,9 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families, cfg) -
     work = out.parent / (out.name + "-logs")
     log = MetricsLog(work) if rank == 0 else None
 
-    env_kw = {"width": args.width, "height": args.height, "observation": observation_for(args.model)}
-    if args.max_steps:
-        env_kw["max_steps"] = args.max_steps
     try:
-        res = train_ppo(model, processor, cfg, model_dir=args.model, work_dir=work, env=EnvSpec(**env_kw), families=families,
-                        log=log)
+        res = train_ppo(model, processor, cfg, model_dir=args.model, work_dir=work, env=ppo_env(args, families),
+                        families=families, log=log)
     except RolloutError as e:  # the rollout side (rank 0): a worker died, Ray could not start or be reached
         Path(result_path).write_text(json.dumps({"error": str(e)}), encoding="utf-8")
         if world > 1:
@@ -333,10 +372,13 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families, cfg) -
     else:
         save_checkpoint(model, processor, out, extra, state_dict=state)
     res["critic"].save(work / "critic", critic_state)
-    plot = _plot(log, work, "ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "clipfrac_dual",
-                                     "explained_variance",
-                                     "value_loss", "think_length", "episode_length", "click_score",
-                                     "no_effect_rate"])
+    if getattr(args, "suite", "sandbox") == "games":  # no success, expert clicks or screen-change signal in a game
+        keys = ["reward", "entropy", "think_tokens", "think_length", "approx_kl", "clipfrac", "explained_variance",
+                "value_loss", "episode_length", "parse_error_rate"]
+    else:
+        keys = ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "clipfrac_dual", "explained_variance",
+                "value_loss", "think_length", "think_tokens", "episode_length", "click_score", "no_effect_rate"]
+    plot = _plot(log, work, "ppo", keys)
     summary = {"out": str(out), "updates": res["updates"], "processes": world,
                "last": res["history"][-1] if res["history"] else None, "plot": plot}
     Path(result_path).write_text(json.dumps(summary, default=str), encoding="utf-8")

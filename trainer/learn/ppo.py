@@ -348,11 +348,14 @@ def _amp(device, cfg: PPOConfig):
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=cfg.bf16)
 
 
-def batch_metrics(trajs) -> dict:
+def batch_metrics(trajs, tokenizer=None) -> dict:
+    """The batch's rollout metrics; with `tokenizer` also "think_tokens", the thought's tokens per turn
+    (the reply before its "Action:"; think_length counts its words)."""
     import re
 
     turns = [t for tr in trajs for t in tr.turns]
-    thoughts = [len(re.split(r"\nAction", t.text)[0].split()) for t in turns]
+    thought_texts = [re.sub(r"^\s*Thought:\s*", "", re.split(r"\nAction", t.text)[0]) for t in turns]
+    thoughts = [len(text.split()) for text in thought_texts]
     asked = [t for t in turns if t.expert_point is not None]  # turns whose state has an expert click
     near = rl_rewards.click_rewards([t.point for t in asked], [t.expert_point for t in asked])
     acted = [t.changed for t in turns if t.changed is not None]
@@ -368,6 +371,8 @@ def batch_metrics(trajs) -> dict:
         "click_score": sum(near) / len(near) if near else float("nan"),
         # of the turns whose action ran and did not end the episode, the share that changed nothing on screen
         "no_effect_rate": sum(c is False for c in acted) / len(acted) if acted else float("nan"),
+        **({"think_tokens": sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in thought_texts)
+            / max(1, len(thought_texts))} if tokenizer is not None else {}),
     }
 
 
@@ -530,7 +535,7 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env: En
         # -- value pretraining: fit the critic to lambda=1 returns of the frozen policy
         for k in tqdm(range(cfg.value_pretrain_iters), desc="value pretraining", disable=not progress or None):
             trajs = batch()
-            row = {**learner.value_pretrain(trajs), **batch_metrics(trajs)}
+            row = {**learner.value_pretrain(trajs), **batch_metrics(trajs, getattr(processor, "tokenizer", None))}
             if log is not None:
                 log.log(k, "value_pretrain", **row)
             history.append({"phase": "value_pretrain", **row})
@@ -540,7 +545,8 @@ def train_ppo(policy, processor, cfg: PPOConfig, *, model_dir, work_dir, env: En
             t0 = time.perf_counter()
             trajs = batch()
             t_roll = time.perf_counter() - t0
-            row = {**batch_metrics(trajs), **learner.update(trajs), "rollout_seconds": t_roll}
+            row = {**batch_metrics(trajs, getattr(processor, "tokenizer", None)), **learner.update(trajs),
+                   "rollout_seconds": t_roll}
             state = D.full_state_dict(policy, cfg.shard)  # FSDP2: gathered by every rank, kept by rank 0
             if state and peft_model is not None:  # rank 0 holds the gathered state; the others an empty one
 

@@ -62,7 +62,7 @@ def tickets(games: list[str], episodes: int, split: str = "heldout", start: int 
 
 def play(policy, games: list[str], episodes: int, *, split: str = "heldout", envs: int = 1,
          env_kw: dict | None = None, progress: Callable | None = None, seed: int = 0,
-         keep_chats: bool = False) -> list[Trajectory]:
+         keep_chats: bool = False, start: int = 0) -> list[Trajectory]:
     """Trajectories of `policy` ("reference", "random" or an actor) over `episodes` episodes of each
     game, in ticket order, greedy replies. The built-in two play in one browser; an actor in `envs`
     browsers, its replies generated in one batch per round. env_kw go to GameEnv. Unless
@@ -70,7 +70,7 @@ def play(policy, games: list[str], episodes: int, *, split: str = "heldout", env
     frames an episode) are dropped, as a score needs only the rewards."""
     if isinstance(policy, str) and policy not in BUILTIN:
         raise ValueError(f"policy must be one of {BUILTIN} or an actor, got {policy!r}")
-    todo = tickets(games, episodes, split)
+    todo = tickets(games, episodes, split, start)
     n = 1 if isinstance(policy, str) else max(1, min(int(envs), len(todo)))
     made = []
     try:
@@ -98,6 +98,48 @@ def play(policy, games: list[str], episodes: int, *, split: str = "heldout", env
     finally:
         for env in made:
             env.close()
+
+
+def demonstrate(games: list[str], episodes: int, store, *, split: str = "train", start: int = 0,
+                progress: Callable | None = None) -> list[dict]:
+    """Expert demonstrations: each game's reference player plays `episodes` episodes (seeds start,
+    start+1, ... of the split) through the one runner, prompted, parsed and stepped as a model's
+    rollouts are, each turn's thought a sentence from the state (trainer.sandbox.games.thoughts);
+    each episode is stored as it ends (trajectory_to_episode: producer "reference") with the
+    verifier's outcome `beats_random` and the score in its meta, then its chats dropped. Returns
+    per episode {"id", "game", "seed", "score", "normalized", "success"}."""
+    from trainer.rollout.runner import trajectory_to_episode
+
+    norms = registry.norms()
+    out = []
+
+    def keep(traj: Trajectory) -> None:
+        game = traj.family[len(registry.PREFIX):]
+        score = score_of(traj)
+        ref = float((norms.get(game) or {}).get("reference") or 0.0)
+        traj.success = beats_random(score, game, norms)
+        normalized = 100.0 * score / ref if ref > 0 else None
+        ep = trajectory_to_episode(traj, store, producer="reference", policy_version="games-reference",
+                                   meta={"game": game, "score": score, "normalized_score": normalized})
+        out.append({"id": ep.id, "game": game, "seed": traj.seed, "score": score, "normalized": normalized,
+                    "success": traj.success})
+        for turn in traj.turns:  # stored: the screenshots need not stay in memory
+            turn.messages = None
+        traj.final_messages = None
+        if progress:
+            progress(traj)
+
+    play("reference", games, episodes, split=split, start=start, keep_chats=True, progress=keep)
+    return out
+
+
+def beats_random(score: float, game: str, norms: dict | None = None) -> bool:
+    """A game episode's verdict where one is needed (a stored demonstration's outcome, which the
+    flywheel routes by): it scored above the game's random player's mean (norms.json; above 0
+    where the game has no norm). A game is scored, not passed; this is the bar a demonstration
+    worth learning from clears."""
+    norms = registry.norms() if norms is None else norms
+    return score > float((norms.get(game) or {}).get("random") or 0.0)
 
 
 def score_of(traj: Trajectory) -> float:

@@ -497,11 +497,12 @@ def trace_summary(trajs: list[Trajectory]) -> dict:
     return out
 
 
-def trajectory_to_episode(traj: Trajectory, store, producer: str, policy_version: str | None = None) -> Episode:
+def trajectory_to_episode(traj: Trajectory, store, producer: str, policy_version: str | None = None,
+                          meta: dict | None = None) -> Episode:
     """A played Trajectory as a stored rollout Episode (kind "rollout", outcome from the verifier):
     each turn's screenshot as a PNG blob with its element list, the thought and actions as the
     runner parsed them (a reply that did not parse: a wait, its error in the step's info), the
-    reply itself as the raw response."""
+    reply itself as the raw response. `meta`: more of the episode's meta (a game's score)."""
     steps = []
     for i, turn in enumerate(traj.turns):
         frame = turn.frame
@@ -528,6 +529,6 @@ def trajectory_to_episode(traj: Trajectory, store, producer: str, policy_version
                  outcome=Outcome(success=traj.success, reward=sum(t.reward for t in traj.turns), source="verifier"),
                  steps=steps,
                  meta={"family": traj.family, "seed": traj.seed, "level": traj.level, "split": split_of(traj.seed),
-                       "progress": traj.progress, "status": traj.status})
+                       "progress": traj.progress, "status": traj.status, **(meta or {})})
     store.save_episode(ep)
     return ep

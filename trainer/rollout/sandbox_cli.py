@@ -50,10 +50,17 @@ def register(sub, common) -> None:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_families)
 
-    s = ss.add_parser("generate", parents=[common, size], help="write expert trajectories into the store")
-    s.add_argument("--episodes", type=int, required=True)
+    s = ss.add_parser("generate", parents=[common, size], help="write expert trajectories into the store",
+                      description="Expert demonstrations into the store, played through the one episode runner: the "
+                                  "sandbox's scripted expert, or (--suite games) each game's reference player with a "
+                                  "short thought per step. A game episode's outcome is a success when it scored above "
+                                  "the game's random player's mean (norms.json); its score is in the episode's meta.")
+    s.add_argument("--suite", choices=("sandbox", "games"), default="sandbox",
+                   help="the sandbox's tasks (default) or the browser games (needs chromium)")
+    s.add_argument("--episodes", type=int, required=True, help="episodes in all; --suite games: per game")
     s.add_argument("--split", choices=("train", "heldout"), default="train")
     s.add_argument("--families", help="comma-separated families (default: all)")
+    s.add_argument("--games", help="--suite games: comma-separated games (default: every game there is)")
     s.add_argument("--start", type=int, default=0, help="offset of the first seed within the split")
     s.add_argument("--workers", type=int, default=1, help="worker processes (one environment each)")
     _tools_flag(s, both=False)
@@ -271,6 +278,10 @@ def _interactive(env) -> int:
 
 
 def cmd_generate(args) -> int:
+    if args.suite == "games":
+        return _generate_games(args)
+    if args.games:
+        return fail("--games is for --suite games")
     try:
         tickets = plan(args.episodes, args.split, _families(args), args.start)
         tools = tools_modes(args.tools, _families(args))[0]
@@ -300,6 +311,39 @@ def cmd_generate(args) -> int:
         store.close()
     print(f"wrote {len(tickets)} expert episodes ({ok} successful) to {store.root}")
     return 0 if ok == len(tickets) else 1
+
+
+def _generate_games(args) -> int:
+    """`sandbox generate --suite games`: the reference players' episodes into the store."""
+    wrong = [flag for flag, given in (("--families", args.families), ("--tools", args.tools is not None),
+                                      ("--width", args.width is not None), ("--height", args.height is not None),
+                                      ("--workers", args.workers != 1)) if given]
+    if wrong:  # said, not silently ignored
+        return fail(f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not for --suite games: it takes --games, "
+                    "and a game's screen is its canvas (336x252)")
+    try:
+        games = game_registry.parse_games(args.games)
+        games_eval.tickets(games, args.episodes, args.split, args.start)
+    except ValueError as e:
+        return fail(str(e))
+    store = open_store(args)
+    bar = _bar(args.episodes * len(games), "reference game episodes")
+    try:
+        done = games_eval.demonstrate(games, args.episodes, store, split=args.split, start=args.start,
+                                      progress=lambda _t: bar.update(1))
+    except (GameBrowserError, ValueError) as e:
+        return fail(str(e))
+    finally:
+        bar.close()
+        store.close()
+    for g in games:
+        mine = [d for d in done if d["game"] == g]
+        norm = [d["normalized"] for d in mine if d["normalized"] is not None]
+        print(f"{g:<8} {len(mine)} episodes, mean score {sum(d['score'] for d in mine) / len(mine):.1f}"
+              + (f" (normalized {sum(norm) / len(norm):.1f})" if norm else "")
+              + f", {sum(d['success'] for d in mine)} above the random player's mean")
+    print(f"wrote {len(done)} reference game episodes to {store.root}")
+    return 0
 
 
 def _bar(total: int, desc: str):

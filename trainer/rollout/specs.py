@@ -11,6 +11,9 @@ from agent import coords
 from agent.policies.memory import Memory
 from trainer.errors import TrainerError
 from trainer.sandbox.env import OBSERVATIONS, SPLITS
+from trainer.sandbox.games.spec import HEIGHT as GAME_HEIGHT
+from trainer.sandbox.games.spec import REWARD_SCALES
+from trainer.sandbox.games.spec import WIDTH as GAME_WIDTH
 
 
 class SpecError(TrainerError, ValueError):
@@ -107,3 +110,41 @@ class EpisodeSpec:
     def kwargs(self) -> dict:
         """EpisodeRunner's keyword arguments."""
         return _kwargs(self)
+
+
+@dataclass(frozen=True)
+class GameEnvSpec(EnvSpec):
+    """trainer.sandbox.games.env.GameEnv's settings: what rollout workers play for `train ppo --suite
+    games` (trainer.sandbox.env_process.make_envs makes GameEnvs from its kwargs, one Chromium each).
+    The screen is the games' canvas; `families` is unused (the tickets name "games/<name>");
+    reward_scale "reference": a step's reward is the score gained over the game's reference mean
+    (norms.json), so a reference player's episode earns 1 whatever the game's raw scale."""
+    width: int = GAME_WIDTH
+    height: int = GAME_HEIGHT
+    observation: str = "pixels"
+    games: tuple[str, ...] = ()
+    reward_scale: str = "reference"
+
+    def __post_init__(self):
+        super().__post_init__()
+        from trainer.sandbox.games import registry
+
+        object.__setattr__(self, "games", tuple(self.games))
+        if not self.games:
+            raise SpecError("GameEnvSpec.games must name at least one game")
+        try:
+            specs = [registry.game(g) for g in self.games]
+        except registry.GameError as e:
+            raise SpecError(f"GameEnvSpec.games: {e}") from None
+        object.__setattr__(self, "games", tuple(s.name for s in specs))  # 'games/snake' -> 'snake'
+        wrong = [s.name for s in specs if (s.width, s.height) != (self.width, self.height)]
+        if wrong:
+            raise SpecError(f"GameEnvSpec.width x height is {self.width}x{self.height}, but the canvas of "
+                            f"{', '.join(wrong)} is not")
+        if self.reward_scale not in REWARD_SCALES:
+            raise SpecError(f"GameEnvSpec.reward_scale must be one of {REWARD_SCALES}, got {self.reward_scale!r}")
+
+    def kwargs(self) -> dict:
+        """GameEnv's keyword arguments (the key "games" tells make_envs to make GameEnvs)."""
+        return {"games": list(self.games), "max_steps": self.max_steps, "observation": self.observation,
+                "coords_space": self.coords_space, "reward_scale": self.reward_scale}

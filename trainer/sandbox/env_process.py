@@ -156,9 +156,23 @@ class EnvProcess:
 
 def make_envs(n: int, **env_kw) -> list:
     """`n` sandbox environments for one runner: one in this process when n is 1 (nothing else
-    shares its Qt application), else one process each."""
+    shares its Qt application), else one process each. With a "games" key (GameEnvSpec.kwargs):
+    `n` GameEnvs in this process, each driving a Chromium of its own (no Qt to share; each is
+    reaped by close(), and by its watchdog if this process dies)."""
     if n < 1:
         raise ValueError(f"need at least one environment, got {n}")
+    if "games" in env_kw:
+        from trainer.sandbox.games.env import GameEnv
+
+        made = []
+        try:
+            for _ in range(n):
+                made.append(GameEnv(**env_kw))
+        except BaseException:
+            for e in made:
+                e.close()
+            raise
+        return made
     if n == 1:
         return [SandboxEnv(**env_kw)]
     envs = []

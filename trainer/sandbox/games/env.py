@@ -9,7 +9,8 @@ The same contract as trainer.sandbox.env.SandboxEnv and MiniWoBEnv, so the one e
 "geometry"}, and with observation="elements" "elements": None and "elements_source" saying why (a
 game is one canvas: it has no element list). A step takes an Action or a list of them; after each
 action (a `wait` is time alone) the fake clock (clock.js) moves the game GameSpec.step_ms forward,
-and nothing moves between steps, however long the policy thinks. reward is the score gained;
+and nothing moves between steps, however long the policy thinks. reward is the score gained
+(with reward_scale="reference", over the game's reference mean in norms.json, as PPO trains);
 `terminated` when the game says it is over (or the agent says finished / call_user), `truncated` at
 the step budget (GameSpec.max_steps). info: "instruction", "family" ("games/<name>"), "game",
 "state" (the page's getState()), "score", "success" (always False: a game is scored, not passed),
@@ -37,7 +38,8 @@ from agent.schema import Action, ScreenGeometry
 from trainer.sandbox.env import OBSERVATIONS, ElementsSpace, GeometrySpace, NoteSpace, StepLater, to_actions
 from trainer.sandbox.games import registry
 from trainer.sandbox.games.browser import CDPBrowser, GameBrowserError
-from trainer.sandbox.games.spec import HEIGHT, WIDTH, GameSpec, click, key
+from trainer.sandbox.games.spec import HEIGHT, REWARD_SCALES, WIDTH, GameSpec, click, key
+from trainer.sandbox.games.thoughts import thought
 from trainer.sandbox.task import HELDOUT_START
 
 CLOCK_JS = (registry.HERE / "clock.js").read_text(encoding="utf-8")
@@ -79,7 +81,8 @@ class GameEnv(StepLater, gym.Env):
 
     def __init__(self, games: str | list[str] | None = None, *, max_steps: int | None = None,
                  observation: str = "pixels", coords_space: str = coords.SMART_RESIZE, render_mode: str | None = None,
-                 call_timeout: float = 20.0, launch_timeout: float = 30.0, realtime: bool = False):
+                 call_timeout: float = 20.0, launch_timeout: float = 30.0, realtime: bool = False,
+                 reward_scale: str = "score"):
         names = [games] if isinstance(games, str) else list(games or registry.games())
         if not names:
             raise registry.GameError("no game can be played here: "
@@ -96,6 +99,16 @@ class GameEnv(StepLater, gym.Env):
             if not float(value) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {value}")
         coords.model_extent(coords_space, WIDTH, HEIGHT)  # raises on an unknown space
+        if reward_scale not in REWARD_SCALES:
+            raise ValueError(f"reward_scale must be one of {REWARD_SCALES}, got {reward_scale!r}")
+        if reward_scale == "reference":  # every game needs its 100 (norms.json), named here, not mid-run
+            normed = registry.norms()
+            unnormed = [n for n in self.specs if not float((normed.get(n) or {}).get("reference") or 0) > 0]
+            if unnormed:
+                raise registry.GameError(f"reward_scale 'reference' needs each game's reference mean in norms.json; "
+                                         f"{', '.join(unnormed)} has none (run `python main.py sandbox games calibrate "
+                                         f"--games {','.join(unnormed)} --episodes 20`)")
+        self.reward_scale = reward_scale
         first = self.specs[self.games[0]]
         self.width, self.height = first.width, first.height
         if any((s.width, s.height) != (self.width, self.height) for s in self.specs.values()):
@@ -138,6 +151,8 @@ class GameEnv(StepLater, gym.Env):
         seed = int(self.np_random.integers(2 ** 31)) if seed is None else int(seed)
         name = options.get("game") or options.get("family")
         spec = registry.game(name) if name else self.specs[self.games[seed % len(self.games)]]
+        if self.reward_scale == "reference" and not float(registry.norms().get(spec.name, {}).get("reference") or 0) > 0:
+            raise registry.GameError(f"reward_scale 'reference': game {spec.name!r} has no reference mean in norms.json")
         for attempt in (1, 2):
             try:
                 self._launch()
@@ -203,6 +218,8 @@ class GameEnv(StepLater, gym.Env):
         if errors:  # the game's own bugs (uncaught in its handlers and timers), for whoever writes games
             extra["page_errors"] = errors
         reward = max(0.0, self._score() - before)
+        if self.reward_scale == "reference":
+            reward /= self._norm
         terminated = bool(self._state.get("over")) or ended_by_agent
         truncated = not terminated and (self.browser is None or self._steps >= self.max_steps)
         self._done = self._done or terminated or truncated
@@ -232,10 +249,10 @@ class GameEnv(StepLater, gym.Env):
         return self.spec.reference(self._state, self._rng)
 
     def expert_action(self) -> tuple[str, Action]:
-        """(thought, action) of the reference player: what ExpertActor and demonstrations ask for."""
+        """(thought, action) of the reference player: what ExpertActor and demonstrations ask for;
+        the thought a short sentence from the state (trainer.sandbox.games.thoughts)."""
         a = self.reference_action()
-        what = f"press {a.args['key']}" if a.name == "hotkey" else a.name
-        return f"Score {self._score():g}. I {what}.", a
+        return thought(self.spec, self._state, a, self.width, self.height), a
 
     def expert_response(self) -> str:
         thought, action = self.expert_action()

@@ -32,6 +32,9 @@ from agent.schema import Action
 # the default model's screen: frames at this size reach it pixel-exact (no resampling)
 WIDTH, HEIGHT = 336, 252
 STEP_BUDGET = 100  # the report's normalization: a reference player's mean score at 100 steps is 100
+# GameEnv's reward of a step: the score gained ("score"), or that over the game's reference mean in
+# norms.json ("reference": a reference player's episode earns 1 on average, whatever the game's raw scale)
+REWARD_SCALES = ("score", "reference")
 
 
 def point(x: float, y: float, width: int = WIDTH, height: int = HEIGHT) -> tuple[float, float]:

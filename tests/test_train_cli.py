@@ -112,7 +112,7 @@ def test_a_recipe_config_saved_flat_still_loads():
     assert (cfg.sft.epochs, cfg.sft.batch_size, cfg.ppo.batch_episodes, cfg.ppo.max_minutes) == (4.0, 8, 12, 14.0)
     assert (cfg.ppo.n_workers, cfg.ppo.n_envs, cfg.families, cfg.ppo_max_steps) == (1, 8, ["radio", "tabs"], 5)
     assert reproduce_command(old) == ("python main.py train default --out assets/default_model --families radio,tabs "
-                                      "--sft-epochs 4 --ppo-batch 12 --workers 1 --envs 8 --ppo-minutes 14")
+                                      "--sft-epochs 4 --ppo-batch 12 --kl-coef 0 --workers 1 --envs 8 --ppo-minutes 14")
     assert sft_stage_config(old)["sft.epochs"] == 4.0 and "ppo.lr" not in sft_stage_config(old)
     with pytest.raises(ConfigError, match="unknown setting.*ppo_bogus"):
         RecipeConfig.from_dict({**old, "ppo_bogus": 1})
@@ -127,12 +127,12 @@ def test_the_shipped_recipe_defaults_did_not_move():
         2e-3, 5.0, 8, 5, "linear", 1.0)
     p = c.ppo
     assert (p.updates, p.batch_episodes, p.lr, p.epochs, p.policy_alpha, p.temperature, p.max_new_tokens,
-            p.max_minutes, p.format_penalty, p.target_kl, p.dual_clip, p.value_pretrain_iters,
+            p.max_minutes, p.format_penalty, p.target_kl, p.dual_clip, p.kl_coef, p.value_pretrain_iters,
             p.value_pretrain_epochs, p.n_workers, p.n_envs, p.engine) == (
-        20, 16, 1e-4, 4, 1.0, 0.5, 48, 10.0, 0.5, 0.1, None, 1, 3, 2, 16, "local")
+        20, 16, 1e-4, 4, 1.0, 0.5, 48, 45.0, 0.5, 0.1, None, 0.05, 1, 3, 2, 16, "local")
     assert (c.width, c.height, c.demo_episodes_per_family, c.demo_slip, c.ppo_max_steps, c.seed) == (
         336, 252, 60, 0.3, 5, 0)
-    # the shipped model's eval.json, written flat before the stages nested, holds exactly the defaults
+    # the shipped model's eval.json holds exactly the defaults
     from pathlib import Path
 
     shipped = json.loads((Path(__file__).resolve().parents[1] / "assets" / "default_model" / "eval.json").read_text())

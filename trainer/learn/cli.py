@@ -43,7 +43,7 @@ from trainer.recipe.default_model import RecipeConfig, RecipeError, run_recipe
 from trainer.rollout.pool import RolloutError
 from trainer.rollout.specs import EnvSpec
 from trainer.sandbox.env import observation_for
-from trainer.sandbox.families import parse_families
+from trainer.sandbox.families import family_class, is_hybrid, parse_families
 from trainer.sandbox.screen import SandboxError
 
 
@@ -73,7 +73,11 @@ def register(sub, common) -> None:
     s.add_argument("--out", required=True)
     add_flags(s, PPOConfig)
     s.add_argument("--max-steps", type=int, help="cap on an episode's steps (default: each family's own limit)")
-    s.add_argument("--families", help="comma-separated sandbox families (default: all)")
+    s.add_argument("--families", help="comma-separated sandbox families (default: all the GUI-only ones; 'hybrid': "
+                                      "every hybrid GUI+tools family)")
+    s.add_argument("--tools", choices=("on", "off"), default=None,
+                   help="the terminal and file tools (run_command, read_file, write_file) over a workspace folder per "
+                        "episode, beside the GUI; default: on when a hybrid family is asked for, else off")
     s.add_argument("--width", type=int, default=320)
     s.add_argument("--height", type=int, default=240)
     _add_launch_args(s)
@@ -261,6 +265,10 @@ def cmd_ppo(args) -> int:
         families = parse_families(args.families)
     except SandboxError as e:
         return _fail(str(e))
+    args.tools = ppo_tools(args.tools, families)
+    blocked = [f for f in families or [] if not args.tools and is_hybrid(f) and not family_class(f).gui_route]
+    if blocked:
+        return _fail(f"--tools off: {', '.join(blocked)} cannot be played without the tools (drop them or use --tools on)")
     cfg, error = _learner_config(PPOConfig, args)
     if error:
         return _fail(error)
@@ -289,6 +297,13 @@ def cmd_ppo(args) -> int:
     return 0
 
 
+def ppo_tools(flag: str | None, families: list[str] | None) -> bool:
+    """`train ppo --tools`: as given, else on exactly when a hybrid family is asked for (as `sandbox eval`)."""
+    if flag is None:
+        return bool(families) and any(is_hybrid(f) for f in families)
+    return flag == "on"
+
+
 def ppo_job(rank: int, world: int, job: dict, result_path: str, families, cfg) -> None:
     """One learner process of `train ppo` (the only one with --nproc 1); rank 0 runs the
     rollouts, logs, saves and writes the summary (or {"error": ...}) to result_path."""
@@ -309,7 +324,8 @@ def ppo_job(rank: int, world: int, job: dict, result_path: str, families, cfg) -
     work = out.parent / (out.name + "-logs")
     log = MetricsLog(work) if rank == 0 else None
 
-    env_kw = {"width": args.width, "height": args.height, "observation": observation_for(args.model)}
+    env_kw = {"width": args.width, "height": args.height, "observation": observation_for(args.model),
+              "tools": args.tools}
     if args.max_steps:
         env_kw["max_steps"] = args.max_steps
     try:

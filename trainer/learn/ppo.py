@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from agent.executors.terminal import TOOL_ACTIONS
 from agent.vlm import pointer
 from agent.vlm.model import build_inputs
 from trainer.learn import distributed as D
@@ -368,6 +369,9 @@ def batch_metrics(trajs) -> dict:
         "click_score": sum(near) / len(near) if near else float("nan"),
         # of the turns whose action ran and did not end the episode, the share that changed nothing on screen
         "no_effect_rate": sum(c is False for c in acted) / len(acted) if acted else float("nan"),
+        # the share of turns that called a terminal or file tool, and of turns that saw a tool's output
+        "tool_rate": sum(any(a.name in TOOL_ACTIONS for a in t.actions) for t in turns) / max(1, len(turns)),
+        "tool_output_rate": sum(t.tool_output is not None for t in turns) / max(1, len(turns)),
     }
 
 

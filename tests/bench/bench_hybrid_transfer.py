@@ -148,13 +148,15 @@ def cmd_eval(args) -> int:
             ("hybrid_B_off", "B", gui_both, args.hybrid_per_family, False)]
     if args.with_a_hybrid:
         jobs.append(("hybrid_A_on", "A", hybrid, args.hybrid_per_family, True))
+    if args.with_base:
+        jobs.append(("gui_base", None, list(FAMILIES), args.gui_per_family, False))
     for name, arm, fams, per, tools in jobs:
         if args.only and name not in args.only.split(","):
             continue
         path = work / f"eval_{name}.json"
         if path.is_file():
             continue
-        res = _evaluate(work / arm, fams, per, tools, args.envs)
+        res = _evaluate(work / arm if arm else args.base, fams, per, tools, args.envs)
         path.write_text(json.dumps(res, indent=1) + "\n")
         print(f"{name}: {res['overall']['success']:.3f} {res['overall']['ci95']} in {res['seconds']}s", file=sys.stderr)
     return 0
@@ -197,6 +199,12 @@ def cmd_report(args) -> int:
               f"**{d['diff']:+.3f} [{lo:+.2f}, {hi:+.2f}]** |")
         print(f"\ndiscordant pairs (A only, B only): {d['discordant']}; eval minutes A {a['seconds'] / 60:.1f}, "
               f"B {b['seconds'] / 60:.1f}")
+        if "gui_base" in ev:
+            base = ev["gui_base"]
+            for arm, r in (("A", a), ("B", b)):
+                d = _paired(base, r)
+                lo, hi = d["ci95"]
+                print(f"the starting checkpoint: {_ci(base['overall'])}; {arm} - start {d['diff']:+.3f} [{lo:+.2f}, {hi:+.2f}]")
     if "hybrid_B_on" in ev:
         on, off = ev["hybrid_B_on"], ev.get("hybrid_B_off")
         print("\n(b) model B on the 6 hybrid families, greedy, held-out seeds: tools on vs off\n")
@@ -239,6 +247,8 @@ def main(argv=None) -> int:
     e.add_argument("--envs", type=int, default=8)
     e.add_argument("--only", help="comma-separated evaluations (gui_A, gui_B, hybrid_B_on, hybrid_B_off, hybrid_A_on)")
     e.add_argument("--with-a-hybrid", action="store_true", help="also model A on the hybrid families, tools on")
+    e.add_argument("--with-base", action="store_true", help="also the starting checkpoint on the GUI families")
+    e.add_argument("--base", default=BASE)
     r = sub.add_parser("report")
     for s in (t, e, r):
         s.add_argument("--work", default="runs/hybrid-transfer")

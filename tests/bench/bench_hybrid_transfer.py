@@ -189,18 +189,21 @@ def cmd_report(args) -> int:
         a, b = ev["gui_A"], ev["gui_B"]
         d = _paired(a, b)
         print("\n(a) the 16 GUI-only families, greedy, held-out seeds\n")
-        print("| family | episodes | A: GUI-only SFT | B: GUI + hybrid SFT | B - A |")
-        print("|---|---:|---:|---:|---:|")
+        base = ev.get("gui_base")
+        print("| family | episodes | " + ("start (no more SFT) | " if base else "")
+              + "A: GUI-only SFT | B: GUI + hybrid SFT | B - A |")
+        print("|---|---:|---:|---:|---:|" + ("---:|" if base else ""))
         for f in a["families"]:
-            print(f"| {f} | {a['families'][f]['episodes']} | {a['families'][f]['success']:.2f} | "
+            print(f"| {f} | {a['families'][f]['episodes']} | "
+                  + (f"{base['families'][f]['success']:.2f} | " if base else "")
+                  + f"{a['families'][f]['success']:.2f} | "
                   f"{b['families'][f]['success']:.2f} | {b['families'][f]['success'] - a['families'][f]['success']:+.2f} |")
         lo, hi = d["ci95"]
-        print(f"| **overall** | {d['episodes']} | {_ci(a['overall'])} | {_ci(b['overall'])} | "
-              f"**{d['diff']:+.3f} [{lo:+.2f}, {hi:+.2f}]** |")
+        print(f"| **overall** | {d['episodes']} | " + (f"{_ci(base['overall'])} | " if base else "")
+              + f"{_ci(a['overall'])} | {_ci(b['overall'])} | **{d['diff']:+.3f} [{lo:+.2f}, {hi:+.2f}]** |")
         print(f"\ndiscordant pairs (A only, B only): {d['discordant']}; eval minutes A {a['seconds'] / 60:.1f}, "
               f"B {b['seconds'] / 60:.1f}")
-        if "gui_base" in ev:
-            base = ev["gui_base"]
+        if base:
             for arm, r in (("A", a), ("B", b)):
                 d = _paired(base, r)
                 lo, hi = d["ci95"]
@@ -218,8 +221,14 @@ def cmd_report(args) -> int:
               f"{sum(r['mean_steps'] * r['episodes'] for r in on['families'].values()) / on['overall']['episodes']:.1f} | "
               + (f"{_ci(off['overall'])} | {sum(r['mean_steps'] * r['episodes'] for r in off['families'].values()) / off['overall']['episodes']:.1f} |"
                  if off else "- | - |"))
+        print(f"\nreplies that parsed: tools on {on['format_rate']:.2f}" + (f", off {off['format_rate']:.2f}" if off else "")
+              + (f"; model A, tools on {ev['hybrid_A_on']['format_rate']:.2f}" if "hybrid_A_on" in ev else "")
+              + f"; eval minutes on {on['seconds'] / 60:.1f}" + (f", off {off['seconds'] / 60:.1f}" if off else ""))
         if off:
             fams = list(off["families"])
+            steps = sum(on["families"][f]["mean_steps"] for f in fams) / len(fams)
+            print(f"mean steps over those {len(fams)} families: on {steps:.1f}, off "
+                  f"{sum(off['families'][f]['mean_steps'] for f in fams) / len(fams):.1f}")
             d = _paired(off, on, fams)
             lo, hi = d["ci95"]
             print(f"\npaired on - off over the {len(fams)} families playable both ways ({d['episodes']} episodes): "

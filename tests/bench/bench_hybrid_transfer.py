@@ -12,7 +12,7 @@ vs off (success and mean steps; the paired on - off over the families playable b
 
     OMP_NUM_THREADS=1 nice -n 5 python tests/bench/bench_hybrid_transfer.py train --arm A --work runs/hybrid
     OMP_NUM_THREADS=1 nice -n 5 python tests/bench/bench_hybrid_transfer.py train --arm B --work runs/hybrid
-    OMP_NUM_THREADS=1 nice -n 5 python tests/bench/bench_hybrid_transfer.py eval --work runs/hybrid
+    OMP_NUM_THREADS=1 nice -n 5 python tests/bench/bench_hybrid_transfer.py eval --work runs/hybrid --with-base --with-a-hybrid
     python tests/bench/bench_hybrid_transfer.py report --work runs/hybrid
 
 Each stage writes into --work (A/, B/, eval_*.json) and skips what is already there; `report` prints the
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     t.add_argument("--batch", type=int, default=8)
     t.add_argument("--lr", type=float, default=5e-4)
     e = sub.add_parser("eval")
-    e.add_argument("--gui-per-family", type=int, default=10, help="held-out seeds per GUI family (default 10: 160)")
+    e.add_argument("--gui-per-family", type=int, default=20, help="held-out seeds per GUI family (default 20: 320)")
     e.add_argument("--hybrid-per-family", type=int, default=20)
     e.add_argument("--envs", type=int, default=8)
     e.add_argument("--only", help="comma-separated evaluations (gui_A, gui_B, hybrid_B_on, hybrid_B_off, hybrid_A_on)")

@@ -43,7 +43,7 @@ from trainer.recipe.default_model import RecipeConfig, RecipeError, run_recipe
 from trainer.rollout.pool import RolloutError
 from trainer.rollout.specs import EnvSpec, GameEnvSpec
 from trainer.sandbox.env import observation_for
-from trainer.sandbox.families import parse_families
+from trainer.sandbox.families import family_class, is_hybrid, parse_families
 from trainer.sandbox.games import registry as game_registry
 from trainer.sandbox.screen import SandboxError
 
@@ -82,7 +82,11 @@ def register(sub, common) -> None:
                    help="the sandbox's GUI tasks (default) or the browser games, rewarded by normalized score gained")
     s.add_argument("--max-steps", type=int, help="cap on an episode's steps (default: each family's own limit; a "
                                                   "game's step budget, 100)")
-    s.add_argument("--families", help="comma-separated sandbox families (default: all)")
+    s.add_argument("--families", help="comma-separated sandbox families (default: all the GUI-only ones; 'hybrid': "
+                                      "every hybrid GUI+tools family)")
+    s.add_argument("--tools", choices=("on", "off"), default=None,
+                   help="the terminal and file tools (run_command, read_file, write_file) over a workspace folder per "
+                        "episode, beside the GUI; default: on when a hybrid family is asked for, else off")
     s.add_argument("--games", help="--suite games: comma-separated games (default: every game there is)")
     s.add_argument("--width", type=int, help="sandbox screen width (default 320; a game's screen is its canvas)")
     s.add_argument("--height", type=int, help="sandbox screen height (default 240)")
@@ -271,6 +275,10 @@ def cmd_ppo(args) -> int:
         families = ppo_families(args)
     except (SandboxError, ValueError) as e:
         return _fail(str(e))
+    args.tools = ppo_tools(args.tools, families)
+    blocked = [f for f in families or [] if not args.tools and is_hybrid(f) and not family_class(f).gui_route]
+    if blocked:
+        return _fail(f"--tools off: {', '.join(blocked)} cannot be played without the tools (drop them or use --tools on)")
     cfg, error = _learner_config(PPOConfig, args)
     if error:
         return _fail(error)
@@ -314,7 +322,7 @@ def ppo_families(args) -> list[str] | None:
             raise ValueError("--games is for --suite games")
         return parse_families(args.families)
     wrong = [flag for flag, given in (("--families", args.families), ("--width", args.width),
-                                      ("--height", args.height)) if given]
+                                      ("--height", args.height), ("--tools", args.tools)) if given]
     if wrong:
         raise ValueError(f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not for --suite games: it takes "
                          "--games, and a game's screen is its canvas (336x252)")
@@ -328,7 +336,14 @@ def ppo_env(args, families) -> EnvSpec:
         kw["max_steps"] = args.max_steps
     if getattr(args, "suite", "sandbox") == "games":
         return GameEnvSpec(games=tuple(f[len(game_registry.PREFIX):] for f in families), **kw)
-    return EnvSpec(width=args.width or 320, height=args.height or 240, **kw)
+    return EnvSpec(width=args.width or 320, height=args.height or 240, tools=bool(args.tools), **kw)
+
+
+def ppo_tools(flag: str | None, families: list[str] | None) -> bool:
+    """`train ppo --tools`: as given, else on exactly when a hybrid family is asked for (as `sandbox eval`)."""
+    if flag is None:
+        return bool(families) and any(is_hybrid(f) for f in families)
+    return flag == "on"
 
 
 def ppo_job(rank: int, world: int, job: dict, result_path: str, families, cfg) -> None:

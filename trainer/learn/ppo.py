@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from agent.executors.terminal import TOOL_ACTIONS
 from agent.vlm import pointer
 from agent.vlm.model import build_inputs
 from trainer.learn import distributed as D
@@ -373,6 +374,9 @@ def batch_metrics(trajs, tokenizer=None) -> dict:
         "no_effect_rate": sum(c is False for c in acted) / len(acted) if acted else float("nan"),
         **({"think_tokens": sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in thought_texts)
             / max(1, len(thought_texts))} if tokenizer is not None else {}),
+        # the share of turns that called a terminal or file tool, and of turns that saw a tool's output
+        "tool_rate": sum(any(a.name in TOOL_ACTIONS for a in t.actions) for t in turns) / max(1, len(turns)),
+        "tool_output_rate": sum(t.tool_output is not None for t in turns) / max(1, len(turns)),
     }
 
 

@@ -57,7 +57,7 @@ from trainer.rollout.actors import VLMActor
 from trainer.rollout.grounding import grounding_eval, grounding_samples
 from trainer.rollout.runner import demonstrate, evaluate
 from trainer.rollout.specs import EnvSpec
-from trainer.sandbox.families import family_class
+from trainer.sandbox.families import family_class, is_hybrid
 from trainer.stats import paired_difference, rate
 
 
@@ -192,16 +192,18 @@ def sft_stage_config(cfg: RecipeConfig | dict) -> dict:
 
 
 def demonstrations(families, per_family: int, *, width: int, height: int, seed_start: int = 0, memory_kw=None,
-                   progress: bool = True, slip: float = 0.0, observation: str = "elements"):
+                   progress: bool = True, slip: float = 0.0, observation: str = "elements", tools: bool = False):
     """Expert trajectories on training seeds (trainer.rollout.runner.demonstrate, the one path of
-    demonstrations; `slip`: trainer.rollout.actors.ExpertActor's injected mistakes), and the SFT samples they
-    give (every expert turn of the successful ones; a slipped turn is context only)."""
+    demonstrations; `slip`: trainer.rollout.actors.ExpertActor's injected mistakes; `tools`: with the
+    terminal and file tools, which a hybrid family needs), and the SFT samples they give (every expert
+    turn of the successful ones; a slipped turn is context only)."""
     from tqdm import tqdm
 
     tickets = [(seed_start + k, families[k % len(families)]) for k in range(per_family * len(families))]
     bar = tqdm(total=len(tickets), desc="expert demos", disable=not progress or None)
     try:
-        trajs = demonstrate(tickets, env_kw={"width": width, "height": height, "observation": observation}, slip=slip,
+        env_kw = {"width": width, "height": height, "observation": observation, **({"tools": True} if tools else {})}
+        trajs = demonstrate(tickets, env_kw=env_kw, slip=slip,
                             seed=seed_start, memory_kw=memory_kw, progress=lambda _t: bar.update(1))
     finally:
         bar.close()
@@ -265,6 +267,11 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     work.mkdir(parents=True, exist_ok=True)
     log = MetricsLog(work)
     env_kw = {"width": cfg.width, "height": cfg.height, "observation": cfg.observation}
+    # the tools are on throughout (demos, PPO, evaluations) when a hybrid family is among the families, so
+    # every stage prompts with one action space; grounding scores the GUI families' screens alone
+    tools = any(is_hybrid(f) for f in cfg.families)
+    play_kw = {**env_kw, **({"tools": True} if tools else {})}
+    gui_families = [f for f in cfg.families if not is_hybrid(f)]
     report: dict = {"config": asdict(cfg), "device": dev}
     t0 = time.perf_counter()
     started = time.time()  # the log's wall clock: a resumed run's PPO rows are the ones after this
@@ -274,15 +281,18 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
         from tqdm import tqdm
 
         bar = tqdm(total=len(cfg.families) * cfg.eval_seeds_per_family, desc=f"eval {tag}", disable=not progress or None)
-        res = evaluate(actor, cfg.families, cfg.eval_seeds_per_family, env_kw=env_kw, progress=lambda: bar.update(1))
+        res = evaluate(actor, cfg.families, cfg.eval_seeds_per_family, env_kw=play_kw, progress=lambda: bar.update(1))
         bar.close()
-        # and the skill under it all: finding a named element (two per held-out screen)
-        bar = tqdm(total=len(cfg.families) * cfg.eval_seeds_per_family, desc=f"grounding {tag}",
-                   disable=not progress or None)
-        res["grounding"] = grounding_eval(actor, cfg.families, cfg.eval_seeds_per_family, **env_kw,
-                                          progress=lambda: bar.update(1))
-        bar.close()
-        log.log(0, f"eval_{tag}", mean_success=res["mean_success"], grounding=res["grounding"]["mean_accuracy"], named=res["grounding"]["mean_named"],
+        # and the skill under it all: finding a named element (two per held-out screen of a GUI family)
+        scores = {}
+        if gui_families:
+            bar = tqdm(total=len(gui_families) * cfg.eval_seeds_per_family, desc=f"grounding {tag}",
+                       disable=not progress or None)
+            res["grounding"] = grounding_eval(actor, gui_families, cfg.eval_seeds_per_family, **env_kw,
+                                              progress=lambda: bar.update(1))
+            bar.close()
+            scores = {"grounding": res["grounding"]["mean_accuracy"], "named": res["grounding"]["mean_named"]}
+        log.log(0, f"eval_{tag}", mean_success=res["mean_success"], **scores,
                 **{f"success_{k}": v["success"] for k, v in res["families"].items()})
         return res
 
@@ -303,12 +313,12 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
         # -- 1. expert demonstrations and the model
         trajs, samples = demonstrations(cfg.families, cfg.demo_episodes_per_family, width=cfg.width,
                                         height=cfg.height, progress=progress, slip=cfg.demo_slip,
-                                        observation=cfg.observation)
+                                        observation=cfg.observation, tools=tools)
         report["demos"] = {"episodes": len(trajs), "successful": sum(t.success for t in trajs), "samples": len(samples),
                            "slipped": sum(bool(t.slipped) for t in trajs),
                            "recovered": sum(bool(t.slipped) and t.success for t in trajs)}
         if cfg.grounding_screens_per_family:
-            grounding = grounding_samples(cfg.families, cfg.grounding_screens_per_family, width=cfg.width,
+            grounding = grounding_samples(gui_families, cfg.grounding_screens_per_family, width=cfg.width,
                                           height=cfg.height, progress=progress, observation=cfg.observation)
             report["demos"]["grounding_samples"] = len(grounding)
             samples += grounding
@@ -329,7 +339,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
 
     torch.set_num_threads(cfg.threads)
     res = train_ppo(model, processor, cfg.ppo, model_dir=work / "sft", work_dir=work / "ppo",
-                    env=EnvSpec(**{**env_kw, "max_steps": cfg.ppo_max_steps}),
+                    env=EnvSpec(**{**play_kw, "max_steps": cfg.ppo_max_steps}),
                     families=cfg.families, log=log, progress=progress)
     sft_threads.apply()  # the workers have stopped
     res["critic"].save(work / "critic")

@@ -38,6 +38,7 @@ class EnvSpec:
     max_steps: int | None = None  # None: each task's own limit
     coords_space: str = coords.SMART_RESIZE
     observation: str = "elements"
+    tools: bool = False  # the terminal and file tools over a workspace per episode, beside the GUI
 
     def __post_init__(self):
         if self.width < 1 or self.height < 1:
@@ -50,6 +51,8 @@ class EnvSpec:
             raise SpecError(f"EnvSpec.max_steps must be at least 1 (or None), got {self.max_steps}")
         if self.observation not in OBSERVATIONS:
             raise SpecError(f"EnvSpec.observation must be one of {OBSERVATIONS}, got {self.observation!r}")
+        if not isinstance(self.tools, bool):
+            raise SpecError(f"EnvSpec.tools must be True or False, got {self.tools!r}")
 
     def kwargs(self) -> dict:
         """SandboxEnv's (and trainer.sandbox.env_process.make_envs's) keyword arguments."""

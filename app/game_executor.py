@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from agent.executors.base import ExecutionError
 from agent.schema import Outcome
 from app.sandbox_executor import SandboxProcessExecutor
+from trainer.sandbox.games import registry
 
 
 @dataclass
@@ -28,8 +29,11 @@ def game_choices() -> tuple[list[tuple[str, str]], str | None]:
 
     Why: the registry's reasons when there is no game, else the browser's when Chromium is missing."""
     try:
-        from trainer.sandbox.games import registry
-        from trainer.sandbox.games.browser import GameBrowserError, find_chromium
+        from trainer.sandbox.games import registry  # lazy: optional: the code runs without it
+        from trainer.sandbox.games.browser import (  # lazy: optional: the code runs without it
+            GameBrowserError,
+            find_chromium,
+        )
     except Exception as e:  # the trainer may not be installed beside the app
         return [], f"the games are not installed here ({type(e).__name__}: {e})"
     found = [(name, spec.title) for name, spec in registry.games().items()]
@@ -56,8 +60,6 @@ class GameProcessExecutor(SandboxProcessExecutor):
 
     def __init__(self, game: str, seed: int = 0, *, max_steps: int | None = None, timeout: float = 60.0,
                  stop_event=None):
-        from trainer.sandbox.games import registry  # names and specs only: the browser runs in the child
-
         try:
             self.spec = registry.game(game)
         except registry.GameError as e:

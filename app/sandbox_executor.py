@@ -18,6 +18,7 @@ from pathlib import Path
 from agent.executors.base import ExecutionError, Frame
 from agent.schema import Action, Outcome
 from trainer.sandbox.env import SandboxEnv
+from trainer.sandbox.games.env import GameEnv
 
 
 def _serve(conn, kw: dict) -> None:
@@ -26,8 +27,6 @@ def _serve(conn, kw: dict) -> None:
     kind = kw.pop("env", "sandbox")
     try:
         if kind == "games":
-            from trainer.sandbox.games.env import GameEnv
-
             env = GameEnv(**kw)
         else:
             env = SandboxEnv(**kw)

@@ -60,9 +60,9 @@ def test_main_reports_a_tandem_error_from_a_subcommand_as_one_line(tmp_path):
 
 
 def _families():
-    from trainer.sandbox.families import FAMILIES
+    from trainer.sandbox.families import FAMILIES, HYBRID_FAMILIES
 
-    return list(FAMILIES)
+    return [*FAMILIES, *HYBRID_FAMILIES]
 
 
 def test_a_multi_line_message_is_one_line():

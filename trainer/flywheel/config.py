@@ -24,6 +24,7 @@ from trainer.learn.ppo_config import INFERENCE_DTYPES, PPOConfig
 from trainer.learn.sft import ScaleConfig, SFTConfig
 from trainer.recipe.default_model import RecipeConfig
 from trainer.sandbox.families import FAMILIES
+from trainer.sandbox.games import registry as game_registry
 
 CONFIG_KEY = "flywheel.config"
 
@@ -110,8 +111,6 @@ class FlywheelConfig:
             raise ConfigError("flywheel.families", f"has an unknown sandbox family {unknown[0]!r}; known: "
                                                    f"{', '.join(FAMILIES)}")
         if self.games:
-            from trainer.sandbox.games import registry as game_registry  # lazy: only a config with games needs it
-
             try:
                 game_registry.parse_games(",".join(self.games))
             except game_registry.GameError as e:

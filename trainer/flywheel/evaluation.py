@@ -17,11 +17,12 @@ import hashlib
 import json
 import math
 
+from trainer.rollout import games_eval
 from trainer.rollout.actors import VLMActor
 from trainer.rollout.miniwob_eval import DEFAULT_TASKS as MINIWOB_TASKS
 from trainer.rollout.miniwob_eval import evaluate_miniwob
 from trainer.rollout.runner import evaluate
-from trainer.sandbox.env import env_kw_for
+from trainer.sandbox.env import env_kw_for, observation_for
 from trainer.sandbox.miniwob_env import available
 from trainer.sandbox.task import HELDOUT_START
 
@@ -100,9 +101,6 @@ def evaluate_games(model_dir, games: list[str], episodes: int, *, max_new_tokens
     reference player's mean = 100) with t 95% intervals, and their mean over games
     (trainer.rollout.games_eval.summarize). Reported apart from the families' success: never part
     of a promotion decision. A run that fails says so ({"error": ...})."""
-    from trainer.rollout import games_eval
-    from trainer.sandbox.env import observation_for
-
     env_kw = {"observation": observation_for(model_dir), **({"max_steps": max_steps} if max_steps else {})}
     try:
         actor = VLMActor.load(model_dir, inference_dtype=inference_dtype, max_new_tokens=max_new_tokens)

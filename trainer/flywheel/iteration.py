@@ -59,9 +59,10 @@ from trainer.learn.sft import load_for_training, save_checkpoint, train_sft
 from trainer.recipe.default_model import RecipeConfig, build_default_model
 from trainer.rollout.actors import VLMActor
 from trainer.rollout.runner import play, trajectory_to_episode
-from trainer.rollout.specs import EnvSpec
+from trainer.rollout.specs import EnvSpec, GameEnvSpec
 from trainer.sandbox.env import env_kw_for
 from trainer.sandbox.env_process import make_envs
+from trainer.sandbox.games import registry as game_registry
 
 ROLLOUT_SEED_BASE = 500_000  # on-policy data uses training seeds far from `sandbox generate`'s
 # share of the iteration's progress bar per stage
@@ -347,8 +348,6 @@ def ppo_on_games(model, processor, cfg: FlywheelConfig, parent_dir, out_dir, slo
     gained over the game's reference mean (trainer.rollout.specs.GameEnvSpec), cfg.ppo's settings;
     its metrics rows are "games_value_pretrain" / "games_ppo". Returns the stage's summary."""
     from trainer.learn.ppo import train_ppo  # lazy: torch
-    from trainer.rollout.specs import GameEnvSpec
-    from trainer.sandbox.games import registry as game_registry
 
     # the sandbox's shaping terms have nothing to read in a game (its reward is already the score gained)
     pc = replace(cfg.ppo, seed=cfg.seed + slog.iteration, progress_reward=0.0, click_reward=0.0, no_effect_penalty=0.0)

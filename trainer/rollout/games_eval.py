@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from agent.grammar import format_normalized
 from trainer.rollout.actors import Actor, ActorOutput, RandomActor, Slot
-from trainer.rollout.runner import EpisodeRunner, Trajectory
+from trainer.rollout.runner import EpisodeRunner, Trajectory, trajectory_to_episode
 from trainer.sandbox.games import registry
 from trainer.sandbox.games.env import GameEnv
 from trainer.sandbox.games.spec import STEP_BUDGET
@@ -108,8 +108,6 @@ def demonstrate(games: list[str], episodes: int, store, *, split: str = "train",
     each episode is stored as it ends (trajectory_to_episode: producer "reference") with the
     verifier's outcome `beats_random` and the score in its meta, then its chats dropped. Returns
     per episode {"id", "game", "seed", "score", "normalized", "success"}."""
-    from trainer.rollout.runner import trajectory_to_episode
-
     norms = registry.norms()
     out = []
 

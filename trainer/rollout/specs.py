@@ -11,6 +11,7 @@ from agent import coords
 from agent.policies.memory import Memory
 from trainer.errors import TrainerError
 from trainer.sandbox.env import OBSERVATIONS, SPLITS
+from trainer.sandbox.games import registry
 from trainer.sandbox.games.spec import HEIGHT as GAME_HEIGHT
 from trainer.sandbox.games.spec import REWARD_SCALES
 from trainer.sandbox.games.spec import WIDTH as GAME_WIDTH
@@ -130,7 +131,6 @@ class GameEnvSpec(EnvSpec):
 
     def __post_init__(self):
         super().__post_init__()
-        from trainer.sandbox.games import registry
 
         object.__setattr__(self, "games", tuple(self.games))
         if not self.games:

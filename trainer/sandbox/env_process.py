@@ -20,6 +20,7 @@ import traceback
 
 from trainer.errors import TrainerError
 from trainer.sandbox.env import ActionSpace, SandboxEnv
+from trainer.sandbox.games.env import GameEnv
 
 _CTX = None
 
@@ -162,8 +163,6 @@ def make_envs(n: int, **env_kw) -> list:
     if n < 1:
         raise ValueError(f"need at least one environment, got {n}")
     if "games" in env_kw:
-        from trainer.sandbox.games.env import GameEnv
-
         made = []
         try:
             for _ in range(n):

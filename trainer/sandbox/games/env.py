@@ -37,7 +37,7 @@ from agent.grammar import format_normalized
 from agent.schema import Action, ScreenGeometry
 from trainer.sandbox.env import OBSERVATIONS, ElementsSpace, GeometrySpace, NoteSpace, StepLater, to_actions
 from trainer.sandbox.games import registry
-from trainer.sandbox.games.browser import CDPBrowser, GameBrowserError
+from trainer.sandbox.games.browser import CDPBrowser, GameBrowserError, key_event
 from trainer.sandbox.games.spec import HEIGHT, REWARD_SCALES, WIDTH, GameSpec, click, key
 from trainer.sandbox.games.thoughts import thought
 from trainer.sandbox.task import HELDOUT_START
@@ -322,8 +322,6 @@ class GameEnv(StepLater, gym.Env):
         elif n == "hotkey":
             b.press(canonical_keys(args["key"]).split())
         elif n == "type":
-            from trainer.sandbox.games.browser import key_event
-
             events = [key_event("enter") if c == "\n" else key_event(c.lower() if c.isalpha() else c, c.isupper())
                       for c in args["content"]]
             for c, ev in zip(args["content"], events, strict=True):

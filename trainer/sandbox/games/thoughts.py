@@ -11,6 +11,11 @@ heuristic of merge, blocks' placement score) the sentence names the goal, not a 
 from __future__ import annotations
 
 from agent.schema import Action
+from trainer.sandbox.games.dodge import STEP_MS, _hits_lane
+from trainer.sandbox.games.levels import _parse
+from trainer.sandbox.games.lights import solve
+from trainer.sandbox.games.merge import slide
+from trainer.sandbox.games.mines import FLAGGED, HIDDEN, deduce
 from trainer.sandbox.games.spec import GameSpec
 
 
@@ -47,8 +52,6 @@ def _plain(state: dict, action: Action, width: int, height: int) -> str:
 
 
 def _merge(state: dict, action: Action, width: int, height: int) -> str:
-    from trainer.sandbox.games.merge import slide
-
     k = _key(action)
     if k not in ("up", "down", "left", "right") or "board" not in state:
         return _plain(state, action, width, height)
@@ -91,8 +94,6 @@ def _blocks(state: dict, action: Action, width: int, height: int) -> str:
 
 
 def _mines(state: dict, action: Action, width: int, height: int) -> str:
-    from trainer.sandbox.games.mines import FLAGGED, HIDDEN, deduce
-
     p = _pixel(action, width, height)
     fb = state.get("flag_button")
     if p is not None and fb is not None and _cell(state, action, width, height) not in _grid_cells(state):
@@ -116,8 +117,6 @@ def _grid_cells(state: dict) -> set:
 
 
 def _lights(state: dict, action: Action, width: int, height: int) -> str:
-    from trainer.sandbox.games.lights import solve
-
     at = _cell(state, action, width, height)
     lights = state.get("lights")
     if at is None or lights is None:
@@ -151,8 +150,6 @@ def _memory(state: dict, action: Action, width: int, height: int) -> str:
 
 
 def _dodge(state: dict, action: Action, width: int, height: int) -> str:
-    from trainer.sandbox.games.dodge import STEP_MS, _hits_lane
-
     k = _key(action)
     ship = state.get("ship")
     if k is None or ship is None:
@@ -170,8 +167,6 @@ def _dodge(state: dict, action: Action, width: int, height: int) -> str:
 
 
 def _levels(state: dict, action: Action, width: int, height: int) -> str:
-    from trainer.sandbox.games.levels import _parse
-
     k = _key(action)
     grid = state.get("grid")
     if k == "r":

@@ -27,6 +27,10 @@
     errors.push(String((e && e.stack) || e));
     if (errors.length > 20) errors.shift();
   }
+  // the page's own uncaught exceptions (its event handlers, its scripts, its promises), caught as they
+  // happen: DevTools' Runtime.exceptionThrown for them can arrive after the step that caused it
+  window.addEventListener("error", (e) => { if (e instanceof ErrorEvent) report(e.error || e.message); });
+  window.addEventListener("unhandledrejection", (e) => report(e.reason));
 
   // -------------------------------------------------- Date
   class FakeDate extends RealDate {

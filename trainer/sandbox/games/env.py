@@ -284,11 +284,13 @@ class GameEnv(StepLater, gym.Env):
             browser.close()
 
     def _page_errors(self) -> list[str]:
-        """Uncaught exceptions in the page since the last step: its event handlers' (DevTools
-        events) and its timers' and frames' (the clock catches those and goes on)."""
+        """Uncaught exceptions in the page since the last step, as the clock script saw them: its
+        timers' and frames' (it catches those and goes on) and its event handlers', scripts' and
+        promises' (a window listener, at once; the same errors' DevTools events, which can come a
+        step late, are dropped)."""
         errors, self._errors = self._errors, []
         if self.browser is not None:
-            errors = self.browser.page_errors() + errors
+            self.browser.page_errors()
         return [e.splitlines()[0] if e else "an exception" for e in errors]
 
     def _checked(self, state) -> dict:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import json
 import random
 
-import pytest
-
 from agent.schema import Action
+from tests.games_helpers import game_env, play_to_end
 from trainer.sandbox.games.blocks import GAME, best_placement, reference
-from trainer.sandbox.games.browser import GameBrowserError, find_chromium
-from trainer.sandbox.games.env import GameEnv
 from trainer.sandbox.games.spec import key
 
 # the page's I piece: a 4-box, horizontal in rotation 0 (row 1), vertical in rotation 1 (column 2)
@@ -49,28 +46,17 @@ def test_best_placement_completes_the_line_and_takes_the_well():
 
 
 # ------------------------------------------------------------------ the page through GameEnv
-@pytest.fixture(scope="module")
-def env():
-    try:
-        find_chromium()
-    except GameBrowserError as e:
-        pytest.skip(str(e))
-    e = GameEnv("blocks")
-    yield e
-    e.close()
+env = game_env("blocks")
 
 
 def _play(env, seed, policy):
-    _, info = env.reset(seed=seed, options={"game": "blocks"})
-    env.action_space.seed(seed)
     rewards, lines = [], [0]
-    done = False
-    while not done:
-        action = env.reference_action() if policy == "reference" else env.action_space.sample()
-        _, reward, terminated, truncated, info = env.step(action)
+
+    def seen(reward, info):
         rewards.append(reward)
         lines.append(info["state"]["lines"])
-        done = terminated or truncated
+
+    info = play_to_end(env, "blocks", seed, policy, seen)
     # the score is the lines' points: 10/30/50/80 for 1/2/3/4 cleared by one piece
     points = {0: 0, 1: 10, 2: 30, 3: 50, 4: 80}
     assert rewards == [points[b - a] for a, b in zip(lines, lines[1:], strict=False)]

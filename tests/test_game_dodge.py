@@ -10,25 +10,15 @@ import numpy as np
 import pytest
 
 from agent.schema import Action
+from tests.games_helpers import game_env, needs_chromium
 from trainer.sandbox.games import dodge
-from trainer.sandbox.games.browser import GameBrowserError, find_chromium
 from trainer.sandbox.games.env import GameEnv
 from trainer.sandbox.games.spec import key
 
-try:
-    find_chromium()
-    HAVE_CHROMIUM = True
-except GameBrowserError:
-    HAVE_CHROMIUM = False
-needs_chromium = pytest.mark.skipif(not HAVE_CHROMIUM, reason="chromium is not installed")
 WAIT = Action("wait", {})
 
 
-@pytest.fixture(scope="module")
-def env():
-    e = GameEnv("dodge")
-    yield e
-    e.close()
+env = game_env("dodge")
 
 
 def play(env, seed: int, policy, steps: int = 100) -> float:

@@ -9,25 +9,15 @@ import time
 import numpy as np
 import pytest
 
+from tests.games_helpers import game_env, needs_chromium
 from trainer.sandbox.games import levels
-from trainer.sandbox.games.browser import GameBrowserError, find_chromium
 from trainer.sandbox.games.env import GameEnv
 from trainer.sandbox.games.spec import key
 
-try:
-    find_chromium()
-    HAVE_CHROMIUM = True
-except GameBrowserError:
-    HAVE_CHROMIUM = False
-needs_chromium = pytest.mark.skipif(not HAVE_CHROMIUM, reason="chromium is not installed")
 N_LEVELS = 10
 
 
-@pytest.fixture(scope="module")
-def env():
-    e = GameEnv("levels")
-    yield e
-    e.close()
+env = game_env("levels")
 
 
 def play(env, seed: int, policy, steps: int = 100) -> float:

@@ -7,8 +7,7 @@ import random
 
 import pytest
 
-from trainer.sandbox.games.browser import GameBrowserError, find_chromium
-from trainer.sandbox.games.env import GameEnv
+from tests.games_helpers import cell_click, game_env, play_to_end
 from trainer.sandbox.games.lights import GAME, solve
 from trainer.sandbox.games.spec import click
 
@@ -48,34 +47,15 @@ def test_solve_finds_the_single_press_and_says_when_there_is_none():
 
 
 # ------------------------------------------------------------------ the page through GameEnv
-@pytest.fixture(scope="module")
-def env():
-    try:
-        find_chromium()
-    except GameBrowserError as e:
-        pytest.skip(str(e))
-    e = GameEnv("lights")
-    yield e
-    e.close()
+env = game_env("lights")
 
 
 def _cell(state, x, y):
-    c = state["cell"]
-    return click(state["ox"] + (x + 0.5) * c, state["oy"] + (y + 0.5) * c)
+    return cell_click(state, x, y)
 
 
 def _play(env, seed, policy):
-    _, info = env.reset(seed=seed, options={"game": "lights"})
-    env.action_space.seed(seed)
-    scores = [info["score"]]
-    done = False
-    while not done:
-        action = env.reference_action() if policy == "reference" else env.action_space.sample()
-        _, _, terminated, truncated, info = env.step(action)
-        scores.append(info["score"])
-        done = terminated or truncated
-    assert scores == sorted(scores), "the score went down"
-    return info
+    return play_to_end(env, "lights", seed, policy)
 
 
 def test_reference_player_beats_random_player(env):

@@ -7,29 +7,18 @@ import random
 import time
 
 import numpy as np
-import pytest
 
 from agent.schema import Action
+from tests.games_helpers import game_env, needs_chromium
 from trainer.sandbox.games import memory
-from trainer.sandbox.games.browser import GameBrowserError, find_chromium
 from trainer.sandbox.games.env import GameEnv
 from trainer.sandbox.games.spec import click
 
-try:
-    find_chromium()
-    HAVE_CHROMIUM = True
-except GameBrowserError:
-    HAVE_CHROMIUM = False
-needs_chromium = pytest.mark.skipif(not HAVE_CHROMIUM, reason="chromium is not installed")
 WAIT = Action("wait", {})
 BOARDS = [(4, 4), (4, 5), (4, 6), (5, 6)]
 
 
-@pytest.fixture(scope="module")
-def env():
-    e = GameEnv("memory")
-    yield e
-    e.close()
+env = game_env("memory")
 
 
 def tap(env, i: int):

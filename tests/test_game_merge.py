@@ -6,26 +6,13 @@ import random
 import time
 
 import numpy as np
-import pytest
 
+from tests.games_helpers import game_env, needs_chromium
 from trainer.sandbox.games import merge
-from trainer.sandbox.games.browser import GameBrowserError, find_chromium
 from trainer.sandbox.games.env import GameEnv
 from trainer.sandbox.games.spec import key
 
-try:
-    find_chromium()
-    HAVE_CHROMIUM = True
-except GameBrowserError:
-    HAVE_CHROMIUM = False
-needs_chromium = pytest.mark.skipif(not HAVE_CHROMIUM, reason="chromium is not installed")
-
-
-@pytest.fixture(scope="module")
-def env():
-    e = GameEnv("merge")
-    yield e
-    e.close()
+env = game_env("merge")
 
 
 def play(env, seed: int, policy, steps: int = 100) -> float:

@@ -5,28 +5,17 @@ import json
 import random
 
 import numpy as np
-import pytest
 
 from agent.schema import Action
+from tests.games_helpers import game_env, needs_chromium
 from trainer.sandbox.games import snake
-from trainer.sandbox.games.browser import GameBrowserError, find_chromium
-from trainer.sandbox.games.env import GameEnv
 from trainer.sandbox.games.spec import key
 
-try:
-    find_chromium()
-    HAVE_CHROMIUM = True
-except GameBrowserError:
-    HAVE_CHROMIUM = False
-pytestmark = pytest.mark.skipif(not HAVE_CHROMIUM, reason="chromium is not installed")
+pytestmark = needs_chromium
 WAIT = Action("wait", {})
 
 
-@pytest.fixture(scope="module")
-def env():
-    e = GameEnv("snake")
-    yield e
-    e.close()
+env = game_env("snake")
 
 
 def play(env, seed: int, policy, steps: int = 100) -> float:

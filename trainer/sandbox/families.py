@@ -1,7 +1,7 @@
 """The task families, easiest first, and how a seed picks one.
 
 FAMILIES are the GUI-only families, the default of every training run and evaluation;
-HYBRID_FAMILIES (trainer.sandbox.families_hybrid: GUI and terminal/file tools over one workspace)
+HYBRID_FAMILIES (trainer.sandbox.families_hybrid and _bulk: GUI and terminal/file tools over one workspace)
 are played only when named (`--families`), so a default run is what it was before them."""
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ import random
 from trainer.sandbox.families_apps import ContextMenu, DialogAnswer, DragDrop, Form, MenuChoice, ScrollFind, Tabs
 from trainer.sandbox.families_basic import CheckBoxes, ClickButton, Dropdown, ListPick, RadioChoice, Slider, TypeText
 from trainer.sandbox.families_chain import SearchChain, SettingsChain
-from trainer.sandbox.families_hybrid import HYBRID_FAMILIES
+from trainer.sandbox.families_hybrid import ConfigToForm, ExportCount, FormToFile, HybridTask
+from trainer.sandbox.families_hybrid_bulk import BulkRename, OutputDecides, ToolTrap
 from trainer.sandbox.screen import SandboxError
 from trainer.sandbox.task import Task
 
 _ALL = [ClickButton, CheckBoxes, RadioChoice, Dropdown, ListPick, TypeText, Slider, Form, ScrollFind, MenuChoice,
         DialogAnswer, Tabs, ContextMenu, DragDrop, SettingsChain, SearchChain]
 FAMILIES: dict[str, type[Task]] = {cls.family: cls for cls in sorted(_ALL, key=lambda c: c.level)}
+_HYBRID = [ExportCount, ConfigToForm, FormToFile, BulkRename, OutputDecides, ToolTrap]
+HYBRID_FAMILIES: dict[str, type[HybridTask]] = {cls.family: cls for cls in _HYBRID}
 
 
 def family_class(name: str) -> type[Task]:

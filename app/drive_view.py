@@ -29,7 +29,7 @@ from agent.run.loop import AgentLoop, LoopConfig
 from agent.wording import end_reason_text, hotkey_label, plural
 from app.agent_run import AgentRun, RunSetupError, queue_for_sync
 from app.control_strip import ControlStrip
-from app.game_executor import game_verdict
+from app.game_executor import game_verdict, run_steps
 from app.proposal_panel import frame_pixmap
 from app.qt_supervisor import Pending, QtSupervisor
 from app.run_form import RunForm
@@ -189,7 +189,7 @@ class DrivePage(QWidget):
         self.supervisor.withdrawn.connect(self._withdrawn)
         self.gate = PausableGate(gate, self.supervisor if gate != "auto" else None)
         supervisor, page_gate, hotkey = self.supervisor, self.gate, self.hotkey
-        run_config = config or LoopConfig(max_steps=50)
+        run_config = config or LoopConfig(max_steps=run_steps(executor, 50))
         if run_config.kind is None:  # a person answers every step only with the "all" gate; else the agent drives
             run_config = dataclasses.replace(run_config, kind="supervised" if gate == "all" else "autonomous")
 

@@ -46,6 +46,12 @@ def game_choices() -> tuple[list[tuple[str, str]], str | None]:
     return found, None
 
 
+def run_steps(executor, default: int) -> int:
+    """The step limit of a run on `executor`: the page's default, or the executor's own budget where
+    it has a longer one (a game's 100 steps), so the loop does not stop a game half way."""
+    return max(default, int(getattr(executor, "step_budget", 0) or 0))
+
+
 def game_verdict(executor) -> str:
     """A game's score at the end of a run ('' for any other executor). A game is scored, not passed,
     so the episode keeps no verdict and the pages ask the executor (it answers after close())."""
@@ -67,6 +73,7 @@ class GameProcessExecutor(SandboxProcessExecutor):
         super().__init__(registry.PREFIX + self.spec.name, seed, timeout=timeout, stop_event=stop_event)
         self.game = self.spec.name
         self.max_steps = int(max_steps) if max_steps is not None else self.spec.max_steps
+        self.step_budget = self.max_steps  # the pages give a run this many steps (run_steps), not their default
         self.kw = {"env": "games", "games": self.game, "max_steps": self.max_steps}
         self.norm = float(registry.norms().get(self.game, {}).get("reference") or 0.0)
         self.over = False  # the game said it is over
@@ -119,7 +126,7 @@ class GameProcessExecutor(SandboxProcessExecutor):
         """Where the game stands: over (and its score), the step budget spent, or still going.
         Read from the last step's report, so it can be asked after close()."""
         n = self.normalized()
-        reward = min(1.0, n / 100) if n is not None else None
+        reward = round(n / 100, 4) if n is not None else None  # the reference player's mean is 1
         if self.over:
             text = f"Game over: {self._score_text()}."
         elif self.failure:

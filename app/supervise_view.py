@@ -39,7 +39,7 @@ from agent.sync.session import SyncError
 from agent.wording import end_reason_text, plural
 from app.agent_run import AgentRun, RunSetupError, queue_for_sync
 from app.decisions_view import DecisionsView
-from app.game_executor import game_verdict
+from app.game_executor import game_verdict, run_steps
 from app.proposal_panel import ProposalPanel
 from app.qt_supervisor import Pending, QtSupervisor
 from app.run_form import RunForm
@@ -240,7 +240,7 @@ class SupervisePage(QWidget):
                     raise RunSetupError("give an instruction")
                 text = executor.prepare()
             loop = AgentLoop(policy, executor, store=store, gate=Gate(gate, supervisor), tools=tools,
-                             config=config or LoopConfig(max_steps=30, kind="supervised"))
+                             config=config or LoopConfig(max_steps=run_steps(executor, 30), kind="supervised"))
             supervisor.stop_event = loop.stop_event
             return loop, text
 

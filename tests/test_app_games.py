@@ -199,6 +199,9 @@ def test_drive_a_game_from_the_form_until_it_is_over(qtbot, store, tmp_path):
     assert ep.instruction.startswith("Play Snake")
     assert result.steps == 12 and ep.steps[-1].terminated and ep.steps[-1].info["state"]["over"] is True
     assert "Game over: score 0 (normalized 0)." in page.status.text()
+    # the score is the stored episode's outcome (scored, not passed), in words in its meta
+    assert (ep.outcome.success, ep.outcome.reward, ep.outcome.source) == (None, 0.0, "game")
+    assert ep.meta["outcome_text"] == "Game over: score 0 (normalized 0)."
     assert store.get_setting("drive.game") == "snake" and store.get_setting("drive.executor") == "game"
 
 
@@ -240,6 +243,14 @@ def test_without_chromium_the_form_says_so_and_nothing_starts(qtbot, page, monke
         monkeypatch.delenv("TANDEM_CHROMIUM")
         f.set_choice(f.executor, "game")
         assert f.warning.isHidden()
+
+
+def test_a_run_on_a_game_gets_the_games_step_budget_not_the_pages_default():
+    from app.game_executor import run_steps
+
+    assert run_steps(GameProcessExecutor("snake"), 30) == 100  # nothing starts before prepare()
+    assert run_steps(GameProcessExecutor("snake", max_steps=20), 30) == 30
+    assert run_steps(object(), 50) == 50
 
 
 def test_an_unknown_game_is_named():

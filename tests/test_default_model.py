@@ -29,6 +29,10 @@ def test_default_model_is_a_small_standard_checkpoint():
     for v in ev["families"].values():
         assert 0.0 <= v["sft"] <= 1.0 and 0.0 <= v["ppo"] <= 1.0
     assert (MODEL / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    games = ev["config"].get("games")
+    if games:  # the games stage ran: what ships is its model, scored on the games before and after it
+        assert set(ev["games"]["per_game"]) == set(games) and ev["final"]["stage"] == "games"
+        assert 0.0 <= ev["final"]["success"] <= 1.0 and ev["games"]["overall"]["after"] is not None
 
 
 def test_default_model_acts_on_sandbox_tasks_through_the_agent_policy(one_thread):  # noqa: F811

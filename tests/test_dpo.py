@@ -61,6 +61,20 @@ def test_a_tiny_model_learns_to_prefer_the_supervisors_edit(store, tiny_vlm_dir)
     assert res["first_loss"] == pytest.approx(math.log(2), abs=1e-4)  # the first step: policy == reference
     assert res["last_loss"] < 0.5 * res["first_loss"] and res["last_accuracy"] == 1.0
     assert preference() > before + 2  # nats: the edit is now much likelier than the old proposal
+    # RPO: the chosen reply's NLL beside the DPO loss keeps it likely; DPO alone lets both sides fall
+    import copy
+
+    fresh, _ = load_vlm(tiny_vlm_dir, device="cpu")
+    kept = {}
+    for nll in (0.0, 1.0):
+        m = copy.deepcopy(fresh)
+        r = train_dpo(m, proc, pairs, DPOConfig(beta=0.5, lr=2e-3, batch_size=1, max_steps=12, nll=nll), progress=False)
+        assert r["last_accuracy"] == 1.0
+        with torch.no_grad():
+            kept[nll] = float(sequence_logprob(m, c))
+    assert kept[1.0] > kept[0.0] + 1.0, kept
+    with pytest.raises(SFTError, match="nll >= 0"):
+        DPOConfig(nll=-1)
     with pytest.raises(SFTError, match="no preference pairs"):
         train_dpo(model, proc, [], DPOConfig(), progress=False)
     with pytest.raises(SFTError, match="beta > 0"):

@@ -207,8 +207,36 @@ def test_simulated_humans_are_marked_and_routed(store):
     assert {s.provenance.source for s in rec.steps} == {"human"}
     sup = store.load_episode(ids["supervised"][0])
     assert sup.outcome.source == "supervisor" and any(s.provenance.source == "corrected" for s in sup.steps)
+    # the corrected step keeps the wrong proposal as the model's reply, so its preference pair has two sides
+    fixed = next(s for s in sup.steps if s.provenance.source == "corrected")
+    assert fixed.raw_response.startswith("Thought: I will act here.")
+    from trainer.learn.dpo import preference_pairs
+
+    pairs = preference_pairs(store, [sup.id])
+    assert len(pairs) == 1 and pairs[0].rejected.target == fixed.raw_response != pairs[0].chosen.target
     counts = Router(store).route(iteration=1)
     assert counts["sft"] == 3  # clean, successful (or a person's) episodes
+
+
+def test_simulate_humans_from_the_cli_at_the_default_models_size_with_fresh_tasks_per_start(tmp_path, capsys):
+    from agent.storage.model_files import DEFAULT_MODEL_DIR, model_screen
+    from agent.storage.store import Store
+    from main import main
+
+    screen = model_screen(DEFAULT_MODEL_DIR)
+    data = str(tmp_path / "data")
+    for start in (0, 0, 7):
+        assert main(["--data", data, "flywheel", "simulate-humans", "--recordings", "1", "--supervised", "0",
+                     "--families", "radio", "--start", str(start)]) == 0
+    store = Store(tmp_path / "data")
+    try:
+        eps = sorted((store.load_episode(e.id) for e in store.list_episodes()), key=lambda e: e.created_at)
+    finally:
+        store.close()
+    assert len(eps) == 3
+    assert {(e.steps[0].observation.width, e.steps[0].observation.height) for e in eps} == {
+        (screen["width"], screen["height"])}  # pixel-exact for the model it trains (336x252)
+    assert eps[0].instruction == eps[1].instruction != eps[2].instruction  # another start, another task
 
 
 def test_flywheel_status_and_the_library_say_why_each_episode_went_where(store, qtbot, capsys):

@@ -268,3 +268,42 @@ def test_sft_teaches_the_pointer_the_demonstrated_entry(model_and_processor, tmp
 
     with pytest.raises(VLMError, match="pointer head did not load"):
         load_vlm(tmp_path / "ckpt")
+
+
+def test_dpo_scores_a_click_by_the_pointer_and_moves_its_choice(model_and_processor, one_thread):  # noqa: F811
+    """A supervisor's edit that moves a click from 'Save' to 'Paste': DPO's sequence log-prob is the
+    reply's tokens with the pointer's log-softmax of the clicked entry in place of the digits it
+    writes (as PPO scores it), so training on the pair moves the pointer's choice itself."""
+    import copy
+
+    from agent.vlm.model import action_logprobs
+    from trainer.learn.dpo import DPOConfig, PreferencePair, sequence_logprob, train_dpo
+    from trainer.learn.sft import Sample, encode
+
+    model, processor = model_and_processor
+    model = copy.deepcopy(model)  # the module's model stays as the other tests expect it
+    msgs = chat("Paste the text.")
+    chosen = Sample(msgs, "Thought: I paste it.\nAction: click(start_box='(120,50)')")   # inside 'Paste'
+    rejected = Sample(msgs, "Thought: I paste it.\nAction: click(start_box='(30,50)')")  # inside 'Save'
+    c, r = encode(processor, chosen), encode(processor, rejected)
+    assert (c["pointer"].sites[0].choice, r["pointer"].sites[0].choice) == (1, 0)
+
+    with torch.no_grad():  # by hand: every reply token but the site's digits, plus the head's choice
+        lp, hidden = action_logprobs(model, c, c["assistant_mask"], return_hidden=True)
+        lay = c["pointer"]
+        lpp = torch.log_softmax(pointer.site_logits(model, lay, hidden[0]), -1)
+        digits = lay.sites[0].digits
+        want = float(lp.sum() - lp[0, digits].sum() + lpp[0, 1])
+        assert float(sequence_logprob(model, c)) == pytest.approx(want, abs=1e-4)
+
+    def prefers() -> float:  # the pointer's log-odds of 'Paste' over 'Save'
+        with torch.no_grad():
+            _, h = action_logprobs(model, c, c["assistant_mask"], return_hidden=True)
+            out = torch.log_softmax(pointer.site_logits(model, c["pointer"], h[0]), -1)[0]
+            return float(out[1] - out[0])
+
+    before = prefers()
+    res = train_dpo(model, processor, [PreferencePair(chosen, rejected, "ep", 0, "edit", "sam")],
+                    DPOConfig(beta=0.5, lr=2e-3, batch_size=1, max_steps=10), progress=False)
+    assert res["first_loss"] == pytest.approx(math.log(2), abs=1e-4) and res["last_loss"] < res["first_loss"] - 0.1
+    assert res["last_accuracy"] == 1.0 and prefers() > before + 0.5

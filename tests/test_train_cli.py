@@ -43,7 +43,7 @@ def _changed(value, f):
         return value[:2] if len(value) > 2 else ["radio", "tabs"]
     if value is None:  # optional settings: a value that passes every check
         return {"dual_clip": 3.0, "max_minutes": 7.5, "target_kl": 0.3, "micro_batch_tokens": 512, "sft_threads": 2,
-                "max_steps": 40, "save_every": 50, "ray_address": "auto"}.get(f.name)
+                "max_steps": 40, "save_every": 50, "ray_address": "auto", "games": ["merge", "mines"]}.get(f.name)
     if isinstance(value, float):
         return value * 1.5 if value else 0.25
     return value + 32 if f.name == "hidden" else value + 1

@@ -404,8 +404,11 @@ class AgentLoop:
             ep.meta["unexecuted"] = leftovers
         verdict = getattr(self.executor, "outcome", None)  # an executor that can check the task (the sandbox)
         outcome = verdict() if callable(verdict) else None
-        if outcome is not None and outcome.success is not None:
+        # a verdict, or a score without one (a game is scored, not passed: its reward is the normalized score)
+        if outcome is not None and (outcome.success is not None or outcome.reward is not None):
             ep.outcome = outcome
+            if getattr(outcome, "text", ""):  # what it said in words ("Game over: score 12 (normalized 140).")
+                ep.meta["outcome_text"] = outcome.text
         ep.meta["end_reason"] = reason
         ep.updated_at = time.time()
         self._save()

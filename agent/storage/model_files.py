@@ -289,3 +289,14 @@ def pulled_record(model_dir) -> dict | None:
         return json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def model_screen(model_dir) -> dict:
+    """The sandbox screen a checkpoint of trainer.recipe.default_model was trained on: {"width", "height"} as
+    far as its tandem_training.json says ({} when it does not)."""
+    try:
+        meta = json.loads((Path(model_dir) / "tandem_training.json").read_text(encoding="utf-8"))
+        cfg = meta["report"]["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {k: cfg[k] for k in ("width", "height") if isinstance(cfg.get(k), int)}

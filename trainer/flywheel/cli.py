@@ -12,6 +12,7 @@ import json
 import sys
 
 from agent.cli_common import fail, open_store
+from agent.storage.model_files import DEFAULT_MODEL_DIR, model_screen
 from trainer.config_flags import ConfigError, add_flags, describe, overrides
 from trainer.flywheel import FlywheelError
 from trainer.flywheel.announce import backend_target
@@ -23,7 +24,7 @@ from trainer.flywheel.plots import plot_flywheel, summary
 from trainer.flywheel.registry import Registry, eval_summary, paired_comparison
 from trainer.flywheel.routing import Router
 from trainer.flywheel.scoring import OutcomeRewardModel
-from trainer.flywheel.simulated import simulate
+from trainer.flywheel.simulated import SIMULATED_SEEDS, simulate
 
 
 def register(sub, common) -> None:
@@ -70,6 +71,10 @@ def register(sub, common) -> None:
     h.add_argument("--supervised", type=int, default=2)
     h.add_argument("--families", help="comma-separated sandbox families")
     h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--start", type=int, default=0, help="offset of the first task seed (default 0): another "
+                                                         "offset gives other tasks, fresh data for the next iteration")
+    h.add_argument("--width", type=int, help="screen width (default: the default model's training size)")
+    h.add_argument("--height", type=int, help="screen height (default: the default model's)")
     h.set_defaults(func=cmd_simulate)
 
     pl = fs.add_parser("plot", parents=[common], help="PNG of held-out success by iteration and pool growth")
@@ -287,7 +292,10 @@ def cmd_simulate(args) -> int:
     fams = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
     store = open_store(args)
     try:
-        ids = simulate(store, recordings=args.recordings, supervised=args.supervised, families=fams, seed=args.seed)
+        screen = model_screen(DEFAULT_MODEL_DIR)  # the shipped model's, pixel-exact for it
+        ids = simulate(store, recordings=args.recordings, supervised=args.supervised, families=fams, seed=args.seed,
+                       width=args.width or screen.get("width", 320), height=args.height or screen.get("height", 240),
+                       seed_start=SIMULATED_SEEDS + args.start)
     finally:
         store.close()
     print(f"stored {len(ids['recording'])} simulated recordings and {len(ids['supervised'])} simulated supervised runs")

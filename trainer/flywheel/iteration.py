@@ -304,7 +304,7 @@ def train_candidate(store, cfg: FlywheelConfig, parent_dir, out_dir, slog: _Stag
     pairs = preference_pairs(store, sft_ids + ct_ids, skipped) if cfg.dpo_steps else []
     if pairs:
         r = train_dpo(model, processor, pairs, DPOConfig(beta=cfg.dpo_beta, lr=cfg.dpo_lr, batch_size=min(cfg.sft.batch_size, 4),
-                                                         max_steps=cfg.dpo_steps, seed=cfg.seed),
+                                                         max_steps=cfg.dpo_steps, seed=cfg.seed, nll=cfg.dpo_nll),
                       log=slog, progress=False)
         stages.append({k: r[k] for k in ("phase", "steps", "pairs", "first_loss", "last_loss", "last_accuracy", "seconds")})
     else:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import random
 
+from agent import coords
+from agent.grammar import format_normalized
 from agent.schema import Action, Outcome, Provenance
 from trainer.rollout.runner import demonstrate, trajectory_to_episode
 from trainer.sandbox.families import FAMILIES
@@ -24,9 +26,12 @@ def _jitter(action: Action, rng: random.Random, px: float, w: int, h: int) -> Ac
     return action.map_points(move)
 
 
+SIMULATED_SEEDS = 700_000  # the simulated humans' task seeds start here: train split, apart from the expert's
+
+
 def simulate(store, *, recordings: int = 0, supervised: int = 0, families=None, width: int = 320, height: int = 240,
              jitter_px: float = 1.5, empty_thought_rate: float = 0.1, unmarked_rate: float = 0.0, seed: int = 0,
-             seed_start: int = 700_000) -> dict:
+             seed_start: int = SIMULATED_SEEDS) -> dict:
     """Store `recordings` + `supervised` simulated human episodes; returns their ids by kind."""
     fams = list(families or FAMILIES)
     rng = random.Random(seed)
@@ -60,6 +65,10 @@ def simulate(store, *, recordings: int = 0, supervised: int = 0, families=None, 
             fix.provenance = Provenance(source="corrected", proposal_thought="I will act here.", proposal_action=wrong,
                                         policy_version="simulated-policy", decision="edit",
                                         decided_by="simulated-supervisor")
+            # what the live loop keeps of a corrected step: the model's own reply, the proposal (the
+            # preference pair's rejected side), not the expert's that the correction carries out
+            fix.raw_response = format_normalized("I will act here.", [wrong], coords.SMART_RESIZE,
+                                                 fix.observation.width, fix.observation.height)
         store.save_episode(ep, bump_revision=True)
         out[kind].append(ep.id)
     return out

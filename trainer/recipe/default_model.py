@@ -7,7 +7,10 @@ lines: the recipe's stages and its resumable checkpoints read as one script, top
 OUT gets the checkpoint (a standard transformers directory, about 6 MB), eval.json (held-out
 success per family after SFT and after PPO) and training_curves.png; the work folder (default
 OUT-work) keeps the base and SFT checkpoints, metrics.jsonl, TensorBoard events, more plots and
-report.json. --resume reuses a finished SFT stage there (stage_sft.json + sft/) and runs PPO again.
+report.json. --resume reuses a finished SFT stage there (stage_sft.json + sft/), and a finished PPO
+stage of the same settings (stage_ppo.json + ppo_model/). With --games (off by default) a games
+stage follows PPO (trainer.recipe.games_stage): continued SFT on the browser games' reference
+players with the sandbox's demonstrations replayed beside them, the games scored before and after.
 
 The model sees screenshots at exactly agent.coords' smart_resize size (its image processor's
 min/max pixels are set so), so the coordinates it writes mean the same thing to the sandbox,
@@ -53,11 +56,14 @@ from trainer.learn.sft import (
     train_sft,
 )
 from trainer.learn.tiny_model import ARCHS, MROPE_LAYOUTS, build_tiny_model, default_corpus
+from trainer.recipe import games_stage
 from trainer.rollout.actors import VLMActor
 from trainer.rollout.grounding import grounding_eval, grounding_samples
 from trainer.rollout.runner import demonstrate, evaluate
 from trainer.rollout.specs import EnvSpec
 from trainer.sandbox.families import family_class, is_hybrid
+from trainer.sandbox.games.browser import GameBrowserError, find_chromium
+from trainer.sandbox.games.registry import GAME_MODULES
 from trainer.stats import paired_difference, rate
 
 
@@ -127,6 +133,19 @@ class RecipeConfig:
                                   "click_reward", "kl_coef", "no_effect_penalty", "end_on_parse_error"))
     ppo_max_steps: int = knob(5, "rollouts are cut (and bootstrapped) at this many steps; evaluation keeps each "
                                  "family's limit")
+    # the games stage (trainer.recipe.games_stage): continued SFT from the PPO model on each game's reference
+    # player, the sandbox's demonstrations replayed beside them (game_replay per game sample) so its skills stay
+    # off by default: at this model's size the stage cost 6.7 points of held-out sandbox success and did not
+    # raise the games' score (README, Results: "The games stage")
+    games: list[str] | None = knob(None, "browser games the model learns after PPO, from their reference players "
+                                         "('all', or comma-separated names; none: no games stage)")
+    game_demo_episodes: int = knob(8, "reference episodes per game for the games stage", flag="game-demos")
+    game_demo_turns: int = knob(25, "turns kept per game episode (evenly spaced): a game's turns are much alike")
+    game_replay: float = knob(1.0, "sandbox demonstration turns replayed per game turn in the games stage")
+    game_eval_episodes: int = knob(5, "held-out episodes per game, scored before and after the games stage",
+                                   flag="game-eval")
+    games_sft: SFTConfig = nested(lambda: SFTConfig(lr=1e-3, epochs=2.0, batch_size=8, warmup_steps=5),
+                                  prefix="games-sft-", skip=SCALE, tied=("seed",))
     threads: int = knob(1, "torch threads of the PPO learner beside its rollout workers (they take the other cores)")
     # torch threads of SFT and the held-out evaluations, when nothing else runs (None: the cores other work leaves
     # free, agent.threads). Measured on 2 cores: an SFT step of the default shape 1.06 s with 1 thread, 0.65 s with
@@ -141,6 +160,8 @@ class RecipeConfig:
                               "n_workers": "ppo.n_workers", "n_envs": "ppo.n_envs", "ray_address": "ppo.ray_address"}
 
     def __post_init__(self):
+        if self.games == ["all"]:
+            self.games = list(GAME_MODULES)
         tie(self)
         self.validate()
 
@@ -165,6 +186,12 @@ class RecipeConfig:
             check(getattr(self, name) >= 1, f"recipe.{name}", "must be at least 1", getattr(self, name))
         check(self.sft_threads is None or self.sft_threads >= 1, "recipe.sft_threads", "must be at least 1",
               self.sft_threads)
+        for g in self.games or []:
+            if g not in GAME_MODULES:
+                raise ConfigError("recipe.games", f"has {g!r}, not a game: the games are {', '.join(GAME_MODULES)}")
+        for name in ("game_demo_episodes", "game_demo_turns", "game_eval_episodes"):
+            check(getattr(self, name) >= 1, f"recipe.{name}", "must be at least 1", getattr(self, name))
+        check(self.game_replay >= 0, "recipe.game_replay", "must be >= 0", self.game_replay)
         check(self.rope_theta > 1, "recipe.rope_theta", "must be > 1", self.rope_theta)
         check(0.0 <= self.demo_slip <= 1.0, "recipe.demo_slip", "must be in [0, 1]", self.demo_slip)
         check(self.grounding_screens_per_family >= 0, "recipe.grounding_screens_per_family", "must be >= 0",
@@ -174,6 +201,8 @@ class RecipeConfig:
         validate_nested(self)
 
 
+# the settings of the games stage (after PPO): changing them reruns that stage alone on --resume
+GAMES_STAGE_KEYS = ("games", "game_demo_episodes", "game_demo_turns", "game_replay", "game_eval_episodes", "games_sft")
 # the settings that shape the SFT stage (demonstrations, model, SFT, its evaluation): --resume needs them unchanged
 SFT_STAGE_KEYS = ("width", "height", "observation", "families", "demo_episodes_per_family", "demo_slip",
                   "grounding_screens_per_family", "eval_seeds_per_family", "arch", "hidden", "layers", "vision_depth",
@@ -259,6 +288,12 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     except VLMError as e:
         raise RecipeError(f"--device: {e}") from None
 
+    if cfg.games:  # the games stage's browser, checked before hours of work, not after
+        try:
+            find_chromium()
+        except GameBrowserError as e:
+            raise RecipeError(f"the games stage needs Chromium: {e}; or skip it with --games none") from None
+
     torch.manual_seed(cfg.seed)
     sft_threads = choose_threads(cfg.sft_threads, flag="--sft-threads").apply()
     print(sft_threads.line("torch threads of SFT and evaluation"), file=sys.stderr)
@@ -334,17 +369,32 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
                                            "config": sft_stage_config(cfg)}), indent=2)
                          + "\n", encoding="utf-8")
 
-    # -- 3. PPO on the sandbox, from the SFT model
-    from trainer.learn.ppo import train_ppo  # lazy: torch: this module stays light
+    # -- 3. PPO on the sandbox, from the SFT model (with resume, a finished PPO stage of the same settings is reused)
+    ppo_stage = work / "stage_ppo.json"
+    ppo_done = json.loads(ppo_stage.read_text(encoding="utf-8")) if resume and ppo_stage.is_file() else None
+    if ppo_done and "resumed_from" in report and (work / "ppo_model" / "model.safetensors").is_file() \
+            and ppo_done.get("config") == ppo_stage_config(cfg):
+        report.update({k: ppo_done[k] for k in ("ppo", "eval_ppo")})
+        report["resumed_ppo_from"] = str(work / "ppo_model")
+        model, processor = load_for_training(work / "ppo_model", dev)
+    else:
+        from trainer.learn.ppo import train_ppo  # lazy: torch: this module stays light
 
-    torch.set_num_threads(cfg.threads)
-    res = train_ppo(model, processor, cfg.ppo, model_dir=work / "sft", work_dir=work / "ppo",
-                    env=EnvSpec(**{**play_kw, "max_steps": cfg.ppo_max_steps}),
-                    families=cfg.families, log=log, progress=progress)
-    sft_threads.apply()  # the workers have stopped
-    res["critic"].save(work / "critic")
-    report["ppo"] = {"updates": res["updates"], "last": res["history"][-1] if res["history"] else None}
-    report["eval_ppo"] = heldout("ppo")
+        torch.set_num_threads(cfg.threads)
+        res = train_ppo(model, processor, cfg.ppo, model_dir=work / "sft", work_dir=work / "ppo",
+                        env=EnvSpec(**{**play_kw, "max_steps": cfg.ppo_max_steps}),
+                        families=cfg.families, log=log, progress=progress)
+        sft_threads.apply()  # the workers have stopped
+        res["critic"].save(work / "critic")
+        report["ppo"] = {"updates": res["updates"], "last": res["history"][-1] if res["history"] else None}
+        report["eval_ppo"] = heldout("ppo")
+        save_checkpoint(model, processor, work / "ppo_model", {"recipe": "trainer.recipe.default_model", "stage": "ppo"})
+        ppo_stage.write_text(json.dumps(_slim({"ppo": report["ppo"], "eval_ppo": report["eval_ppo"],
+                                               "config": ppo_stage_config(cfg)}), indent=2) + "\n", encoding="utf-8")
+
+    # -- 3b. the games: continued SFT on their reference players, the sandbox replayed beside them
+    if cfg.games:
+        run_games_stage(model, processor, cfg, report, work=work, log=log, heldout=heldout, progress=progress)
 
     # -- 4. save, plot, report
     report["seconds"] = round(time.perf_counter() - t0, 1)
@@ -353,7 +403,7 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     save_checkpoint(model, processor, out, {"recipe": "trainer.recipe.default_model", "report": _slim(report)})
     log.close()
     plots = {}
-    for phase, keys in (("sft", ["loss", "grad_norm"]),
+    for phase, keys in (("sft", ["loss", "grad_norm"]), ("games_sft", ["loss", "grad_norm"]),
                         ("ppo", ["reward", "success_rate", "entropy", "approx_kl", "clipfrac", "clipfrac_dual",
                                  "explained_variance",
                                  "value_loss", "think_length", "episode_length", "policy_loss", "learner_tokens_per_s",
@@ -371,6 +421,65 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
     (out / "eval.json").write_text(json.dumps(eval_summary(report), indent=2) + "\n", encoding="utf-8")
     (work / "report.json").write_text(json.dumps(_slim(report), indent=2) + "\n", encoding="utf-8")
     return report
+
+
+def ppo_stage_config(cfg: RecipeConfig) -> dict:
+    """The settings a PPO stage is recorded with (stage_ppo.json) and reused on --resume only when
+    unchanged: all of them but the games stage's, which comes after it."""
+    return _slim({k: v for k, v in flatten(cfg).items() if k.split(".")[0] not in GAMES_STAGE_KEYS})
+
+
+def run_games_stage(model, processor, cfg: RecipeConfig, report: dict, *, work: Path, log, heldout,
+                    progress: bool = True) -> None:
+    """The games stage, in place on `model` (the PPO model): its games' held-out scores before,
+    continued SFT on the reference players' turns with as many sandbox demonstration turns beside
+    them (cfg.game_replay), then the sandbox's held-out success (`heldout`) and the games' scores
+    after, paired on the same seeds. Fills report["games"] and report["eval_final"]."""
+    import random
+
+    from tqdm import tqdm
+
+    games = list(cfg.games or [])
+    def scored(tag: str) -> dict:
+        actor = VLMActor(model, processor, max_new_tokens=64)
+        bar = tqdm(total=len(games) * cfg.game_eval_episodes, desc=f"games {tag}", disable=not progress or None)
+        res = games_stage.evaluate_games(actor, games, cfg.game_eval_episodes, observation=cfg.observation,
+                                         progress=lambda _t: bar.update(1))
+        bar.close()
+        log.log(0, f"games_{tag}", overall=res["overall"], parse_rate=res["parse_rate"],
+                **{f"normalized_{g}": v["normalized"] for g, v in res["games"].items()})
+        return res
+
+    before = scored("ppo")
+    bar = tqdm(total=len(games) * cfg.game_demo_episodes, desc="game demos", disable=not progress or None)
+    samples, info = games_stage.game_samples(games, cfg.game_demo_episodes, cfg.game_demo_turns,
+                                             observation=cfg.observation, seed=cfg.seed,
+                                             progress=lambda _t: bar.update(1))
+    bar.close()
+    replay: list[Sample] = []
+    want = round(cfg.game_replay * len(samples))
+    if want:  # the SFT stage's demonstrations again (the same train seeds), as many turns as asked
+        gui = [f for f in cfg.families if not is_hybrid(f)] or cfg.families
+        per = max(1, -(-want // (2 * len(gui))))  # an episode gives about two turns; more rounds if short
+        demos: list[Sample] = []
+        start = 0
+        while len(demos) < want:
+            _, got = demonstrations(gui, per, width=cfg.width, height=cfg.height, progress=progress,
+                                    slip=cfg.demo_slip, observation=cfg.observation, seed_start=start)
+            if not got:
+                raise RecipeError(f"the expert succeeded on none of {per * len(gui)} demonstrations to replay")
+            demos += got
+            start += per * len(gui)
+        replay = random.Random(cfg.seed).sample(demos, min(want, len(demos)))
+    info["replayed"] = len(replay)
+    mixed = samples + replay
+    random.Random(cfg.seed + 1).shuffle(mixed)
+    trained = train_sft(model, processor, mixed, cfg.games_sft, work / "games_sft", log=log, phase="games_sft",
+                        progress=progress)
+    report["eval_final"] = heldout("final")
+    after = scored("final")
+    report["games"] = {"demos": info, "sft": trained, "before": before, "after": after,
+                       "paired": games_stage.paired_games(before, after)}
 
 
 def eval_summary(report: dict) -> dict:
@@ -391,10 +500,39 @@ def eval_summary(report: dict) -> dict:
         # of those replies, the share whose thought names X: the instruction read, whatever the click
         "named": {tag: r["grounding"]["mean_named"] for tag, r in (("sft", sft), ("ppo", ppo))
                   if "mean_named" in r.get("grounding", {})},
+        **_final_summary(report),
         "demos": report.get("demos"), "ppo_updates": report.get("ppo", {}).get("updates"),
         "seconds": report.get("seconds"), "device": report.get("device"), "config": report["config"],
         "reproduce": reproduce_command(report["config"]),
         "resumed_from": report.get("resumed_from"),
+    }
+
+
+def _final_summary(report: dict) -> dict:
+    """What ships after the games stage: its held-out success beside PPO's (paired, the same seeds),
+    and the games' normalized scores before and after it. Empty without a games stage."""
+    if "games" not in report:
+        return {}
+    ppo, final, g = report["eval_ppo"], report["eval_final"], report["games"]
+    pair = _intervals(ppo, final)
+    return {
+        "final": {"stage": "games", "success": final["mean_success"],
+                  "delta_vs_ppo": round(final["mean_success"] - ppo["mean_success"], 4),
+                  **({"ci95": pair["ppo_ci95"], "delta_ci95": pair["delta_ci95"], "episodes": pair["episodes"]}
+                     if pair else {}),
+                  "families": {f: v["success"] for f, v in final["families"].items()}},
+        "games": {"split": "heldout (seeds from trainer.sandbox.task.HELDOUT_START), greedy decoding, 100 steps",
+                  "episodes_per_game": report["config"]["game_eval_episodes"],
+                  "per_game": {name: {"before": g["before"]["games"][name]["normalized"],
+                                      "after": g["after"]["games"][name]["normalized"],
+                                      "after_ci95": g["after"]["games"][name]["ci95"],
+                                      "delta_ci95": g["paired"]["games"].get(name, {}).get("ci95")}
+                               for name in g["after"]["games"]},
+                  "overall": {"before": g["before"]["overall"], "after": g["after"]["overall"],
+                              "before_ci95": g["before"]["ci95"], "after_ci95": g["after"]["ci95"],
+                              "delta": g["paired"]["delta"], "delta_ci95": g["paired"]["ci95"]},
+                  "parse_rate": {"before": g["before"]["parse_rate"], "after": g["after"]["parse_rate"]},
+                  "demos": g["demos"]},
     }
 
 
@@ -433,7 +571,8 @@ def plot_summary(metrics_path, report: dict, out_png, ppo_since: float | None = 
     rows = read_metrics(metrics_path)
     sft = [r for r in rows if r["phase"] == "sft"]
     ppo = [r for r in rows if r["phase"] == "ppo" and (ppo_since is None or r.get("time", 0.0) >= ppo_since)]
-    fig, axes = plt.subplots(1, 5, figsize=(17, 3.1))
+    games = report.get("games")
+    fig, axes = plt.subplots(1, 6 if games else 5, figsize=(20 if games else 17, 3.1))
     panels = [(sft, "loss", "SFT loss (assistant tokens)"), (ppo, "reward", "PPO reward / episode"),
               (ppo, "success_rate", "PPO rollout success rate"), (ppo, "entropy", "PPO policy entropy")]
     for ax, (data, key, title) in zip(axes, panels, strict=False):  # axes[4] is drawn below
@@ -459,6 +598,17 @@ def plot_summary(metrics_path, report: dict, out_png, ppo_since: float | None = 
     ax.set_ylim(0, 1)
     ax.set_title("held-out success per family", fontsize=9)
     ax.legend(fontsize=7)
+    if games:
+        ax = axes[5]
+        names = list(games["after"]["games"])
+        for off, tag, label in ((-0.2, "before", "after PPO"), (0.2, "after", "after the games stage")):
+            vals = [games[tag]["games"][n]["normalized"] or 0.0 for n in names]
+            ax.bar([i + off for i in range(len(names))], vals, 0.4,
+                   label=f"{label} (mean {games[tag]['overall'] or 0:.1f})")
+        ax.axhline(100, color="grey", lw=0.8, ls="--")
+        ax.set_xticks(list(range(len(names))), names, rotation=30, ha="right", fontsize=7)
+        ax.set_title("games: normalized score (reference = 100)", fontsize=9)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_png, dpi=80)
     plt.close(fig)

@@ -12,7 +12,7 @@ from agent.cli_common import fail, open_store
 from agent.executors.base import encode_pixels
 from agent.policies.choice import CLI
 from agent.policies.choice import make_policy as choose
-from agent.storage.model_files import DEFAULT_MODEL_DIR
+from agent.storage.model_files import DEFAULT_MODEL_DIR, model_screen
 from agent.threads import choose_threads
 from agent.vlm.model import load_vlm
 from trainer.rollout import games_eval, miniwob_eval
@@ -180,22 +180,13 @@ def _size_parent():
     return p
 
 
-def model_screen(model_dir) -> dict:
-    """The sandbox screen a checkpoint of trainer.recipe.default_model was trained on: {"width", "height"} as
-    far as its tandem_training.json says ({} when it does not)."""
-    try:
-        meta = json.loads((Path(model_dir) / "tandem_training.json").read_text(encoding="utf-8"))
-        cfg = meta["report"]["config"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-    return {k: cfg[k] for k in ("width", "height") if isinstance(cfg.get(k), int)}
-
-
 def resolve_screen(args) -> None:
     """Fill args.width, args.height and args.observation: given flags win, then the size and
-    observation the evaluated model was trained with, then 320x240 with element lists."""
+    observation the evaluated model was trained with (without a policy, as `sandbox generate`:
+    the default model's, whose data it makes), then 320x240 with element lists."""
     trained, observation = {}, "elements"
-    if getattr(args, "policy", None) in ("default", "local"):
+    policy = getattr(args, "policy", None)
+    if policy in ("default", "local") or policy is None:  # no policy: demonstrations, for the default model
         model_dir = getattr(args, "model_dir", None) or DEFAULT_MODEL_DIR
         trained, observation = model_screen(model_dir), observation_for(model_dir)
     args.width = args.width or trained.get("width", 320)

@@ -92,9 +92,12 @@ class SyncPage(QWidget):
         self.window.restart_sync()
         self.status.set_bridge(self.window.sync)
         self.current.setText(self._describe())
-        if self.window.sync is not None:  # what it lacks is known once it has said who it is
+        bridge = self.window.sync
+        if bridge is not None:  # what it lacks is known once it has said who it is
             self._offer_next_welcome = True
-            self.window.sync.server_identified.connect(self._offer_missing)
+            bridge.server_identified.connect(self._offer_missing)
+            if bridge.connection is not None and bridge.connection[0]:  # it said so before we listened
+                self._offer_missing(bridge.outbox.server)
 
     def _offer_missing(self, _key: str) -> None:
         """Ask whether to send the episodes that went to another server and this one lacks."""

@@ -68,6 +68,39 @@ def test_an_outcome_marked_after_upload_reaches_the_backend_without_a_click(qtbo
     assert got.revision == first + 1 and got.outcome.success is True and got.outcome.source == "annotator"
 
 
+def test_the_offer_comes_when_the_new_server_answered_before_the_page_listened(qtbot, store, tmp_path):
+    """The sync thread may be welcomed by the new server before apply_settings connects to its
+    signal (a loaded machine): the page then finds the state and offers all the same."""
+    eps = [make_episode(store, 2, instruction="Rename the report")]
+    team = start_in_thread(tmp_path / "team")
+    try:
+        token = team.store.add_user("ann", "annotator")
+        win = _window(qtbot, store)
+        try:
+            page = win.page("Sync")
+            page.submit_unsynced()
+            qtbot.waitUntil(lambda: page.status.state_of(eps[0].id) == "synced", timeout=20000)
+            restart = win.restart_sync
+
+            def restart_and_wait_for_the_welcome():  # the worker wins the race, every time
+                restart()
+                deadline = time.monotonic() + 20
+                while not (win.sync.connection and win.sync.connection[0]) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+
+            win.restart_sync = restart_and_wait_for_the_welcome
+            page.url.setText(team.url)
+            page.token.setText(token)
+            page.apply_settings()
+            qtbot.waitUntil(lambda: page.offer is not None and page.offer.isVisible(), timeout=20000)
+            assert "1 episode sent to another server is not on " + team.url in page.offer.text()
+            page.offer.button(QMessageBox.No).click()
+        finally:
+            win.stop_sync()
+    finally:
+        team.stop()
+
+
 def test_switching_to_a_second_backend_offers_and_sends_every_episode(qtbot, store, tmp_path):
     """The issue: pointed at a team server, episodes synced to the built-in backend stayed
     "synced", "Submit all unsynced episodes" skipped them, and the team server got none."""

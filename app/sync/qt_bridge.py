@@ -33,9 +33,11 @@ class SyncBridge(QObject):
         self._started = threading.Event()
 
     def _on_connection(self, up: bool, detail: str) -> None:
+        # the state first, then the signals: a view that connects while this runs (on the worker thread)
+        # either gets the signal or finds the state (SyncPage.apply_settings, SyncStatusWidget.set_bridge)
+        self.connection = (up, detail)
         if up:
             self.server_identified.emit(self.outbox.server)
-        self.connection = (up, detail)
         self.connection_changed.emit(up, detail)
 
     def _on_entry(self, entry: OutboxEntry) -> None:

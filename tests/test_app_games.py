@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from games_helpers import HAVE_CHROMIUM, needs_chromium
 from PySide6.QtCore import QPoint, Qt
 
 from agent import coords
@@ -24,15 +25,8 @@ from app.drive_view import DrivePage
 from app.game_executor import GameProcessExecutor
 from app.proposal_panel import frame_pixmap
 from app.supervise_view import SupervisePage
-from trainer.sandbox.games.browser import GameBrowserError, chromium_processes, find_chromium, tagged_processes
+from trainer.sandbox.games.browser import chromium_processes, tagged_processes
 from trainer.sandbox.games.spec import HEIGHT, WIDTH, key
-
-try:
-    find_chromium()
-    HAVE_CHROMIUM = True
-except GameBrowserError:
-    HAVE_CHROMIUM = False
-needs_chromium = pytest.mark.skipif(not HAVE_CHROMIUM, reason="chromium is not installed")
 
 
 def text(thought: str, action: Action) -> str:

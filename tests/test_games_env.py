@@ -16,13 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from games_helpers import needs_chromium
 
 from agent.schema import Action
 from trainer.sandbox.games import registry
 from trainer.sandbox.games.browser import (
-    GameBrowserError,
     chromium_processes,
-    find_chromium,
     key_event,
     tagged_processes,
 )
@@ -30,13 +29,6 @@ from trainer.sandbox.games.env import NO_ELEMENTS, GameEnv
 from trainer.sandbox.games.spec import HEIGHT, WIDTH, key
 
 ROOT = Path(__file__).resolve().parents[1]
-
-try:
-    find_chromium()
-    HAVE_CHROMIUM = True
-except GameBrowserError:
-    HAVE_CHROMIUM = False
-needs_chromium = pytest.mark.skipif(not HAVE_CHROMIUM, reason="chromium is not installed")
 
 
 def wait_gone(pgid: int, profile: str, seconds: float = 15.0) -> list[int]:

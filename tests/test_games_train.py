@@ -9,20 +9,14 @@ import os
 import time
 
 import pytest
+from games_helpers import needs_chromium
 
 from agent.schema import Action
 from tests.vlm_fixtures import one_thread, tiny_vlm_dir  # noqa: F401 - fixtures
 from trainer.sandbox.games import registry
-from trainer.sandbox.games.browser import PROFILE_ROOT, TAG_ENV, GameBrowserError, find_chromium
+from trainer.sandbox.games.browser import PROFILE_ROOT, TAG_ENV
 from trainer.sandbox.games.spec import click, key
 from trainer.sandbox.games.thoughts import thought
-
-try:
-    find_chromium()
-    HAVE_CHROMIUM = True
-except GameBrowserError:
-    HAVE_CHROMIUM = False
-needs_chromium = pytest.mark.skipif(not HAVE_CHROMIUM, reason="chromium is not installed")
 
 
 def our_browsers() -> list[int]:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from factories import make_episode
+from PySide6.QtCore import QObject, Slot
 
 from agent.schema import Episode
 from agent.sync.outbox import Outbox
@@ -17,6 +18,18 @@ def test_sync_modules_do_not_import_qt():
             "app.sync.cli, agent.protocol, trainer.backend.server; print('PySide6' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class StateRecorder(QObject):
+    """Every (episode, state) the bridge signals, in the order the main thread receives them."""
+
+    def __init__(self):
+        super().__init__()
+        self.states: list[tuple[str, str]] = []
+
+    @Slot(object)
+    def add(self, entry) -> None:
+        self.states.append((entry.episode_id, entry.state))
 
 
 def test_bridge_and_widget_show_each_state(qtbot, store):
@@ -33,16 +46,19 @@ def test_bridge_and_widget_show_each_state(qtbot, store):
     bridge = SyncBridge(store, url, token)
     widget = SyncStatusWidget(Outbox(store), bridge)
     qtbot.addWidget(widget)
-    states = []
-    bridge.entry_changed.connect(lambda e: states.append((e.episode_id, e.state)))
+    # a QObject slot on the main thread, as the widget's: a bare lambda's delivery from the sync
+    # thread is not ordered with the widget's, so it could lag behind what the widget shows
+    recorder = StateRecorder()
+    bridge.entry_changed.connect(recorder.add)
     bridge.start()
     try:
         bridge.submit([good.id, broken.id])
-        qtbot.waitUntil(lambda: widget.state_of(good.id) == "synced" and widget.state_of(broken.id) == "failed",
-                        timeout=10_000)
+        qtbot.waitUntil(lambda: widget.state_of(good.id) == "synced" and widget.state_of(broken.id) == "failed"
+                        and {(good.id, "synced"), (broken.id, "failed")} <= set(recorder.states), timeout=10_000)
     finally:
         bridge.stop()
         stop()
+    states = recorder.states
     assert (good.id, "sending") in states and states[-1][1] in ("synced", "failed")
     row = widget._rows[broken.id]
     assert "missing from the local store" in widget.table.item(row, 3).text()

@@ -80,6 +80,20 @@ def store(tmp_path):
     s.close()
 
 
+@pytest.fixture
+def backend(tmp_path):
+    """A live backend on loopback with a user of each role: `.tokens` maps ann, ann2 (annotators),
+    sup, sup2 (supervisors) and root (admin) to their tokens. A module's own `backend` replaces it."""
+    from trainer.backend.server_thread import start_in_thread
+
+    b = start_in_thread(tmp_path / "backend")
+    b.tokens = {name: b.store.add_user(name, role) for name, role in
+                [("ann", "annotator"), ("ann2", "annotator"), ("sup", "supervisor"), ("sup2", "supervisor"),
+                 ("root", "admin")]}
+    yield b
+    b.stop()
+
+
 @pytest.fixture(scope="module")
 def backend_for_fuzz(tmp_path_factory):
     """A live backend on loopback and an admin token, shared by a fuzz test's examples."""

@@ -338,9 +338,9 @@ def _routed_the_old_way_moves_out(s: Store, router) -> None:
     assert rows[a.id]["content_hash"] == ja.content_hash == s.load_episode_version(a.id)[1]
     before = s.query("SELECT * FROM judgements ORDER BY episode_id")
     with s.transaction():
-        st._move_judgements_out(s)  # again: changes nothing
+        st.move_judgements_out(s)  # again: changes nothing
         s.execute("UPDATE episodes SET content_hash = NULL WHERE id = ?", [a.id])  # even on a row it did
-        st._move_judgements_out(s)
+        st.move_judgements_out(s)
     assert s.query("SELECT * FROM judgements ORDER BY episode_id") == before
     assert router.growth() == [{"iteration": 1, "sft": 1, "ct": 1, "rejected": 0}]
     assert router.undo(1) == 2 and s.counts()["by_route"] == {"unscored": 2}

@@ -68,18 +68,34 @@ def test_an_outcome_marked_after_upload_reaches_the_backend_without_a_click(qtbo
     assert got.revision == first + 1 and got.outcome.success is True and got.outcome.source == "annotator"
 
 
+def _team_server(tmp_path):
+    """A second (team) backend and the token of its annotator ann."""
+    team = start_in_thread(tmp_path / "team")
+    return team, team.store.add_user("ann", "annotator")
+
+
+def _window_with_synced(qtbot, store, eps):
+    """The main window with every episode of `eps` submitted and synced to its built-in backend:
+    (window, its Sync page); the caller stops its sync."""
+    win = _window(qtbot, store)
+    try:
+        page = win.page("Sync")
+        page.submit_unsynced()
+        qtbot.waitUntil(lambda: all(page.status.state_of(e.id) == "synced" for e in eps), timeout=20000)
+    except BaseException:
+        win.stop_sync()
+        raise
+    return win, page
+
+
 def test_the_offer_comes_when_the_new_server_answered_before_the_page_listened(qtbot, store, tmp_path):
     """The sync thread may be welcomed by the new server before apply_settings connects to its
     signal (a loaded machine): the page then finds the state and offers all the same."""
     eps = [make_episode(store, 2, instruction="Rename the report")]
-    team = start_in_thread(tmp_path / "team")
+    team, token = _team_server(tmp_path)
     try:
-        token = team.store.add_user("ann", "annotator")
-        win = _window(qtbot, store)
+        win, page = _window_with_synced(qtbot, store, eps)
         try:
-            page = win.page("Sync")
-            page.submit_unsynced()
-            qtbot.waitUntil(lambda: page.status.state_of(eps[0].id) == "synced", timeout=20000)
             restart = win.restart_sync
 
             def restart_and_wait_for_the_welcome():  # the worker wins the race, every time
@@ -105,16 +121,12 @@ def test_switching_to_a_second_backend_offers_and_sends_every_episode(qtbot, sto
     """The issue: pointed at a team server, episodes synced to the built-in backend stayed
     "synced", "Submit all unsynced episodes" skipped them, and the team server got none."""
     eps = [make_episode(store, 2, instruction="Rename the report"), make_episode(store, 3, instruction="Open the mail")]
-    team = start_in_thread(tmp_path / "team")
+    team, token = _team_server(tmp_path)
     try:
-        token = team.store.add_user("ann", "annotator")
-        win = _window(qtbot, store)
+        win, page = _window_with_synced(qtbot, store, eps)
         try:
-            page = win.page("Sync")
             supervise = win.page("Supervise")
             assert supervise.server.text() == win.sync_url  # Watch a run: the embedded backend for now
-            page.submit_unsynced()
-            qtbot.waitUntil(lambda: all(page.status.state_of(e.id) == "synced" for e in eps), timeout=20000)
             page.url.setText(team.url)
             page.token.setText(token)
             page.apply_settings()

@@ -18,7 +18,7 @@ from pathlib import Path
 from agent.executors.base import ExecutionError, Frame
 from agent.grammar import format_tool_output
 from agent.schema import Action, ScreenGeometry, monotonic
-from agent.storage.store import atomic_write
+from agent.storage.files import atomic_write
 
 TOOL_ACTIONS = ("run_command", "read_file", "write_file")
 # A text observation has no pixels; this nominal geometry only keeps the schema's

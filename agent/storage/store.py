@@ -24,20 +24,26 @@ together. Nothing outside this module touches the connection or its lock.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
-import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import sqlite_utils
 
-from agent.errors import TandemError
 from agent.schema import ROUTES, Episode, Outcome, SchemaError, Step
+from agent.storage.files import TEMP_PREFIX, StoreError, atomic_write_chunks, sha256
+from agent.storage.judgements import (
+    JUDGED_JOIN,
+    ROUTE_SQL,
+    Judgement,
+    episode_content_hash,
+    judgement_from_row,
+    move_judgements_out,
+)
 
 DB_NAME = "tandem.db"
 ENV_DATA = "TANDEM_DATA"
@@ -46,11 +52,6 @@ PIN_SECONDS = 24 * 3600  # how long a written, unreferenced blob is protected fr
 # writer writes, fsyncs and renames within seconds, and each chunk it writes refreshes the
 # mtime, so an hour without a write means its writer is gone (killed, crashed).
 TEMP_GRACE_SECONDS = 3600
-TEMP_PREFIX = ".tmp-"
-
-
-class StoreError(TandemError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -60,48 +61,6 @@ class AddColumn:
     table: str
     column: str
     type: str  # TEXT, INTEGER or REAL
-
-
-def episode_content_hash(ep: Episode) -> str:
-    """The hash of an episode's content, what its judgements are keyed by: SHA-256 of its dict as
-    canonical JSON (the same function as agent.protocol.content_hash)."""
-    text = json.dumps(ep.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _move_judgements_out(store: Store) -> None:
-    """Migration: stores before `judgements` kept the flywheel's route, reasons (meta['routing'])
-    and judged outcome inside the episode. Each such judgement moves to `judgements` under the
-    episode's content once it is taken out, the episode gets back its own outcome (the one the
-    flywheel's last live routing record saw before it, else the one it holds: a person's or a
-    verifier's mark, which the flywheel keeps), and every row gets its content hash. Touches only
-    rows without a hash, so running it again changes nothing."""
-    routes = "flywheel_routes" in store.db.table_names()
-    for r in list(store.db.query("SELECT * FROM episodes WHERE content_hash IS NULL")):
-        meta = json.loads(r["meta"] or "{}")
-        routing = meta.pop("routing", None)
-        route = r["route"] if r["route"] in ROUTES else "unscored"
-        judged = route != "unscored" or routing is not None
-        outcome = {"success": None if r["success"] is None else bool(r["success"]), "reward": r["reward"],
-                   "source": r["outcome_source"]}
-        own = outcome
-        if judged and routes:
-            before = list(store.db.query("SELECT previous_outcome FROM flywheel_routes WHERE episode_id = ? AND "
-                                         "undone_at IS NULL ORDER BY id DESC LIMIT 1", [r["id"]]))
-            if before and before[0]["previous_outcome"]:
-                own = json.loads(before[0]["previous_outcome"]) or outcome
-        store.db.execute("UPDATE episodes SET route = 'unscored', meta = ?, success = ?, reward = ?, outcome_source = ? "
-                         "WHERE id = ?", [json.dumps(meta), None if own.get("success") is None else int(own["success"]),
-                                          own.get("reward"), own.get("source"), r["id"]])
-        try:
-            digest = episode_content_hash(store.load_episode(r["id"]))
-        except (SchemaError, ValueError, KeyError):  # a row that does not load: named by its row instead
-            digest = sha256(json.dumps({**r, "meta": json.dumps(meta)}, sort_keys=True, default=str).encode())
-        store.db.execute("UPDATE episodes SET content_hash = ? WHERE id = ?", [digest, r["id"]])
-        if judged:
-            store.db.execute("INSERT OR IGNORE INTO judgements (episode_id, content_hash, route, outcome, routing, "
-                             "revision, updated_at) VALUES (?, ?, ?, ?, ?, 1, ?)",
-                             [r["id"], digest, route, json.dumps(outcome), json.dumps(routing or {}), time.time()])
 
 
 # The store's own tables. Step 1 is the schema of every release before migrations were recorded
@@ -128,7 +87,7 @@ STORE_MIGRATIONS = [
     AddColumn("episodes", "content_hash", "TEXT"),
     """CREATE TABLE IF NOT EXISTS "judgements" ("episode_id" TEXT, "content_hash" TEXT, "route" TEXT,
         "outcome" TEXT, "routing" TEXT, "revision" INTEGER, "updated_at" REAL, PRIMARY KEY ("episode_id", "content_hash"))""",
-    _move_judgements_out,
+    move_judgements_out,
 ]
 
 
@@ -145,40 +104,6 @@ def default_data_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("Tandem", "Tandem"))
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a fresh temporary file (created exclusively beside it, so a
-    planted link is never followed), flushed to disk, then renamed over `path`."""
-    atomic_write_chunks(path, (data,))
-
-
-def atomic_write_chunks(path: Path, chunks, sha256_hex: str | None = None) -> None:
-    """atomic_write of bytes that arrive in chunks (never whole in memory); with sha256_hex, the
-    file replaces `path` only when its content has that hash (StoreError otherwise)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX)
-    h = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                h.update(chunk)
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        if sha256_hex is not None and h.hexdigest() != sha256_hex:
-            raise StoreError(f"blob {sha256_hex} does not match its content hash")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 class Store:
@@ -403,7 +328,7 @@ class Store:
                       ids=None) -> list[Episode]:
         """Episodes without their steps (n_steps in meta['n_steps']), newest first; `ids`: only these;
         `route`: only those whose current content the flywheel judged so (see judgement())."""
-        sql, params = f"SELECT e.* FROM episodes e {_JUDGED}", []
+        sql, params = f"SELECT e.* FROM episodes e {JUDGED_JOIN}", []
         where = []
         if ids is not None:
             ids = list(ids)
@@ -416,7 +341,7 @@ class Store:
             where.append("e.kind = ?")
             params.append(kind)
         if route:
-            where.append(f"{_ROUTE} = ?")
+            where.append(f"{ROUTE_SQL} = ?")
             params.append(route)
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -528,16 +453,16 @@ class Store:
         if content_hash is None:
             return self.judgements([episode_id]).get(episode_id, Judgement())
         rows = self.query("SELECT * FROM judgements WHERE episode_id = ? AND content_hash = ?", [episode_id, content_hash])
-        return _judgement(rows[0]) if rows else Judgement(content_hash=content_hash)
+        return judgement_from_row(rows[0]) if rows else Judgement(content_hash=content_hash)
 
     def judgements(self, ids) -> dict[str, Judgement]:
         """{episode id: the judgement of its current content} for the stored episodes among `ids`."""
         ids, out = list(ids), {}
         for at in range(0, len(ids), 500):
             part = ids[at:at + 500]
-            for r in self.query(f"SELECT e.id, e.content_hash AS current, j.* FROM episodes e {_JUDGED} "
+            for r in self.query(f"SELECT e.id, e.content_hash AS current, j.* FROM episodes e {JUDGED_JOIN} "
                                 f"WHERE e.id IN ({', '.join('?' * len(part))})", part):
-                out[r["id"]] = _judgement(r) if r["route"] is not None else Judgement(content_hash=r["current"])
+                out[r["id"]] = judgement_from_row(r) if r["route"] is not None else Judgement(content_hash=r["current"])
         return out
 
     def judge(self, episode_id: str, route: str, *, content_hash: str | None = None, outcome: Outcome | None = None,
@@ -559,7 +484,7 @@ class Store:
                    "outcome": json.dumps(outcome.to_dict()) if outcome is not None else None,
                    "routing": json.dumps(routing or {}), "revision": before.revision + 1, "updated_at": time.time()}
             self.db["judgements"].upsert(row, pk=("episode_id", "content_hash"))
-        return _judgement(row)
+        return judgement_from_row(row)
 
     # ------------------------------------------------------------ raw input events
     def append_raw_events(self, episode_id: str, events: list[dict]) -> None:
@@ -606,7 +531,7 @@ class Store:
             c = {"episodes": self.db["episodes"].count, "steps": self.db["steps"].count}
             c["by_kind"] = {r["kind"]: r["n"] for r in self.db.query("SELECT kind, COUNT(*) AS n FROM episodes GROUP BY kind")}
             c["by_route"] = {r["route"]: r["n"] for r in self.db.query(
-                f"SELECT {_ROUTE} AS route, COUNT(*) AS n FROM episodes e {_JUDGED} GROUP BY 1")}
+                f"SELECT {ROUTE_SQL} AS route, COUNT(*) AS n FROM episodes e {JUDGED_JOIN} GROUP BY 1")}
         files = [p for p in self.blob_dir.glob("*/*") if not p.name.startswith(TEMP_PREFIX)]
         c["blobs"] = len(files)
         c["blob_bytes"] = sum(p.stat().st_size for p in files)
@@ -671,29 +596,6 @@ class Store:
             except FileNotFoundError:
                 pass
         return n + self.remove_unreferenced(unused)
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """What the flywheel decided about one content of an episode (Store.judge)."""
-
-    route: str = "unscored"
-    outcome: Outcome | None = None  # the outcome it judged (a verifier's, a person's, the ORM's); None: none
-    routing: dict = field(default_factory=dict)  # {"iteration", "route", "why"}: shown in the Library
-    revision: int = 0  # changes to this content's judgement so far
-    content_hash: str | None = None
-
-
-# the judgement of each episode's current content, joined to `episodes e`; its route, unscored when none
-_JUDGED = "LEFT JOIN judgements j ON j.episode_id = e.id AND j.content_hash = e.content_hash"
-_ROUTE = "COALESCE(j.route, 'unscored')"
-
-
-def _judgement(r: dict) -> Judgement:
-    outcome, routing = r["outcome"], r["routing"]
-    return Judgement(r["route"], Outcome.from_dict(json.loads(outcome)) if outcome else None,
-                     json.loads(routing) if isinstance(routing, str) else dict(routing or {}),
-                     r["revision"] or 0, r["content_hash"])
 
 
 def _is_digest(name: str) -> bool:

@@ -5,26 +5,20 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from agent.cli_common import fail, open_store
 from agent.executors.base import encode_pixels
-from agent.policies.choice import CLI
-from agent.policies.choice import make_policy as choose
 from agent.storage.model_files import DEFAULT_MODEL_DIR, model_screen
-from agent.threads import choose_threads
-from agent.vlm.model import load_vlm
-from trainer.rollout import games_eval, miniwob_eval
-from trainer.rollout.actors import ExpertActor, PolicyActor, RandomActor, VLMActor
+from trainer.rollout import games_cli, miniwob_eval
+from trainer.rollout.actors import ExpertActor, RandomActor
+from trainer.rollout.cli_actors import make_actor, make_policy, progress_bar
 from trainer.rollout.grounding import grounding_eval
 from trainer.rollout.runner import EpisodeRunner, demonstrate, plan, rates, trace_summary, trajectory_to_episode
 from trainer.rollout.specs import INFERENCE_DTYPES
 from trainer.sandbox.env import SandboxEnv, observation_for
 from trainer.sandbox.env_process import make_envs
 from trainer.sandbox.families import FAMILIES, HYBRID_FAMILIES, family_class, is_hybrid, parse_families
-from trainer.sandbox.games import registry as game_registry
-from trainer.sandbox.games.browser import GameBrowserError
 from trainer.sandbox.miniwob_browser import MiniWoBError
 from trainer.sandbox.miniwob_env import available
 from trainer.sandbox.screen import SandboxError
@@ -116,19 +110,8 @@ def register(sub, common) -> None:
                         "labelled element and of actions that changed nothing")
     s.set_defaults(func=cmd_eval)
 
-    g = ss.add_parser("games", help="the browser games: list them, calibrate their normalized scores",
-                      description="Browser games played in headless Chromium under a fake clock (trainer/sandbox/games).")
-    gs = g.add_subparsers(dest="games_command", metavar="SUBCOMMAND", required=True)
-    s = gs.add_parser("list", parents=[common], help="the games, what their verifiers read, their norms")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_games_list)
-    s = gs.add_parser("calibrate", parents=[common],
-                      help="measure the reference and random players' mean scores (train seeds) into norms.json")
-    s.add_argument("--episodes", type=int, required=True, help="episodes per game and player")
-    s.add_argument("--games", help="comma-separated games (default: all); only these games' norms change")
-    s.add_argument("--dry-run", action="store_true", help="print the means without writing norms.json")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_games_calibrate)
+    games_cli.register(ss, common)
+
 
 
 TOOLS_HELP = ("the terminal and file tools (run_command, read_file, write_file) over a workspace folder per "
@@ -270,7 +253,7 @@ def _interactive(env) -> int:
 
 def cmd_generate(args) -> int:
     if args.suite == "games":
-        return _generate_games(args)
+        return games_cli.generate(args)
     if args.games:
         return fail("--games is for --suite games")
     try:
@@ -286,7 +269,7 @@ def cmd_generate(args) -> int:
     store = open_store(args)
     resolve_screen(args)
     ok = 0
-    bar = _bar(len(tickets), "expert episodes")
+    bar = progress_bar(len(tickets), "expert episodes")
 
     def keep(traj) -> None:  # stored as each episode ends
         nonlocal ok
@@ -302,68 +285,6 @@ def cmd_generate(args) -> int:
         store.close()
     print(f"wrote {len(tickets)} expert episodes ({ok} successful) to {store.root}")
     return 0 if ok == len(tickets) else 1
-
-
-def _generate_games(args) -> int:
-    """`sandbox generate --suite games`: the reference players' episodes into the store."""
-    wrong = [flag for flag, given in (("--families", args.families), ("--tools", args.tools is not None),
-                                      ("--width", args.width is not None), ("--height", args.height is not None),
-                                      ("--workers", args.workers != 1)) if given]
-    if wrong:  # said, not silently ignored
-        return fail(f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not for --suite games: it takes --games, "
-                    "and a game's screen is its canvas (336x252)")
-    try:
-        games = game_registry.parse_games(args.games)
-        games_eval.tickets(games, args.episodes, args.split, args.start)
-    except ValueError as e:
-        return fail(str(e))
-    store = open_store(args)
-    bar = _bar(args.episodes * len(games), "reference game episodes")
-    try:
-        done = games_eval.demonstrate(games, args.episodes, store, split=args.split, start=args.start,
-                                      progress=lambda _t: bar.update(1))
-    except (GameBrowserError, ValueError) as e:
-        return fail(str(e))
-    finally:
-        bar.close()
-        store.close()
-    for g in games:
-        mine = [d for d in done if d["game"] == g]
-        norm = [d["normalized"] for d in mine if d["normalized"] is not None]
-        print(f"{g:<8} {len(mine)} episodes, mean score {sum(d['score'] for d in mine) / len(mine):.1f}"
-              + (f" (normalized {sum(norm) / len(norm):.1f})" if norm else "")
-              + f", {sum(d['success'] for d in mine)} above the random player's mean")
-    print(f"wrote {len(done)} reference game episodes to {store.root}")
-    return 0
-
-
-def _bar(total: int, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="ep", file=sys.stderr, disable=None)
-
-
-def make_policy(args):
-    """The agent Policy for --policy default/local/endpoint (agent.policies.choice), or PolicyError."""
-    return choose(args.policy, base_url=args.url, model=args.model, model_dir=args.model_dir, platform="sandbox",
-                  spelling=replace(CLI, base_url="--url"))
-
-
-def make_actor(args):
-    """The actor for a model policy: a local model answers many chats per batched generation; an
-    endpoint answers one at a time."""
-    if args.max_new_tokens < 1:
-        raise RuntimeError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.envs < 1:
-        raise RuntimeError(f"--envs must be at least 1, got {args.envs}")
-    policy = make_policy(args)
-    if args.policy == "endpoint":
-        return PolicyActor(policy)
-
-    # decided before the sandbox processes start, so their start-up does not count as other work
-    print(choose_threads(args.threads).apply().line(), file=sys.stderr)
-    model, processor = load_vlm(policy.model_dir, dtype=args.inference_dtype)
-    return VLMActor(model, processor, max_new_tokens=args.max_new_tokens, inference_dtype=args.inference_dtype)
 
 
 def _play(args, make, tickets, n_envs: int, bar, tools: bool = False) -> list:
@@ -389,7 +310,7 @@ def _grounding(args, families) -> int:
         policy = make_policy(args)
     except Exception as e:
         return fail(str(e))
-    bar = _bar(per_family * len(families), f"{args.policy} grounding screens")
+    bar = progress_bar(per_family * len(families), f"{args.policy} grounding screens")
     try:
         res = grounding_eval(policy, families, per_family, width=args.width, height=args.height,
                              observation=args.observation,
@@ -489,7 +410,7 @@ def _eval_miniwob(args) -> int:
             policy = make_actor(args)
         except Exception as e:
             return fail(str(e))
-    bar = _bar(args.episodes, f"{args.policy} MiniWoB++ episodes")
+    bar = progress_bar(args.episodes, f"{args.policy} MiniWoB++ episodes")
     try:
         trajs = miniwob_eval.play(policy, tasks, args.episodes, envs=args.envs, trace=args.trace,
                                   env_kw={"episode_seconds": args.episode_seconds}, progress=lambda _t: bar.update(1))
@@ -507,7 +428,7 @@ def cmd_eval(args) -> int:
     if args.suite == "miniwob":
         return _eval_miniwob(args)
     if args.suite == "games":
-        return _eval_games(args)
+        return games_cli.evaluate(args)
     resolve_screen(args)
     try:
         families = _families(args)
@@ -538,7 +459,7 @@ def cmd_eval(args) -> int:
             return fail(str(e))
         n_envs, make = args.envs, (lambda _envs: actor)
     if args.tools is None and modes == [False]:  # the GUI-only families, as before the hybrid ones
-        bar = _bar(len(tickets), f"{args.policy} episodes")
+        bar = progress_bar(len(tickets), f"{args.policy} episodes")
         try:
             trajs = _play(args, make, tickets, n_envs, bar)
         finally:
@@ -558,7 +479,7 @@ def _eval_tools(args, make, tickets, n_envs: int, modes: list[bool]) -> int:
         mine = [t for t in tickets if t[1] in ok]
         trajs = []
         if mine:
-            bar = _bar(len(mine), f"{args.policy} episodes, tools {'on' if tools else 'off'}")
+            bar = progress_bar(len(mine), f"{args.policy} episodes, tools {'on' if tools else 'off'}")
             try:
                 trajs = _play(args, make, mine, n_envs, bar, tools=tools)
             finally:
@@ -607,105 +528,6 @@ def _tools_report(trajs: list, families: list[str], not_playable: dict) -> dict:
             "intervals": {"overall": interval(trajs), "families": {f: interval(ts) for f, ts in by.items()}},
             "mean_steps": {f: steps(ts) for f, ts in by.items()}, "overall_mean_steps": steps(trajs),
             "not_playable": not_playable}
-
-
-def _eval_games(args) -> int:
-    """`sandbox eval --suite games`: the games through the one episode runner, normalized scores."""
-    try:
-        games = game_registry.parse_games(args.games)
-        games_eval.tickets(games, args.episodes, args.split)
-    except ValueError as e:
-        return fail(str(e))
-    gone = {k: v for k, v in game_registry.missing().items() if not args.games}
-    for name, why in gone.items():
-        print(f"skipping game {name}: {why}", file=sys.stderr)
-    policy, env_kw = args.policy, {}
-    if policy not in games_eval.BUILTIN:
-        if policy in ("default", "local"):
-            env_kw["observation"] = observation_for(args.model_dir or DEFAULT_MODEL_DIR)
-        try:
-            policy = make_actor(args)
-        except Exception as e:
-            return fail(str(e))
-    bar = _bar(args.episodes * len(games), f"{args.policy} game episodes")
-    try:
-        trajs = games_eval.play(policy, games, args.episodes, split=args.split, envs=args.envs, env_kw=env_kw,
-                                progress=lambda _t: bar.update(1))
-    except (GameBrowserError, ValueError) as e:
-        return fail(str(e))
-    finally:
-        bar.close()
-    out = games_eval.summarize(trajs, games)
-    out.update(suite="games", policy=args.policy, split=args.split, skipped=gone)
-    if args.json:
-        print(json.dumps(out))
-        return 0
-    _print_games(out)
-    return 0
-
-
-def _print_games(out: dict) -> None:
-    def ci(v):
-        return f"[{v[0]:.1f}, {v[1]:.1f}]" if v else "-"
-
-    width = max([8] + [len(g) for g in out["games"]])
-    print(f"{'game':<{width}} {'n':>4} {'score':>9} {'reference':>10} {'normalized':>11} {'95% interval':>16}")
-    for g, r in out["games"].items():
-        ref = f"{r['reference']:.1f}" if r["reference"] else "-"
-        norm = f"{r['normalized']:.1f}" if r["normalized"] is not None else "no norm"
-        print(f"{g:<{width}} {r['episodes']:>4} {r['score']:>9.1f} {ref:>10} {norm:>11} {ci(r['ci95']):>16}")
-    if out["overall"] is not None:
-        print(f"{'mean over games':<{width + 15}} {'':>10} {out['overall']:>11.1f} {ci(out['ci95']):>16}")
-    if out["unnormed"]:
-        print(f"no norm for {', '.join(out['unnormed'])}: run `python main.py sandbox games calibrate --games "
-              f"{','.join(out['unnormed'])} --episodes 20`", file=sys.stderr)
-
-
-def cmd_games_list(args) -> int:
-    norms = game_registry.norms()
-    rows = [{"game": g.name, "title": g.title, "kind": g.kind, "reads": g.reads, "keys": list(g.keys),
-             "clicks": g.clicks, "step_ms": g.step_ms, "max_steps": g.max_steps, "norm": norms.get(g.name)}
-            for g in game_registry.games().values()]
-    missing = game_registry.missing()
-    if args.json:
-        print(json.dumps({"games": rows, "missing": missing}))
-        return 0
-    for r in rows:
-        n = r["norm"]
-        norm = f"reference {n['reference']:g}, random {n['random']:g}" if n else "no norm yet"
-        print(f"{r['game']:<8} {r['kind']:<28} {norm}")
-    for name, why in missing.items():
-        print(f"{name:<8} not available: {why}")
-    return 0
-
-
-def cmd_games_calibrate(args) -> int:
-    try:
-        games = game_registry.parse_games(args.games)
-        games_eval.tickets(games, args.episodes, "train")
-    except ValueError as e:
-        return fail(str(e))
-    bar = _bar(2 * args.episodes * len(games), "calibration episodes")
-    try:
-        found = games_eval.calibrate(games, args.episodes, progress=lambda _t: bar.update(1), write=not args.dry_run)
-    except (GameBrowserError, ValueError) as e:
-        return fail(str(e))
-    finally:
-        bar.close()
-    if args.json:
-        print(json.dumps(found))
-    else:
-        print(f"{'game':<8} {'n':>4} {'reference':>10} {'95% interval':>18} {'random':>8} {'95% interval':>18} "
-              f"{'random/ref':>10}")
-        for g, r in found.items():
-            a, b = r["reference_ci95"]
-            c, d = r["random_ci95"]
-            share = f"{100 * r['random'] / r['reference']:.0f}%" if r["reference"] else "-"
-            print(f"{g:<8} {r['episodes']:>4} {r['reference']:>10.1f} {f'[{a:.1f}, {b:.1f}]':>18} {r['random']:>8.1f} "
-                  f"{f'[{c:.1f}, {d:.1f}]':>18} {share:>10}")
-    if not args.dry_run:
-        print(f"wrote {', '.join(games)} into {game_registry.NORMS}", file=sys.stderr)
-    return 0
 
 
 def _report(args, trajs: list, more_json: dict | None = None) -> int:

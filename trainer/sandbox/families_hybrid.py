@@ -99,6 +99,19 @@ def readonly_field(text: str):
     return w
 
 
+def right_button(layout, text: str, slot):
+    """A push button `text` at the right end of a row added to `layout`, calling `slot` when clicked."""
+    from PySide6.QtWidgets import QHBoxLayout, QPushButton
+
+    row = QHBoxLayout()
+    row.addStretch(1)
+    b = QPushButton(text)
+    b.clicked.connect(slot)
+    row.addWidget(b)
+    layout.addLayout(row)
+    return b
+
+
 # ---------------------------------------------------------------- a. export_count
 STATUSES = ("shipped", "pending", "cancelled", "returned")
 

@@ -3,7 +3,7 @@ output_decides, tool_trap (trainer.sandbox.families_hybrid says what a hybrid fa
 from __future__ import annotations
 
 from agent.schema import Action
-from trainer.sandbox.families_hybrid import HybridTask, form_layout, readonly_field
+from trainer.sandbox.families_hybrid import HybridTask, form_layout, readonly_field, right_button
 from trainer.sandbox.task import FAILED, RUNNING, SUCCESS, WORDS, Verdict
 
 
@@ -57,12 +57,7 @@ class BulkRename(HybridTask):
         lay.addWidget(QLabel("Workspace"))
         self.list = QListWidget()
         lay.addWidget(self.list, 1)
-        row = QHBoxLayout()
-        row.addStretch(1)
-        self.rename_button = QPushButton("Rename…")
-        self.rename_button.clicked.connect(self._open)
-        row.addWidget(self.rename_button)
-        lay.addLayout(row)
+        self.rename_button = right_button(lay, "Rename…", self._open)
         d = QDialog(self.screen.window)
         d.setWindowTitle("Rename")
         self.style_dialog(d)
@@ -183,7 +178,7 @@ class OutputDecides(HybridTask):
     family, title = "output_decides", "Attach log"
 
     def build(self):
-        from PySide6.QtWidgets import QHBoxLayout, QLabel, QListWidget, QPushButton, QVBoxLayout
+        from PySide6.QtWidgets import QHBoxLayout, QLabel, QListWidget, QVBoxLayout
 
         rng = self.rng
         k = rng.randint(4, 6)
@@ -215,12 +210,7 @@ class OutputDecides(HybridTask):
         self.details = readonly_field("select a file")
         row.addWidget(self.details, 1)
         lay.addLayout(row)
-        bottom = QHBoxLayout()
-        bottom.addStretch(1)
-        self.attach = QPushButton("Attach")
-        self.attach.clicked.connect(self._attach)
-        bottom.addWidget(self.attach)
-        lay.addLayout(bottom)
+        self.attach = right_button(lay, "Attach", self._attach)
         self.inspected: list[str] = []
         self.attached: str | None = None
         self.max_steps = k + 6

@@ -29,7 +29,7 @@ import hashlib
 import time
 from collections import OrderedDict
 
-from agent.vlm import pointer
+from agent.vlm import pointer, typed_copy
 from agent.vlm.inputs import VLMError, collate_inputs, to_model, to_template_messages
 from agent.vlm.model import Generation, generation_kwargs
 
@@ -409,6 +409,10 @@ def generate_batch(model, processor, chats, *, max_new_tokens: int = 256, temper
                                                   temperature if sample else 0.0)
                 if got is not None:
                     ids, logprobs, choices = got
+                copied = typed_copy.apply_to_generation(processor.tokenizer, rows[b]["input_ids"][0].tolist(), ids,
+                                                        logprobs)
+                if copied is not None:
+                    ids, logprobs = copied
             text = processor.tokenizer.decode(ids, skip_special_tokens=True)
             results.append(Generation(text, ids, logprobs, n_row, 0.0, pointer=choices,
                                       prompt_ids=rows[b]["input_ids"][0].tolist(), image_keys=list(keys[b])))

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.vlm import pointer
+from agent.vlm import pointer, typed_copy
 from agent.vlm.inputs import (  # noqa: F401  (re-exported: the public API)
     END_OF_TEXT,
     IM_END,
@@ -348,6 +348,9 @@ def generate(model, processor, messages, images=None, max_new_tokens: int = 256,
                                               temperature if sample else 0.0)
             if got is not None:
                 ids, logprobs, choices = got
+            copied = typed_copy.apply_to_generation(processor.tokenizer, inputs["input_ids"][0].tolist(), ids, logprobs)
+            if copied is not None:
+                ids, logprobs = copied
     seconds = time.perf_counter() - t0
     text = processor.tokenizer.decode(ids, skip_special_tokens=True)
     if not details:

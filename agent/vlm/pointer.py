@@ -234,6 +234,11 @@ def layout(tokenizer, ids, n_prompt: int) -> Layout | None:
                   instruction_names(_instruction(text[:prompt_end]), entries))
 
 
+def instruction_text(tokenizer, prompt_ids) -> str:
+    """The task's instruction in a prompt's token ids ("" without one)."""
+    return _instruction(_spelled(tokenizer, [int(i) for i in prompt_ids])[2])
+
+
 def _instruction(prompt: str) -> str:
     at = prompt.find(INSTRUCTION)
     if at < 0:

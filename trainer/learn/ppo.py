@@ -208,12 +208,17 @@ def score(policy, critic, trajs, turns: list[TurnBatch], processor, cfg: PPOConf
 
 
 def behaviour_after_rewrite(tb: TurnBatch) -> int:
-    """Give the tokens after the pointer's first rewritten site (agent.vlm.pointer.rewritten_from) the
-    proximal log-probs as their behaviour log-probs, so decoupled PPO weighs them 1: the actor
-    recorded theirs after its own digits, which the reply no longer holds. Returns how many."""
-    if tb.pointer is None or tb.old_lp is None or tb.behaviour_lp is None:
+    """Give the tokens after the pointer's first rewritten site (agent.vlm.pointer.rewritten_from),
+    or from a type content copied from the instruction (agent.vlm.typed_copy), whichever comes
+    first, the proximal log-probs as their behaviour log-probs, so decoupled PPO weighs them 1: the
+    actor recorded theirs after its own digits or text, which the reply no longer holds. Returns how
+    many. (A content the model wrote right itself is counted too: the actor does not say which it
+    copied, and the two log-probs differ only by the policy's staleness.)"""
+    if tb.old_lp is None or tb.behaviour_lp is None:
         return 0
-    start = pointer.rewritten_from(tb.pointer, int(tb.target.shape[1]) - tb.tokens)
+    n_prompt = int(tb.target.shape[1]) - tb.tokens
+    starts = [pointer.rewritten_from(tb.pointer, n_prompt) if tb.pointer is not None else None, tb.copied]
+    start = min((s for s in starts if s is not None), default=None)
     if start is None or start >= tb.tokens:
         return 0
     tb.behaviour_lp = tb.behaviour_lp.clone()

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agent.vlm import pointer
+from agent.vlm import pointer, typed_copy
 from agent.vlm.batch import ImageCache
 from agent.vlm.inputs import collate_inputs, to_model
 from agent.vlm.model import action_logprobs, build_inputs, extend_inputs
@@ -57,6 +57,7 @@ class TurnBatch:
     ret: torch.Tensor | None = None
     tokens: int = field(init=False)  # n, the generated tokens (a Python int: no device sync to count them)
     pointer: object = None  # agent.vlm.pointer.Layout of its click sites, their choices set (the element-list pointer)
+    copied: int | None = None  # the reply index where a type content copied from the instruction starts (typed_copy)
 
     def __post_init__(self):
         self.tokens = int(self.target.sum())
@@ -119,6 +120,8 @@ def build_turns(trajs, processor, bank: ImageBank | None = None, *, carried: boo
             behaviour = torch.tensor(turn.logprobs, dtype=torch.float32)
             tb = TurnBatch(full, target, behaviour if len(behaviour) == len(turn.response_ids) else None, i, tr.weight, k)
             tb.pointer = _pointer_layout(processor, full, prompt, turn)
+            tb.copied = typed_copy.copied_from(processor.tokenizer, full["input_ids"][0].tolist(),
+                                               int(prompt["input_ids"].shape[1]))
             if bank is not None:
                 if keys:  # the screenshots' content keys: no hash over the pixel rows
                     for key in keys:

@@ -76,7 +76,7 @@ def tiny_recipe(**kw):
 @needs_chromium
 def test_a_tiny_recipe_with_the_games_stage_then_resume_runs_the_games_stage_alone(tmp_path):
     from trainer.learn.metrics import read_metrics
-    from trainer.recipe.default_model import run_recipe
+    from trainer.recipe.default_model import DECODING, run_recipe
 
     work, out = tmp_path / "work", tmp_path / "out"
     cfg = tiny_recipe()
@@ -103,6 +103,17 @@ def test_a_tiny_recipe_with_the_games_stage_then_resume_runs_the_games_stage_alo
     # a changed PPO setting is not reused: PPO runs again
     third = run_recipe(out, replace(cfg, ppo_max_steps=3), work_dir=work, progress=False, resume=True, device="cpu")
     assert "resumed_ppo_from" not in third and "resumed_from" in third
+    # stages scored with another decoding (before typed text was copied): the SFT stage is scored
+    # again and kept, PPO (whose rollouts replied the old way) runs again
+    for name in ("stage_sft.json", "stage_ppo.json"):
+        stage = json.loads((work / name).read_text())
+        (work / name).write_text(json.dumps({**stage, "decoding": "pointer"}))
+    evals = [r["phase"] for r in read_metrics(work / "metrics.jsonl")].count("eval_sft")
+    fourth = run_recipe(out, replace(cfg, ppo_max_steps=3), work_dir=work, progress=False, resume=True, device="cpu")
+    assert "resumed_ppo_from" not in fourth and fourth["resumed_from"] == str(work / "sft")
+    assert [r["phase"] for r in read_metrics(work / "metrics.jsonl")].count("eval_sft") == evals + 1
+    assert json.loads((work / "stage_sft.json").read_text())["decoding"] == DECODING
+    assert json.loads((work / "stage_ppo.json").read_text())["decoding"] == DECODING
 
 
 def test_train_default_refuses_an_unknown_game_before_any_work(tmp_path, capsys):

@@ -8,7 +8,9 @@ OUT gets the checkpoint (a standard transformers directory, about 6 MB), eval.js
 success per family after SFT and after PPO) and training_curves.png; the work folder (default
 OUT-work) keeps the base and SFT checkpoints, metrics.jsonl, TensorBoard events, more plots and
 report.json. --resume reuses a finished SFT stage there (stage_sft.json + sft/), and a finished PPO
-stage of the same settings (stage_ppo.json + ppo_model/). With --games (off by default) a games
+stage of the same settings (stage_ppo.json + ppo_model/); a stage scored with another DECODING (how
+the actor turns a generation into a reply) gets its held-out numbers again (SFT) or is run again (PPO,
+whose rollouts replied that way). With --games (off by default) a games
 stage follows PPO (trainer.recipe.games_stage): continued SFT on the browser games' reference
 players with the sandbox's demonstrations replayed beside them, the games scored before and after.
 
@@ -71,6 +73,10 @@ class RecipeError(TrainerError, ValueError):
     """A recipe that cannot run as asked (a bad setting, a work folder from other settings)."""
 
 
+# how the actor turns a generation into the reply the env runs; a stage saved under another one is
+# scored again on --resume: "pointer" (the element-list pointer writes clicks), "+typed_copy" (type
+# contents copied from the instruction's quotes, agent.vlm.typed_copy)
+DECODING = "pointer+typed_copy"
 SCALE = tuple(f.name for f in fields(ScaleConfig))  # the recipe runs one process, float32, every weight trained
 
 
@@ -344,6 +350,10 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
         report.update({k: done[k] for k in ("demos", "params", "sft", "eval_sft")})
         report["resumed_from"] = str(work / "sft")
         model, processor = load_for_training(work / "sft", dev)
+        if done.get("decoding") != DECODING:  # its held-out numbers came from another way of replying: again
+            report["eval_sft"] = heldout("sft")
+            stage.write_text(json.dumps(_slim({**done, "eval_sft": report["eval_sft"], "decoding": DECODING}),
+                                        indent=2) + "\n", encoding="utf-8")
     else:
         # -- 1. expert demonstrations and the model
         trajs, samples = demonstrations(cfg.families, cfg.demo_episodes_per_family, width=cfg.width,
@@ -366,14 +376,14 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
         report["sft"] = train_sft(model, processor, samples, cfg.sft, work / "sft", log=log, progress=progress)
         report["eval_sft"] = heldout("sft")
         stage.write_text(json.dumps(_slim({**{k: report[k] for k in ("demos", "params", "sft", "eval_sft")},
-                                           "config": sft_stage_config(cfg)}), indent=2)
+                                           "config": sft_stage_config(cfg), "decoding": DECODING}), indent=2)
                          + "\n", encoding="utf-8")
 
     # -- 3. PPO on the sandbox, from the SFT model (with resume, a finished PPO stage of the same settings is reused)
     ppo_stage = work / "stage_ppo.json"
     ppo_done = json.loads(ppo_stage.read_text(encoding="utf-8")) if resume and ppo_stage.is_file() else None
     if ppo_done and "resumed_from" in report and (work / "ppo_model" / "model.safetensors").is_file() \
-            and ppo_done.get("config") == ppo_stage_config(cfg):
+            and ppo_done.get("config") == ppo_stage_config(cfg) and ppo_done.get("decoding") == DECODING:
         report.update({k: ppo_done[k] for k in ("ppo", "eval_ppo")})
         report["resumed_ppo_from"] = str(work / "ppo_model")
         model, processor = load_for_training(work / "ppo_model", dev)
@@ -390,7 +400,8 @@ def run_recipe(out_dir, cfg: RecipeConfig, *, work_dir=None, progress: bool = Tr
         report["eval_ppo"] = heldout("ppo")
         save_checkpoint(model, processor, work / "ppo_model", {"recipe": "trainer.recipe.default_model", "stage": "ppo"})
         ppo_stage.write_text(json.dumps(_slim({"ppo": report["ppo"], "eval_ppo": report["eval_ppo"],
-                                               "config": ppo_stage_config(cfg)}), indent=2) + "\n", encoding="utf-8")
+                                               "config": ppo_stage_config(cfg), "decoding": DECODING}), indent=2)
+                             + "\n", encoding="utf-8")
 
     # -- 3b. the games: continued SFT on their reference players, the sandbox replayed beside them
     if cfg.games:

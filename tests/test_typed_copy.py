@@ -108,22 +108,34 @@ def test_ppo_gives_the_copied_tokens_the_learners_logprobs_as_behaviour(tiny_vlm
     assert tb2.copied is None and behaviour_after_rewrite(tb2) == 0
 
 
-def test_the_default_model_types_the_instructions_text_on_held_out_tasks(one_thread):  # noqa: F811
-    """The shipped model on held-out type_text tasks, through the runner and the sandbox: every type
-    action it takes writes the instruction's quoted text (before the copy: other fields' words)."""
+@pytest.mark.parametrize("path", ["batched", "agent", "agent-one-shot"])
+def test_the_default_model_types_the_instructions_text_on_held_out_tasks(path, one_thread):  # noqa: F811
+    """The shipped model on held-out type_text tasks, through the runner and the sandbox, in the
+    rollouts' batched generation and in the agent's policy (Drive, Supervise: one chat at a time,
+    with its kept turns or through agent.vlm.model.generate):
+    every type action it takes writes the instruction's quoted text (before the copy: other fields'
+    words)."""
+    from agent.policies import LocalVLMPolicy
     from agent.storage.model_files import DEFAULT_MODEL_DIR
-    from trainer.rollout.actors import VLMActor
+    from trainer.rollout.actors import PolicyActor, VLMActor
     from trainer.rollout.runner import play
     from trainer.sandbox.env_process import make_envs
     from trainer.sandbox.task import HELDOUT_START
 
-    actor = VLMActor.load(DEFAULT_MODEL_DIR, max_new_tokens=64)
-    envs = make_envs(2, width=W, height=H, observation="elements")
+    if path == "batched":
+        actor = VLMActor.load(DEFAULT_MODEL_DIR, max_new_tokens=64)
+    else:
+        policy = LocalVLMPolicy(str(DEFAULT_MODEL_DIR), platform="sandbox", max_new_tokens=64,
+                                keep_turns=path == "agent")
+        actor = PolicyActor(policy)
+    envs = make_envs(2 if path == "batched" else 1, width=W, height=H, observation="elements")
     try:
         trajs = play(actor, [(HELDOUT_START + k, "type_text") for k in range(4)], envs=envs, greedy=True)
     finally:
         for e in envs:
             e.close()
+        if path != "batched":
+            policy.close()
     typed = [(t.instruction, a.args["content"]) for t in trajs for u in t.turns for a in u.actions if a.name == "type"]
     assert typed, "the model typed nothing in 4 type_text episodes"
     assert all(f"'{content}'" in instruction for instruction, content in typed), typed

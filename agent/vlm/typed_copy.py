@@ -45,7 +45,7 @@ def quoted(instruction: str) -> list[str]:
 
 def nearest(candidates: list[str], written: str) -> str:
     """The candidate whose characters are closest to `written` (the first on a tie)."""
-    return max(candidates, key=lambda c: (difflib.SequenceMatcher(None, c, written).ratio(), -candidates.index(c)))
+    return max(candidates, key=lambda c: difflib.SequenceMatcher(None, c, written).ratio())  # max keeps the first
 
 
 def copy_reply(reply: str, instruction: str) -> tuple[str, int] | None:
@@ -62,22 +62,28 @@ def copy_reply(reply: str, instruction: str) -> tuple[str, int] | None:
     return reply[:m.start(1)] + pick + reply[m.end(1):], m.start(1)
 
 
-def apply_to_generation(tokenizer, prompt_ids, reply_ids, reply_lps) -> tuple[list[int], list[float]] | None:
-    """A generated reply with its type content copied from the instruction: (ids, log-probs), the
-    tokens from the one holding the content's first character on tokenized again with log-prob 0;
-    None when nothing changes."""
-    if not reply_ids:
-        return None
-    instruction = instruction_text(tokenizer, prompt_ids)
-    texts = token_texts(tokenizer, reply_ids)
-    got = copy_reply("".join(texts), instruction)
-    if got is None:
-        return None
-    new, at = got
+def _token_at(texts: list[str], at: int) -> tuple[int, int]:
+    """(the index of the token holding character `at` of the joined texts, where that token starts)."""
     start, k = 0, 0
     while k < len(texts) and start + len(texts[k]) <= at:
         start += len(texts[k])
         k += 1
+    return k, start
+
+
+def apply_to_generation(tokenizer, prompt_ids, reply_ids, reply_lps) -> tuple[list[int], list[float]] | None:
+    """A generated reply with its type content copied from the instruction: (ids, log-probs), the
+    tokens from the one holding the content's first character on tokenized again with log-prob 0;
+    None when nothing changes."""
+    texts = token_texts(tokenizer, reply_ids)
+    reply = "".join(texts)
+    if not CONTENT_RE.search(reply):  # most replies type nothing: the prompt is not read for them
+        return None
+    got = copy_reply(reply, instruction_text(tokenizer, prompt_ids))
+    if got is None:
+        return None
+    new, at = got
+    k, start = _token_at(texts, at)
     tail = list(tokenizer(new[start:], add_special_tokens=False)["input_ids"])
     return list(reply_ids[:k]) + tail, list(reply_lps[:k]) + [0.0] * len(tail)
 
@@ -87,16 +93,8 @@ def copied_from(tokenizer, ids, n_prompt: int) -> int | None:
     the instruction's quoted strings (a copy, or the model's own writing of it), or None: PPO gives
     the tokens from there the learner's log-probs as behaviour (trainer.learn.ppo)."""
     ids = [int(i) for i in ids]
-    instruction = instruction_text(tokenizer, ids[:n_prompt])
-    spans = quoted(instruction)
-    if not spans:
-        return None
     texts = token_texts(tokenizer, ids[n_prompt:])
     m = CONTENT_RE.search("".join(texts))
-    if m is None or unescape(m.group(1)) not in spans:
+    if m is None or unescape(m.group(1)) not in quoted(instruction_text(tokenizer, ids[:n_prompt])):
         return None
-    start, k = 0, 0
-    while k < len(texts) and start + len(texts[k]) <= m.start(1):
-        start += len(texts[k])
-        k += 1
-    return k
+    return _token_at(texts, m.start(1))[0]
